@@ -1,0 +1,183 @@
+/* idem--0.1.0.sql */
+
+-- complain if script is sourced in psql, rather than via CREATE EXTENSION
+\echo Use "CREATE EXTENSION idem" to load this file. \quit
+
+-- idem's own data lives in the schema "idem"; the functions users call live
+-- in the extension's schema so that they need no qualification.
+CREATE SCHEMA idem;
+COMMENT ON SCHEMA idem IS 'storage of the idem extension';
+REVOKE ALL ON SCHEMA idem FROM PUBLIC;
+
+-- Consumer dedup: one row per claimed (namespace, message id).
+-- The C collation makes the key comparison a memcmp and the order stable
+-- across locales.
+CREATE TABLE idem.claims (
+    ns          pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    msg_id      pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    claimed_at  pg_catalog.timestamptz NOT NULL,
+    CONSTRAINT claims_pkey PRIMARY KEY (ns, msg_id)
+);
+COMMENT ON TABLE idem.claims IS 'claimed message ids, one row per (namespace, message id)';
+
+-- Per-namespace settings; a namespace without a row uses the defaults.
+CREATE TABLE idem.namespaces (
+    ns          pg_catalog.text COLLATE pg_catalog."C" NOT NULL PRIMARY KEY,
+    retention   pg_catalog.interval NOT NULL
+        CHECK (retention OPERATOR(pg_catalog.>) '0'::pg_catalog.interval)
+);
+COMMENT ON TABLE idem.namespaces IS 'per-namespace settings (dedup horizon)';
+
+REVOKE ALL ON ALL TABLES IN SCHEMA idem FROM PUBLIC;
+
+-- pg_dump keeps idem's data with the database it belongs to.
+SELECT pg_catalog.pg_extension_config_dump('idem.claims', '');
+SELECT pg_catalog.pg_extension_config_dump('idem.namespaces', '');
+
+CREATE TYPE idem_claim_result AS ENUM ('claimed', 'duplicate', 'in_flight');
+COMMENT ON TYPE idem_claim_result IS 'outcome of idem_try_claim';
+
+CREATE FUNCTION idem_claim(msg_id pg_catalog.text, ns pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.bool
+AS 'MODULE_PATHNAME', 'idem_claim'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_claim(pg_catalog.text, pg_catalog.text) IS
+    'claim a message id: true for the first claim, false for a duplicate; waits on an uncommitted claim';
+
+CREATE FUNCTION idem_try_claim(msg_id pg_catalog.text, ns pg_catalog.text DEFAULT 'default')
+RETURNS idem_claim_result
+AS 'MODULE_PATHNAME', 'idem_try_claim'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_try_claim(pg_catalog.text, pg_catalog.text) IS
+    'claim a message id without waiting: claimed, duplicate or in_flight';
+
+CREATE FUNCTION idem_claim_batch(msg_ids pg_catalog.text[], ns pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.bool[]
+AS 'MODULE_PATHNAME', 'idem_claim_batch'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_claim_batch(pg_catalog.text[], pg_catalog.text) IS
+    'claim many message ids at once: one result per element, in order';
+
+CREATE FUNCTION idem_claim_info(msg_id pg_catalog.text, ns pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.timestamptz
+AS 'MODULE_PATHNAME', 'idem_claim_info'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL SAFE;
+COMMENT ON FUNCTION idem_claim_info(pg_catalog.text, pg_catalog.text) IS
+    'when a message id was claimed, or NULL if it is not claimed';
+
+CREATE FUNCTION idem_release(msg_id pg_catalog.text, ns pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.bool
+AS 'MODULE_PATHNAME', 'idem_release'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_release(pg_catalog.text, pg_catalog.text) IS
+    'forget a claim on purpose so that the message can be processed again';
+
+-- Retention.  Administration runs as the extension owner through SQL with
+-- plans kept by PL/pgSQL: it is a cold path.
+CREATE FUNCTION idem_set_retention(ns pg_catalog.text, retention pg_catalog.interval)
+RETURNS void
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM idem._check_ns(ns);
+    IF retention IS NULL THEN
+        RAISE EXCEPTION 'retention must not be null'
+            USING ERRCODE = '22004',
+                  HINT = 'Give the dedup horizon as a positive interval, such as ''7 days''.';
+    END IF;
+    IF retention OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
+        RAISE EXCEPTION 'retention must be positive'
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('The retention given was %s.', retention),
+                  HINT = 'Give the dedup horizon as a positive interval, such as ''7 days''.';
+    END IF;
+    INSERT INTO idem.namespaces AS n (ns, retention)
+        VALUES (idem_set_retention.ns, idem_set_retention.retention)
+        ON CONFLICT ON CONSTRAINT namespaces_pkey
+        DO UPDATE SET retention = excluded.retention;
+END;
+$$;
+COMMENT ON FUNCTION idem_set_retention(pg_catalog.text, pg_catalog.interval) IS
+    'set how long claims of a namespace are kept (its dedup horizon)';
+
+CREATE FUNCTION idem.retention_of(ns pg_catalog.text)
+RETURNS pg_catalog.interval
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT COALESCE(
+        (SELECT n.retention FROM idem.namespaces n WHERE n.ns OPERATOR(pg_catalog.=) $1),
+        '7 days'::pg_catalog.interval);
+$$;
+
+CREATE FUNCTION idem._check_ns(ns pg_catalog.text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_check_ns'
+LANGUAGE C IMMUTABLE CALLED ON NULL INPUT PARALLEL SAFE;
+
+CREATE FUNCTION idem_purge(ns pg_catalog.text DEFAULT NULL, max_rows pg_catalog.int4 DEFAULT 10000)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    space   pg_catalog.text;
+    cutoff  pg_catalog.timestamptz;
+    budget  pg_catalog.int8;
+    n       pg_catalog.int8;
+    total   pg_catalog.int8 := 0;
+BEGIN
+    IF max_rows IS NULL THEN
+        RAISE EXCEPTION 'max_rows must not be null'
+            USING ERRCODE = '22004',
+                  HINT = 'Give the largest number of rows one call may delete.';
+    END IF;
+    IF max_rows OPERATOR(pg_catalog.<=) 0 THEN
+        RAISE EXCEPTION 'max_rows must be positive'
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('max_rows was %s.', max_rows),
+                  HINT = 'Give the largest number of rows one call may delete.';
+    END IF;
+    IF idem_purge.ns IS NOT NULL THEN
+        PERFORM idem._check_ns(idem_purge.ns);
+    END IF;
+    budget := max_rows;
+
+    -- Namespaces present in the table, found by skipping through the
+    -- primary key rather than by reading every row.
+    FOR space IN
+        WITH RECURSIVE spaces(ns) AS (
+            SELECT pg_catalog.min(c.ns) FROM idem.claims c
+            UNION ALL
+            SELECT (SELECT pg_catalog.min(c.ns) FROM idem.claims c
+                     WHERE c.ns OPERATOR(pg_catalog.>) s.ns)
+              FROM spaces s WHERE s.ns IS NOT NULL)
+        SELECT s.ns FROM spaces s
+         WHERE s.ns IS NOT NULL
+           AND (idem_purge.ns IS NULL OR s.ns OPERATOR(pg_catalog.=) idem_purge.ns)
+    LOOP
+        EXIT WHEN budget OPERATOR(pg_catalog.<=) 0;
+        -- The horizon is taken from this transaction's start: a claim
+        -- younger than its namespace's retention is never deleted.
+        cutoff := pg_catalog.now() OPERATOR(pg_catalog.-) idem.retention_of(space);
+        -- Rows locked by someone else are skipped, never waited for.
+        DELETE FROM idem.claims c
+         WHERE c.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+                SELECT v.ctid FROM idem.claims v
+                 WHERE v.ns OPERATOR(pg_catalog.=) space
+                   AND v.claimed_at OPERATOR(pg_catalog.<) cutoff
+                 LIMIT budget
+                   FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS n = ROW_COUNT;
+        total := total OPERATOR(pg_catalog.+) n;
+        budget := budget OPERATOR(pg_catalog.-) n;
+    END LOOP;
+    RETURN total;
+END;
+$$;
+COMMENT ON FUNCTION idem_purge(pg_catalog.text, pg_catalog.int4) IS
+    'delete claims older than their namespace''s retention, at most max_rows per call';
+
+REVOKE ALL ON FUNCTION idem_set_retention(pg_catalog.text, pg_catalog.interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_purge(pg_catalog.text, pg_catalog.int4) FROM PUBLIC;

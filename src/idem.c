@@ -1,0 +1,134 @@
+/*-------------------------------------------------------------------------
+ *
+ * idem.c
+ *	  Module entry point and helpers shared by every capability of idem.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xlog.h"
+#include "catalog/pg_enum.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "tcop/utility.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/syscache.h"
+
+#include "idem.h"
+
+PG_MODULE_MAGIC;
+
+extern void idem_store_init(void);
+
+void		_PG_init(void);
+
+void
+_PG_init(void)
+{
+	MarkGUCPrefixReserved("idem");
+	idem_store_init();
+}
+
+/*
+ * Check a key given by the caller: not empty and not longer than maxlen
+ * bytes.  NULL is checked by the callers, which know the argument.
+ */
+void
+idem_check_key(text *key, const char *what, int maxlen)
+{
+	int			len = VARSIZE_ANY_EXHDR(key);
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", what),
+				 errhint("Give a non-empty identifier.")));
+	if (len > maxlen)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("%s is too long", what),
+				 errdetail("The %s is %d bytes long; the limit is %d bytes.",
+						   what, len, maxlen)));
+}
+
+/*
+ * Fetch and check a key argument.  Functions taking keys are declared
+ * CALLED ON NULL INPUT so that a NULL is an error, never a silent NULL.
+ */
+text *
+idem_arg_key(FunctionCallInfo fcinfo, int argno, const char *what, int maxlen)
+{
+	text	   *key;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", what)));
+	key = PG_GETARG_TEXT_PP(argno);
+	idem_check_key(key, what, maxlen);
+	return key;
+}
+
+text *
+idem_arg_ns(FunctionCallInfo fcinfo, int argno)
+{
+	return idem_arg_key(fcinfo, argno, "ns", IDEM_MAX_NS_LEN);
+}
+
+/*
+ * Writes are refused where the server would refuse an INSERT.
+ */
+void
+idem_check_writable(const char *fname)
+{
+	PreventCommandIfReadOnly(fname);
+	PreventCommandIfParallelMode(fname);
+	PreventCommandDuringRecovery(fname);
+}
+
+/*
+ * Return the OID of label number "index" of the enum the function returns.
+ * The OIDs are looked up once per call site and kept in fn_extra.
+ */
+Oid
+idem_enum_label_oid(FunctionCallInfo fcinfo, int index,
+					const char *const *labels, int nlabels)
+{
+	Oid		   *oids = (Oid *) fcinfo->flinfo->fn_extra;
+
+	Assert(index >= 0 && index < nlabels);
+	if (oids == NULL)
+	{
+		Oid			typoid = get_fn_expr_rettype(fcinfo->flinfo);
+		int			i;
+
+		if (!OidIsValid(typoid))
+			elog(ERROR, "could not determine the result type of an idem function");
+		oids = MemoryContextAlloc(fcinfo->flinfo->fn_mcxt, nlabels * sizeof(Oid));
+		for (i = 0; i < nlabels; i++)
+		{
+			oids[i] = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
+									  ObjectIdGetDatum(typoid),
+									  CStringGetDatum(labels[i]));
+			if (!OidIsValid(oids[i]))
+				elog(ERROR, "enum label \"%s\" of type %u is missing",
+					 labels[i], typoid);
+		}
+		fcinfo->flinfo->fn_extra = oids;
+	}
+	return oids[index];
+}
+
+/*
+ * idem._check_ns(ns): the namespace check, for the functions written in SQL.
+ */
+PG_FUNCTION_INFO_V1(idem_check_ns);
+Datum
+idem_check_ns(PG_FUNCTION_ARGS)
+{
+	(void) idem_arg_ns(fcinfo, 0);
+	PG_RETURN_VOID();
+}

@@ -1,0 +1,71 @@
+/*-------------------------------------------------------------------------
+ *
+ * idem.h
+ *	  Shared declarations of the idem extension.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_H
+#define IDEM_H
+
+#include "postgres.h"
+
+#include "access/tupdesc.h"
+#include "executor/tuptable.h"
+#include "fmgr.h"
+#include "nodes/execnodes.h"
+#include "storage/lockdefs.h"
+#include "utils/relcache.h"
+#include "utils/timestamp.h"
+
+/* Limits of keys, in bytes. */
+#define IDEM_MAX_KEY_LEN	512
+#define IDEM_MAX_NS_LEN		63
+
+/* Name of the schema that holds idem's tables. */
+#define IDEM_SCHEMA			"idem"
+
+/* idem.c: argument checks shared by every capability */
+extern text *idem_arg_key(FunctionCallInfo fcinfo, int argno, const char *what,
+						  int maxlen);
+extern text *idem_arg_ns(FunctionCallInfo fcinfo, int argno);
+extern void idem_check_key(text *key, const char *what, int maxlen);
+extern void idem_check_writable(const char *fname);
+extern Oid	idem_enum_label_oid(FunctionCallInfo fcinfo, int index,
+								const char *const *labels, int nlabels);
+
+/*
+ * store.c: the one interface through which a capability reaches a keyed
+ * table of idem.  A keyed table has a unique btree index on its first two
+ * columns (namespace, key), both text with the C collation.  The direct path
+ * below reads and writes the table through the table and index access
+ * methods; a path through SQL (needed when the table is distributed) can be
+ * added behind the same calls.
+ */
+typedef enum IdemStoreWait
+{
+	IDEM_WAIT,					/* wait for an in-flight holder to finish */
+	IDEM_NOWAIT					/* report an in-flight holder */
+} IdemStoreWait;
+
+typedef enum IdemStoreResult
+{
+	IDEM_STORE_INSERTED,		/* this call inserted the row */
+	IDEM_STORE_EXISTS,			/* a committed row (or one of ours) exists */
+	IDEM_STORE_IN_FLIGHT,		/* another transaction holds an uncommitted row */
+	IDEM_STORE_ABSENT			/* no row (lookups only) */
+} IdemStoreResult;
+
+typedef struct IdemStore IdemStore;
+
+extern IdemStore *idem_store_open(const char *relname, LOCKMODE lockmode);
+extern void idem_store_close(IdemStore *store);
+extern TupleDesc idem_store_tupdesc(IdemStore *store);
+extern IdemStoreResult idem_store_insert(IdemStore *store, Datum *values,
+										 bool *isnull, IdemStoreWait wait);
+extern IdemStoreResult idem_store_lookup(IdemStore *store, Datum ns, Datum key,
+										 IdemStoreWait wait, Datum *values,
+										 bool *isnull);
+extern bool idem_store_delete(IdemStore *store, Datum ns, Datum key);
+
+#endif							/* IDEM_H */

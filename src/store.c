@@ -1,0 +1,444 @@
+/*-------------------------------------------------------------------------
+ *
+ * store.c
+ *	  Keyed tables of idem, reached through the table and index access
+ *	  methods.
+ *
+ * Every capability keeps its rows in an ordinary heap table of the schema
+ * "idem" whose primary key is (namespace, key).  This file is the only place
+ * that reads or writes such a table directly.  Insertion follows the
+ * executor's INSERT ... ON CONFLICT DO NOTHING (ExecInsert in
+ * nodeModifyTable.c): a pre-check through the unique index with a dirty
+ * snapshot, then a speculative heap insertion whose index entries are made
+ * with a partial uniqueness check, backed out and retried when a concurrent
+ * inserter won the race.  A conflict is therefore never an error, and a
+ * holder that is still in progress is waited for exactly as a unique index
+ * would wait for it (lock_timeout and statement_timeout apply).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/relscan.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/index.h"
+#include "catalog/namespace.h"
+#include "executor/executor.h"
+#include "miscadmin.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "idem.h"
+
+void		idem_store_init(void);
+
+struct IdemStore
+{
+	Relation	rel;
+	Relation	index;			/* unique index on (ns, key) */
+	LOCKMODE	lockmode;
+	MemoryContext mcxt;			/* where the store lives */
+	bool		indexes_open;	/* ExecOpenIndices done on rri */
+	ResultRelInfo *rri;
+	EState	   *estate;
+	List	   *arbiters;		/* list of the unique index's OID */
+	TupleTableSlot *probe_slot; /* receives existing rows */
+	TupleTableSlot *ins_slot;	/* holds the row being inserted */
+};
+
+/*
+ * Relation and index OIDs, looked up by name once per backend and forgotten
+ * when the relcache says the table changed (DROP EXTENSION, for one).
+ */
+typedef struct StoreCacheEntry
+{
+	char		relname[NAMEDATALEN];
+	Oid			relid;
+	Oid			indexid;
+} StoreCacheEntry;
+
+#define STORE_CACHE_SIZE 8
+static StoreCacheEntry store_cache[STORE_CACHE_SIZE];
+static int	store_cache_used = 0;
+
+static void
+store_relcache_callback(Datum arg, Oid relid)
+{
+	int			i;
+
+	for (i = 0; i < store_cache_used; i++)
+	{
+		if (relid == InvalidOid || store_cache[i].relid == relid ||
+			store_cache[i].indexid == relid)
+		{
+			store_cache[i].relid = InvalidOid;
+			store_cache[i].indexid = InvalidOid;
+		}
+	}
+}
+
+void
+idem_store_init(void)
+{
+	CacheRegisterRelcacheCallback(store_relcache_callback, (Datum) 0);
+}
+
+static StoreCacheEntry *
+store_cache_entry(const char *relname)
+{
+	int			i;
+	StoreCacheEntry *e;
+
+	for (i = 0; i < store_cache_used; i++)
+	{
+		if (strcmp(store_cache[i].relname, relname) == 0)
+			return &store_cache[i];
+	}
+	if (store_cache_used >= STORE_CACHE_SIZE)
+		elog(ERROR, "too many idem tables");
+	e = &store_cache[store_cache_used++];
+	strlcpy(e->relname, relname, NAMEDATALEN);
+	e->relid = InvalidOid;
+	e->indexid = InvalidOid;
+	return e;
+}
+
+static Oid
+store_lookup_relid(const char *relname)
+{
+	Oid			nspid = get_namespace_oid(IDEM_SCHEMA, true);
+	Oid			relid = InvalidOid;
+
+	if (OidIsValid(nspid))
+		relid = get_relname_relid(relname, nspid);
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("table \"%s.%s\" of the idem extension does not exist",
+						IDEM_SCHEMA, relname),
+				 errhint("Install the extension with CREATE EXTENSION idem.")));
+	return relid;
+}
+
+/*
+ * Open one of idem's keyed tables.  With RowExclusiveLock every index of the
+ * table is opened for insertion, as the executor does.
+ */
+IdemStore *
+idem_store_open(const char *relname, LOCKMODE lockmode)
+{
+	StoreCacheEntry *e = store_cache_entry(relname);
+	IdemStore  *store = palloc0(sizeof(IdemStore));
+	Relation	rel = NULL;
+	int			tries;
+
+	for (tries = 0; rel == NULL; tries++)
+	{
+		if (!OidIsValid(e->relid))
+		{
+			e->relid = store_lookup_relid(relname);
+			e->indexid = InvalidOid;
+		}
+		rel = try_table_open(e->relid, lockmode);
+		if (rel == NULL)
+		{
+			/* dropped under us: look the name up again, once */
+			e->relid = InvalidOid;
+			if (tries > 0)
+				(void) store_lookup_relid(relname);
+		}
+	}
+	if (!OidIsValid(e->indexid))
+	{
+		Oid			indexid = RelationGetPrimaryKeyIndex(rel);
+
+		if (!OidIsValid(indexid))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("table \"%s.%s\" has no primary key",
+							IDEM_SCHEMA, relname),
+					 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
+		e->indexid = indexid;
+	}
+
+	store->rel = rel;
+	store->lockmode = lockmode;
+	store->mcxt = CurrentMemoryContext;
+	store->rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(store->rri, rel, 1, NULL, 0);
+	if (lockmode >= RowExclusiveLock)
+	{
+		int			i;
+
+		ExecOpenIndices(store->rri, true);
+		store->indexes_open = true;
+		for (i = 0; i < store->rri->ri_NumIndices; i++)
+		{
+			Relation	irel = store->rri->ri_IndexRelationDescs[i];
+
+			if (RelationGetRelid(irel) == e->indexid)
+				store->index = irel;
+		}
+		if (store->index == NULL)
+			elog(ERROR, "primary key of \"%s.%s\" was not opened",
+				 IDEM_SCHEMA, relname);
+	}
+	else
+		store->index = index_open(e->indexid, lockmode);
+	store->arbiters = list_make1_oid(e->indexid);
+	store->probe_slot = table_slot_create(rel, NULL);
+	return store;
+}
+
+void
+idem_store_close(IdemStore *store)
+{
+	ExecDropSingleTupleTableSlot(store->probe_slot);
+	if (store->ins_slot)
+		ExecDropSingleTupleTableSlot(store->ins_slot);
+	if (store->indexes_open)
+		ExecCloseIndices(store->rri);
+	else
+		index_close(store->index, store->lockmode);
+	if (store->estate)
+		FreeExecutorState(store->estate);
+	table_close(store->rel, NoLock);
+	list_free(store->arbiters);
+	pfree(store->rri);
+	pfree(store);
+}
+
+TupleDesc
+idem_store_tupdesc(IdemStore *store)
+{
+	return RelationGetDescr(store->rel);
+}
+
+/*
+ * What a probe found.  An in-flight deletion (a release or a purge not yet
+ * committed) is told apart from an in-flight insertion.
+ */
+typedef enum ProbeResult
+{
+	PROBE_ABSENT,
+	PROBE_EXISTS,
+	PROBE_IN_FLIGHT_INSERT,
+	PROBE_IN_FLIGHT_DELETE
+} ProbeResult;
+
+/*
+ * Look for the row (ns, key) in the unique index with a dirty snapshot, so
+ * that uncommitted rows of other transactions are seen too.  A speculative
+ * insertion in progress is always waited for: it is decided in moments.  A
+ * transaction in progress is waited for only with IDEM_WAIT.  On
+ * PROBE_EXISTS and PROBE_IN_FLIGHT_DELETE the row is left in probe_slot.
+ */
+static ProbeResult
+store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
+{
+	SnapshotData dirty;
+	ScanKeyData skeys[2];
+	TupleTableSlot *slot = store->probe_slot;
+
+	InitDirtySnapshot(dirty);
+	ScanKeyInit(&skeys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, ns);
+	ScanKeyInit(&skeys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, key);
+
+	for (;;)
+	{
+		IndexScanDesc scan;
+		TransactionId xwait;
+		bool		inserting;
+
+		CHECK_FOR_INTERRUPTS();
+		scan = index_beginscan(store->rel, store->index, &dirty, 2, 0);
+		index_rescan(scan, skeys, 2, NULL, 0);
+		if (!index_getnext_slot(scan, ForwardScanDirection, slot))
+		{
+			index_endscan(scan);
+			ExecClearTuple(slot);
+			return PROBE_ABSENT;
+		}
+		index_endscan(scan);
+
+		inserting = TransactionIdIsValid(dirty.xmin);
+		xwait = inserting ? dirty.xmin : dirty.xmax;
+		if (!TransactionIdIsValid(xwait))
+			return PROBE_EXISTS;
+
+		/* Never wait holding index page pins: the scan is ended first. */
+		if (dirty.speculativeToken)
+			SpeculativeInsertionWait(dirty.xmin, dirty.speculativeToken);
+		else if (wait == IDEM_WAIT)
+			XactLockTableWait(xwait, store->rel, &slot->tts_tid,
+							  XLTW_InsertIndex);
+		else if (inserting)
+		{
+			ExecClearTuple(slot);
+			return PROBE_IN_FLIGHT_INSERT;
+		}
+		else
+			return PROBE_IN_FLIGHT_DELETE;	/* row left in the slot */
+	}
+}
+
+/*
+ * Insert a row unless one with the same (ns, key) exists: the semantics of
+ * INSERT ... ON CONFLICT DO NOTHING, with the outcome told to the caller.
+ * values[0] and values[1] are the namespace and the key.
+ */
+IdemStoreResult
+idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
+				  IdemStoreWait wait)
+{
+	TupleDesc	tupdesc = RelationGetDescr(store->rel);
+	TupleTableSlot *slot;
+
+	Assert(store->indexes_open);
+	if (store->estate == NULL)
+	{
+		/* callers may reset their context between rows: not ours */
+		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
+
+		store->estate = CreateExecutorState();
+		store->ins_slot = MakeSingleTupleTableSlot(tupdesc, &TTSOpsVirtual);
+		MemoryContextSwitchTo(oldcxt);
+	}
+	slot = store->ins_slot;
+
+	for (;;)
+	{
+		ProbeResult found;
+		uint32		specToken;
+		bool		specConflict = false;
+		List	   *recheck;
+
+		found = store_probe(store, values[0], values[1], wait);
+		ExecClearTuple(store->probe_slot);
+		if (found == PROBE_EXISTS)
+			return IDEM_STORE_EXISTS;
+		if (found != PROBE_ABSENT)
+			return IDEM_STORE_IN_FLIGHT;
+
+		ExecClearTuple(slot);
+		memcpy(slot->tts_values, values, tupdesc->natts * sizeof(Datum));
+		memcpy(slot->tts_isnull, isnull, tupdesc->natts * sizeof(bool));
+		ExecStoreVirtualTuple(slot);
+
+		/*
+		 * Others that find our tuple wait on the speculative insertion lock
+		 * until we know whether the insertion stands.
+		 */
+		specToken = SpeculativeInsertionLockAcquire(GetCurrentTransactionId());
+		table_tuple_insert_speculative(store->rel, slot,
+									   GetCurrentCommandId(true), 0, NULL,
+									   specToken);
+		recheck = ExecInsertIndexTuples(store->rri, slot, store->estate,
+										false, true, &specConflict,
+										store->arbiters);
+		table_tuple_complete_speculative(store->rel, slot, specToken,
+										 !specConflict);
+		SpeculativeInsertionLockRelease(GetCurrentTransactionId());
+		list_free(recheck);
+		ResetPerTupleExprContext(store->estate);
+
+		if (!specConflict)
+			return IDEM_STORE_INSERTED;
+		/* A concurrent inserter won the race: the pre-check will find it. */
+	}
+}
+
+/*
+ * Find the row (ns, key).  With IDEM_NOWAIT an uncommitted insertion by
+ * another transaction is reported as in flight; a row whose deletion is not
+ * committed yet still exists.  On IDEM_STORE_EXISTS and when values is not
+ * NULL, the row's columns are copied into values and isnull.
+ */
+IdemStoreResult
+idem_store_lookup(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait,
+				  Datum *values, bool *isnull)
+{
+	ProbeResult found;
+	TupleTableSlot *slot = store->probe_slot;
+
+	found = store_probe(store, ns, key, wait);
+	if (found == PROBE_ABSENT)
+		return IDEM_STORE_ABSENT;
+	if (found == PROBE_IN_FLIGHT_INSERT)
+		return IDEM_STORE_IN_FLIGHT;
+	/* a row whose deletion is not committed yet still exists */
+	if (values != NULL)
+	{
+		TupleDesc	tupdesc = RelationGetDescr(store->rel);
+		int			i;
+
+		slot_getallattrs(slot);
+		for (i = 0; i < tupdesc->natts; i++)
+		{
+			Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+
+			isnull[i] = slot->tts_isnull[i];
+			values[i] = isnull[i] ? (Datum) 0 :
+				datumCopy(slot->tts_values[i], att->attbyval, att->attlen);
+		}
+	}
+	ExecClearTuple(slot);
+	return IDEM_STORE_EXISTS;
+}
+
+/*
+ * Delete the row (ns, key) if it exists, waiting for an in-flight holder.
+ * Returns whether this call deleted it.
+ */
+bool
+idem_store_delete(IdemStore *store, Datum ns, Datum key)
+{
+	for (;;)
+	{
+		ItemPointerData tid;
+		TM_FailureData tmfd;
+		TM_Result	result;
+
+		if (store_probe(store, ns, key, IDEM_WAIT) != PROBE_EXISTS)
+		{
+			ExecClearTuple(store->probe_slot);
+			return false;
+		}
+		tid = store->probe_slot->tts_tid;
+		ExecClearTuple(store->probe_slot);
+
+		/*
+		 * The row may have been inserted by this very command (a claim and a
+		 * release in one statement): make it visible to the deletion.
+		 */
+		CommandCounterIncrement();
+		result = table_tuple_delete(store->rel, &tid,
+									GetCurrentCommandId(true),
+									InvalidSnapshot, InvalidSnapshot,
+									true, &tmfd, false);
+		switch (result)
+		{
+			case TM_Ok:
+				return true;
+			case TM_SelfModified:
+				return false;
+			case TM_Updated:
+			case TM_Deleted:
+				/* someone else got there first: look again */
+				continue;
+			default:
+				elog(ERROR, "unexpected result %d deleting from \"%s\"",
+					 (int) result, RelationGetRelationName(store->rel));
+		}
+	}
+}
