@@ -1,0 +1,86 @@
+# Shared by the scripts in this folder: packages, build and install, run as
+# root on Debian 12.  Sourced, not run.
+
+PG_MAJOR=15
+PG_BIN=/usr/lib/postgresql/$PG_MAJOR/bin
+export PATH="$PG_BIN:$PATH"
+BUILD_FLAGS='-Wall -Wextra -Wno-unused-parameter -Werror'
+
+die() { echo "error: $*" >&2; exit 1; }
+
+need_root() {
+    [ "$(id -u)" = 0 ] || die "run this as root: it installs packages and the extension"
+}
+
+# install_packages PKG...: the server, its headers and the test tools.
+install_packages() {
+    local pkgs=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-client-$PG_MAJOR
+                libipc-run-perl make gcc "$@")
+    local missing=()
+    for p in "${pkgs[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "== installing packages: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq || die "apt-get update failed"
+        # Debian's server package would start a cluster of its own; the
+        # scripts start the servers they need.
+        local policy=
+        if [ ! -e /usr/sbin/policy-rc.d ]; then
+            printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+            chmod +x /usr/sbin/policy-rc.d
+            policy=1
+        fi
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+        local rc=$?
+        [ -n "$policy" ] && rm -f /usr/sbin/policy-rc.d
+        [ $rc = 0 ] || die "apt-get install failed"
+    fi
+}
+
+# copy_tree SRC: a copy of the source tree that the postgres user can
+# write, since the clone may sit where postgres cannot read.  Prints its path.
+copy_tree() {
+    local src=$1 dst
+    dst=$(mktemp -d /tmp/idem.XXXXXX)
+    if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
+        (cd "$src" && git ls-files -z --cached --others --exclude-standard |
+            xargs -0 cp --parents -t "$dst" 2>/dev/null) || true
+    else
+        cp -a "$src"/. "$dst"/
+    fi
+    chown -R postgres:postgres "$dst"
+    echo "$dst"
+}
+
+# build_and_install DIR: compile warning-free as postgres, install as root.
+build_and_install() {
+    local dir=$1
+    runuser -u postgres -- make -C "$dir" -s clean >/dev/null 2>&1 || true
+    runuser -u postgres -- make -C "$dir" -s with_llvm=no PG_CFLAGS="$BUILD_FLAGS" \
+        || die "build failed"
+    make -C "$dir" -s with_llvm=no install >/dev/null || die "install failed"
+}
+
+# start_cluster DIR PORT [SETTINGS...]: a throwaway cluster owned by
+# postgres, on a Unix socket in DIR only.
+start_cluster() {
+    local dir=$1 port=$2; shift 2
+    mkdir -p "$dir"; chown postgres:postgres "$dir"
+    runuser -u postgres -- initdb -D "$dir/data" --locale=C.UTF-8 -E UTF8 -A trust >/dev/null \
+        || die "initdb failed"
+    {
+        echo "listen_addresses = ''"
+        echo "unix_socket_directories = '$dir'"
+        echo "port = $port"
+        for s in "$@"; do echo "$s"; done
+    } >> "$dir/data/postgresql.conf"
+    runuser -u postgres -- pg_ctl -D "$dir/data" -l "$dir/server.log" -w start >/dev/null \
+        || { cat "$dir/server.log"; die "server did not start"; }
+}
+
+stop_cluster() {
+    local dir=$1
+    [ -d "$dir/data" ] && runuser -u postgres -- pg_ctl -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
+}
