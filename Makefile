@@ -6,7 +6,9 @@ MODULE_big = idem
 OBJS = \
 	src/idem.o \
 	src/store.o \
-	src/claim.o
+	src/claim.o \
+	src/token.o \
+	src/guard.o
 
 DATA = $(wildcard idem--*.sql)
 PGFILEDESC = "idem - idempotency primitives"

@@ -181,3 +181,9 @@ COMMENT ON FUNCTION idem_purge(pg_catalog.text, pg_catalog.int4) IS
 
 REVOKE ALL ON FUNCTION idem_set_retention(pg_catalog.text, pg_catalog.interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_purge(pg_catalog.text, pg_catalog.int4) FROM PUBLIC;
+
+-- ==== BEGIN single-use tokens ====
+-- ==== END single-use tokens ====
+
+-- ==== BEGIN state-transition guard ====
+-- ==== END state-transition guard ====

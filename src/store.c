@@ -27,6 +27,7 @@
 #include "access/xact.h"
 #include "catalog/index.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_am.h"
 #include "executor/executor.h"
 #include "miscadmin.h"
 #include "storage/lmgr.h"
@@ -42,6 +43,9 @@
 
 void		idem_store_init(void);
 
+/* A keyed table's unique index has two key columns: namespace and key. */
+#define STORE_NKEYS 2
+
 struct IdemStore
 {
 	Relation	rel;
@@ -54,6 +58,8 @@ struct IdemStore
 	List	   *arbiters;		/* list of the unique index's OID */
 	TupleTableSlot *probe_slot; /* receives existing rows */
 	TupleTableSlot *ins_slot;	/* holds the row being inserted */
+	Oid			eqproc[STORE_NKEYS];
+	Oid			collation[STORE_NKEYS];
 };
 
 /*
@@ -65,6 +71,8 @@ typedef struct StoreCacheEntry
 	char		relname[NAMEDATALEN];
 	Oid			relid;
 	Oid			indexid;
+	Oid			eqproc[STORE_NKEYS];	/* equality of each key column */
+	Oid			collation[STORE_NKEYS];
 } StoreCacheEntry;
 
 #define STORE_CACHE_SIZE 8
@@ -83,6 +91,7 @@ store_relcache_callback(Datum arg, Oid relid)
 		{
 			store_cache[i].relid = InvalidOid;
 			store_cache[i].indexid = InvalidOid;
+			store_cache[i].eqproc[0] = InvalidOid;
 		}
 	}
 }
@@ -110,6 +119,7 @@ store_cache_entry(const char *relname)
 	strlcpy(e->relname, relname, NAMEDATALEN);
 	e->relid = InvalidOid;
 	e->indexid = InvalidOid;
+	e->eqproc[0] = InvalidOid;
 	return e;
 }
 
@@ -148,6 +158,7 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 		{
 			e->relid = store_lookup_relid(relname);
 			e->indexid = InvalidOid;
+			e->eqproc[0] = InvalidOid;
 		}
 		rel = try_table_open(e->relid, lockmode);
 		if (rel == NULL)
@@ -195,6 +206,32 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 	}
 	else
 		store->index = index_open(e->indexid, lockmode);
+	if (!OidIsValid(e->eqproc[0]))
+	{
+		int			i;
+
+		if (IndexRelationGetNumberOfKeyAttributes(store->index) != STORE_NKEYS ||
+			store->index->rd_rel->relam != BTREE_AM_OID)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("primary key of \"%s.%s\" is not a two-column btree",
+							IDEM_SCHEMA, relname)));
+		for (i = 0; i < STORE_NKEYS; i++)
+		{
+			Oid			opcintype = store->index->rd_opcintype[i];
+			Oid			eqop;
+
+			eqop = get_opfamily_member(store->index->rd_opfamily[i],
+									   opcintype, opcintype,
+									   BTEqualStrategyNumber);
+			if (!OidIsValid(eqop))
+				elog(ERROR, "missing equality operator for type %u", opcintype);
+			e->eqproc[i] = get_opcode(eqop);
+			e->collation[i] = store->index->rd_indcollation[i];
+		}
+	}
+	memcpy(store->eqproc, e->eqproc, sizeof(store->eqproc));
+	memcpy(store->collation, e->collation, sizeof(store->collation));
 	store->arbiters = list_make1_oid(e->indexid);
 	store->probe_slot = table_slot_create(rel, NULL);
 	return store;
@@ -236,6 +273,15 @@ typedef enum ProbeResult
 	PROBE_IN_FLIGHT_DELETE
 } ProbeResult;
 
+static void
+store_scankeys(IdemStore *store, ScanKey skeys, Datum ns, Datum key)
+{
+	ScanKeyEntryInitialize(&skeys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   store->collation[0], store->eqproc[0], ns);
+	ScanKeyEntryInitialize(&skeys[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   store->collation[1], store->eqproc[1], key);
+}
+
 /*
  * Look for the row (ns, key) in the unique index with a dirty snapshot, so
  * that uncommitted rows of other transactions are seen too.  A speculative
@@ -251,8 +297,7 @@ store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
 	TupleTableSlot *slot = store->probe_slot;
 
 	InitDirtySnapshot(dirty);
-	ScanKeyInit(&skeys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, ns);
-	ScanKeyInit(&skeys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, key);
+	store_scankeys(store, skeys, ns, key);
 
 	for (;;)
 	{
