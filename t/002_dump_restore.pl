@@ -1,0 +1,179 @@
+
+# Copyright (c) idem contributors
+#
+# idem's state goes with its database through pg_dump and back, in plain
+# and custom format.
+#
+# Each entry of @kinds is one kind of state:
+#   setup      SQL run once in the source database; it prints setup_out
+#   check      SQL whose output must be the same in the source database and
+#              in every restored one
+#   probes     [SQL, expected output, description] run in each restored
+#              database after the checks, in order (they may change state)
+# A new capability adds one entry.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest;
+
+# (ns, msg_id) of every claim made by the "claims" kind, awkward ids
+# included: quotes, backslash, tab, newline, non-ASCII, the longest id.
+my $claim_ids = q{
+	SELECT 'default'::text AS ns, 'msg-' || g AS msg_id
+	  FROM generate_series(1, 500) g
+	UNION ALL
+	SELECT 'orders', 'ord-' || g FROM generate_series(1, 300) g
+	UNION ALL
+	SELECT 'orders', x
+	  FROM unnest(ARRAY[E'it''s', E'back\\slash', E'tab\there',
+	                    E'new\nline', 'naïve ✓', repeat('x', 512)]) x};
+
+my @kinds = (
+	{
+		name => 'claims in two namespaces',
+		# Three transactions, so that the claims have different times.
+		setup => qq{
+			SELECT idem_claim('first');
+			SELECT count(*) FILTER (WHERE idem_claim(msg_id, ns))
+			  FROM ($claim_ids) i;
+			SELECT idem_claim('last', 'orders');},
+		setup_out => "t\n806\nt",
+		check     => q{
+			SELECT ns, count(*), count(DISTINCT claimed_at),
+			       md5(string_agg(msg_id || ' ' || claimed_at::text, ','
+			                      ORDER BY msg_id))
+			  FROM idem.claims WHERE ns IN ('default', 'orders')
+			 GROUP BY ns ORDER BY ns},
+		probes => [
+			[
+				qq{SELECT count(*) FILTER (WHERE idem_claim(msg_id, ns)),
+				          count(*)
+				     FROM ($claim_ids) i},
+				'0|806',
+				'every dumped claim is a duplicate'
+			],
+			[
+				q{SELECT idem_claim('first'), idem_claim('last', 'orders'),
+				         idem_try_claim('msg-1'),
+				         idem_claim_info(repeat('x', 512), 'orders') =
+				           (SELECT claimed_at FROM idem.claims
+				             WHERE ns = 'orders' AND msg_id = 'ord-1')},
+				'f|f|duplicate|t',
+				'claims made one by one are duplicates, with their times'
+			],
+			[
+				q{SELECT idem_claim('fresh'), idem_claim('fresh'),
+				         idem_try_claim('fresh', 'orders'),
+				         idem_claim_batch(ARRAY['msg-1', 'fresh-2'])},
+				't|f|claimed|{f,t}',
+				'new ids claim normally'
+			],
+		],
+	},
+	{
+		name => 'retention',
+		# Claims backdated by hand: 10 days old in ret-long (kept for 30
+		# days) and in ret-default (default 7 days), 2 years old in
+		# ret-long.
+		setup => q{
+			SELECT idem_set_retention('ret-long', '30 days');
+			SELECT idem_set_retention('ret-odd', '1 year 2 mons 3 days 04:05:06.5');
+			INSERT INTO idem.claims VALUES
+				('ret-long', 'aged', now() - interval '10 days'),
+				('ret-long', 'ancient', now() - interval '2 years'),
+				('ret-default', 'aged', now() - interval '10 days');
+			SELECT count(*) FROM idem.namespaces;},
+		setup_out => "\n\n2",
+		check     => q{
+			SELECT ns, retention FROM idem.namespaces ORDER BY ns;
+			SELECT ns, msg_id, claimed_at FROM idem.claims
+			 WHERE ns LIKE 'ret-%' ORDER BY ns, msg_id},
+		probes => [
+			[
+				q{SELECT idem.retention_of('ret-long'),
+				         idem.retention_of('ret-odd'),
+				         idem.retention_of('ret-none')},
+				'30 days|1 year 2 mons 3 days 04:05:06.5|7 days',
+				'retention is the one set before the dump'
+			],
+			[
+				q{SELECT idem_purge('ret-long'), idem_purge('ret-default');
+				  SELECT string_agg(ns || '/' || msg_id, ',' ORDER BY ns)
+				    FROM idem.claims WHERE ns LIKE 'ret-%'},
+				"1|1\nret-long/aged",
+				'purge follows the restored retention'
+			],
+		],
+	},);
+
+my $node = idem_node('dump');
+my $db   = 'postgres';
+
+foreach my $kind (@kinds)
+{
+	is($node->safe_psql($db, $kind->{setup}),
+		$kind->{setup_out}, "$kind->{name}: setup");
+}
+my %before;
+foreach my $kind (@kinds)
+{
+	$before{ $kind->{name} } = $node->safe_psql($db, $kind->{check});
+	isnt($before{ $kind->{name} }, '', "$kind->{name}: state to compare");
+}
+
+my $dir = PostgreSQL::Test::Utils::tempdir;
+my %restore = (
+	plain => [
+		[ 'pg_dump', '-Fp', '-f', "$dir/dump.sql", '-d', $db ],
+		sub {
+			[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1',
+			  '-f', "$dir/dump.sql", '-d', $_[0] ];
+		}
+	],
+	custom => [
+		[ 'pg_dump', '-Fc', '-f', "$dir/dump.custom", '-d', $db ],
+		sub {
+			[ 'pg_restore', '--exit-on-error', '-d', $_[0],
+			  "$dir/dump.custom" ];
+		}
+	],);
+
+foreach my $format (sort keys %restore)
+{
+	my ($dump, $restore) = @{ $restore{$format} };
+	my $target = "restored_$format";
+
+	$node->command_ok($dump, "$format: pg_dump");
+	$node->command_ok([ 'createdb', $target ], "$format: createdb");
+	is($node->safe_psql($target, q{SELECT count(*) FROM pg_extension
+	                               WHERE extname = 'idem'}),
+		'0', "$format: the new database has no idem yet");
+	$node->command_ok($restore->($target), "$format: restore");
+
+	foreach my $kind (@kinds)
+	{
+		is($node->safe_psql($target, $kind->{check}),
+			$before{ $kind->{name} },
+			"$format: $kind->{name}: same state after restore");
+	}
+	foreach my $kind (@kinds)
+	{
+		foreach my $probe (@{ $kind->{probes} })
+		{
+			my ($sql, $expected, $what) = @$probe;
+			is($node->safe_psql($target, $sql),
+				$expected, "$format: $kind->{name}: $what");
+		}
+	}
+}
+
+$node->stop;
+
+done_testing();
