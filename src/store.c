@@ -60,6 +60,7 @@ struct IdemStore
 	TupleTableSlot *ins_slot;	/* holds the row being inserted */
 	Oid			eqproc[STORE_NKEYS];
 	Oid			collation[STORE_NKEYS];
+	struct StoreCacheEntry *entry;	/* counted as a user of it */
 };
 
 /*
@@ -73,6 +74,21 @@ typedef struct StoreCacheEntry
 	Oid			indexid;
 	Oid			eqproc[STORE_NKEYS];	/* equality of each key column */
 	Oid			collation[STORE_NKEYS];
+
+	/*
+	 * The table's indexes, with their IndexInfo built once rather than on
+	 * every call.  Only kept when every index is a plain btree (no
+	 * expressions, no predicate), whose IndexInfo insertion never changes.
+	 * "stale" is set by invalidation; the memory is freed when no store is
+	 * using it.
+	 */
+	bool		indexes_valid;
+	bool		indexes_simple;
+	int			nindexes;
+	Oid		   *indexoids;
+	IndexInfo **indexinfos;
+	MemoryContext indexcxt;
+	int			users;			/* stores open on it, reset at xact end */
 } StoreCacheEntry;
 
 #define STORE_CACHE_SIZE 8
@@ -92,7 +108,31 @@ store_relcache_callback(Datum arg, Oid relid)
 			store_cache[i].relid = InvalidOid;
 			store_cache[i].indexid = InvalidOid;
 			store_cache[i].eqproc[0] = InvalidOid;
+			store_cache[i].indexes_valid = false;
 		}
+		else
+		{
+			int			j;
+
+			for (j = 0; j < store_cache[i].nindexes; j++)
+				if (store_cache[i].indexoids[j] == relid)
+					store_cache[i].indexes_valid = false;
+		}
+	}
+}
+
+/* A store never outlives a call: any still counted at xact end was abandoned. */
+static void
+store_xact_callback(XactEvent event, void *arg)
+{
+	int			i;
+
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
+		event == XACT_EVENT_PARALLEL_COMMIT ||
+		event == XACT_EVENT_PARALLEL_ABORT || event == XACT_EVENT_PREPARE)
+	{
+		for (i = 0; i < store_cache_used; i++)
+			store_cache[i].users = 0;
 	}
 }
 
@@ -100,6 +140,109 @@ void
 idem_store_init(void)
 {
 	CacheRegisterRelcacheCallback(store_relcache_callback, (Datum) 0);
+	RegisterXactCallback(store_xact_callback, NULL);
+}
+
+/*
+ * The EState that index insertion needs; one per backend, since it holds
+ * nothing but memory and its per-tuple context is reset after each row.
+ */
+static EState *
+store_estate(void)
+{
+	static EState *estate = NULL;
+
+	if (estate == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+
+		estate = CreateExecutorState();
+		MemoryContextSwitchTo(oldcxt);
+	}
+	return estate;
+}
+
+/*
+ * (Re)build the entry's list of indexes with their IndexInfo.  The indexes
+ * are opened here only to read their definitions.
+ */
+static void
+store_build_indexes(StoreCacheEntry *e, Relation rel)
+{
+	List	   *oids = RelationGetIndexList(rel);
+	MemoryContext cxt;
+	MemoryContext oldcxt;
+	ListCell   *lc;
+	int			i = 0;
+	bool		simple = true;
+
+	/*
+	 * Free the old definitions unless a store of an outer call still uses
+	 * them (none does today: stores are not nested); then they stay with
+	 * CacheMemoryContext.
+	 */
+	if (e->indexcxt != NULL && e->users == 0)
+		MemoryContextDelete(e->indexcxt);
+	e->indexcxt = NULL;
+	e->indexes_valid = false;
+
+	cxt = AllocSetContextCreate(CacheMemoryContext, "idem store indexes",
+								ALLOCSET_SMALL_SIZES);
+	oldcxt = MemoryContextSwitchTo(cxt);
+	e->nindexes = list_length(oids);
+	e->indexoids = palloc(Max(e->nindexes, 1) * sizeof(Oid));
+	e->indexinfos = palloc(Max(e->nindexes, 1) * sizeof(IndexInfo *));
+	foreach(lc, oids)
+	{
+		Oid			indexoid = lfirst_oid(lc);
+		Relation	irel = index_open(indexoid, AccessShareLock);
+		IndexInfo  *ii = BuildIndexInfo(irel);
+
+		if (ii->ii_Unique)
+			BuildSpeculativeIndexInfo(irel, ii);
+		if (irel->rd_rel->relam != BTREE_AM_OID || ii->ii_Expressions != NIL ||
+			ii->ii_Predicate != NIL || ii->ii_ExclusionOps != NULL)
+			simple = false;
+		e->indexoids[i] = indexoid;
+		e->indexinfos[i] = ii;
+		i++;
+		index_close(irel, AccessShareLock);
+	}
+	MemoryContextSwitchTo(oldcxt);
+	list_free(oids);
+
+	e->indexcxt = cxt;
+	e->indexes_simple = simple;
+	e->indexes_valid = true;
+}
+
+/*
+ * Open every index of the store's table for insertion, as ExecOpenIndices
+ * does, but with the IndexInfo kept by the cache when it can be.
+ */
+static void
+store_open_indexes(IdemStore *store, StoreCacheEntry *e)
+{
+	ResultRelInfo *rri = store->rri;
+	int			i;
+
+	if (!e->indexes_valid)
+		store_build_indexes(e, store->rel);
+	/* invalidation may arrive while opening: use what we started with */
+	if (!e->indexes_simple)
+	{
+		ExecOpenIndices(rri, true);
+		return;
+	}
+	rri->ri_NumIndices = e->nindexes;
+	rri->ri_IndexRelationDescs = palloc(Max(e->nindexes, 1) * sizeof(Relation));
+	rri->ri_IndexRelationInfo = palloc(Max(e->nindexes, 1) * sizeof(IndexInfo *));
+	for (i = 0; i < e->nindexes; i++)
+	{
+		rri->ri_IndexRelationDescs[i] = index_open(e->indexoids[i],
+												   RowExclusiveLock);
+		rri->ri_IndexRelationInfo[i] = e->indexinfos[i];
+	}
 }
 
 static StoreCacheEntry *
@@ -191,8 +334,10 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 	{
 		int			i;
 
-		ExecOpenIndices(store->rri, true);
+		store_open_indexes(store, e);
 		store->indexes_open = true;
+		e->users++;
+		store->entry = e;
 		for (i = 0; i < store->rri->ri_NumIndices; i++)
 		{
 			Relation	irel = store->rri->ri_IndexRelationDescs[i];
@@ -247,8 +392,8 @@ idem_store_close(IdemStore *store)
 		ExecCloseIndices(store->rri);
 	else
 		index_close(store->index, store->lockmode);
-	if (store->estate)
-		FreeExecutorState(store->estate);
+	if (store->entry && store->entry->users > 0)
+		store->entry->users--;
 	table_close(store->rel, NoLock);
 	list_free(store->arbiters);
 	pfree(store->rri);
@@ -355,7 +500,7 @@ idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
 		/* callers may reset their context between rows: not ours */
 		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
 
-		store->estate = CreateExecutorState();
+		store->estate = store_estate();
 		store->ins_slot = MakeSingleTupleTableSlot(tupdesc, &TTSOpsVirtual);
 		MemoryContextSwitchTo(oldcxt);
 	}
