@@ -309,7 +309,10 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 			/* dropped under us: look the name up again, once */
 			e->relid = InvalidOid;
 			if (tries > 0)
-				(void) store_lookup_relid(relname);
+				ereport(ERROR,
+						(errcode(ERRCODE_UNDEFINED_TABLE),
+						 errmsg("table \"%s.%s\" of the idem extension was dropped concurrently",
+								IDEM_SCHEMA, relname)));
 		}
 	}
 	if (!OidIsValid(e->indexid))
@@ -449,6 +452,7 @@ store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
 		IndexScanDesc scan;
 		TransactionId xwait;
 		bool		inserting;
+		ItemPointerData tid;
 
 		CHECK_FOR_INTERRUPTS();
 		scan = index_beginscan(store->rel, store->index, &dirty, 2, 0);
@@ -466,19 +470,21 @@ store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
 		if (!TransactionIdIsValid(xwait))
 			return PROBE_EXISTS;
 
-		/* Never wait holding index page pins: the scan is ended first. */
-		if (dirty.speculativeToken)
-			SpeculativeInsertionWait(dirty.xmin, dirty.speculativeToken);
-		else if (wait == IDEM_WAIT)
-			XactLockTableWait(xwait, store->rel, &slot->tts_tid,
-							  XLTW_InsertIndex);
-		else if (inserting)
+		if (!dirty.speculativeToken && wait == IDEM_NOWAIT)
 		{
+			if (!inserting)
+				return PROBE_IN_FLIGHT_DELETE;	/* row left in the slot */
 			ExecClearTuple(slot);
 			return PROBE_IN_FLIGHT_INSERT;
 		}
+
+		/* Never wait holding a page pin: the scan and the slot let go first. */
+		tid = slot->tts_tid;
+		ExecClearTuple(slot);
+		if (dirty.speculativeToken)
+			SpeculativeInsertionWait(dirty.xmin, dirty.speculativeToken);
 		else
-			return PROBE_IN_FLIGHT_DELETE;	/* row left in the slot */
+			XactLockTableWait(xwait, store->rel, &tid, XLTW_InsertIndex);
 	}
 }
 
@@ -631,4 +637,148 @@ idem_store_delete(IdemStore *store, Datum ns, Datum key)
 					 (int) result, RelationGetRelationName(store->rel));
 		}
 	}
+}
+
+/*
+ * ---- Update in place and read of the latest version (single-use tokens) ----
+ */
+
+/*
+ * Find the row (ns, key) and update it when fn says so: the semantics of
+ * UPDATE ... WHERE ns = $1 AND key = $2 AND <fn> in READ COMMITTED, where the
+ * latest version of the row is the one judged, whatever the snapshot.  An
+ * in-flight holder of the row (its inserter, or a transaction that updates or
+ * deletes it) is waited for, as a unique index would wait for it, and the
+ * row is judged again once it has finished.
+ *
+ * fn receives the row's columns in values/isnull; to update the row it
+ * changes them (never the two key columns) and returns true.  Datums it puts
+ * there must live until this function returns.
+ *
+ * A HOT update needs no index entries; when the new version could not stay
+ * on the page, the entries of every index of the table are made here.
+ */
+IdemStoreUpdateResult
+idem_store_update(IdemStore *store, Datum ns, Datum key,
+				  IdemStoreUpdateFn fn, void *arg)
+{
+	TupleDesc	tupdesc = RelationGetDescr(store->rel);
+	TupleTableSlot *slot;
+
+	Assert(store->indexes_open);
+	if (store->estate == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
+
+		store->estate = CreateExecutorState();
+		store->ins_slot = MakeSingleTupleTableSlot(tupdesc, &TTSOpsVirtual);
+		MemoryContextSwitchTo(oldcxt);
+	}
+	slot = store->ins_slot;
+
+	for (;;)
+	{
+		ItemPointerData tid;
+		TM_FailureData tmfd;
+		TM_Result	result;
+		LockTupleMode lockmode;
+		bool		update_indexes = false;
+
+		if (store_probe(store, ns, key, IDEM_WAIT) != PROBE_EXISTS)
+		{
+			ExecClearTuple(store->probe_slot);
+			return IDEM_UPDATE_ABSENT;
+		}
+
+		/* a private copy of the row, so that no buffer pin is kept */
+		ExecCopySlot(slot, store->probe_slot);
+		ExecMaterializeSlot(slot);
+		tid = store->probe_slot->tts_tid;
+		ExecClearTuple(store->probe_slot);
+		slot_getallattrs(slot);
+		if (!fn(tupdesc, slot->tts_values, slot->tts_isnull, arg))
+		{
+			ExecClearTuple(slot);
+			return IDEM_UPDATE_DECLINED;
+		}
+
+		/*
+		 * The row may have been inserted by this very command (an issue and a
+		 * consumption in one statement): make it visible to the update.
+		 */
+		CommandCounterIncrement();
+		result = table_tuple_update(store->rel, &tid, slot,
+									GetCurrentCommandId(true),
+									InvalidSnapshot, InvalidSnapshot,
+									true, &tmfd, &lockmode, &update_indexes);
+		switch (result)
+		{
+			case TM_Ok:
+				if (update_indexes)
+				{
+					List	   *recheck;
+
+					/*
+					 * Not a HOT update: the new version needs its own index
+					 * entries.  The "unchanged" hint of an UPDATE statement
+					 * is not given, as it needs a range table.
+					 */
+					recheck = ExecInsertIndexTuples(store->rri, slot,
+													store->estate, false,
+													false, NULL, NIL);
+					list_free(recheck);
+					ResetPerTupleExprContext(store->estate);
+				}
+				ExecClearTuple(slot);
+				return IDEM_UPDATE_DONE;
+			case TM_SelfModified:
+			case TM_Updated:
+			case TM_Deleted:
+				/* changed since we read it: judge the latest version again */
+				ExecClearTuple(slot);
+				continue;
+			default:
+				elog(ERROR, "unexpected result %d updating \"%s\"",
+					 (int) result, RelationGetRelationName(store->rel));
+		}
+	}
+}
+
+/*
+ * Read the row (ns, key) as it stands: the latest committed version, or the
+ * one this transaction made (even in the current command).  An uncommitted
+ * change of another transaction is not seen and not waited for.  Returns
+ * whether the row exists; its columns are copied into values and isnull.
+ */
+bool
+idem_store_read(IdemStore *store, Datum ns, Datum key, Datum *values,
+				bool *isnull)
+{
+	ScanKeyData skeys[2];
+	IndexScanDesc scan;
+	TupleTableSlot *slot = store->probe_slot;
+	bool		found;
+
+	store_scankeys(store, skeys, ns, key);
+	scan = index_beginscan(store->rel, store->index, SnapshotSelf, 2, 0);
+	index_rescan(scan, skeys, 2, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (found)
+	{
+		TupleDesc	tupdesc = RelationGetDescr(store->rel);
+		int			i;
+
+		slot_getallattrs(slot);
+		for (i = 0; i < tupdesc->natts; i++)
+		{
+			Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+
+			isnull[i] = slot->tts_isnull[i];
+			values[i] = isnull[i] ? (Datum) 0 :
+				datumCopy(slot->tts_values[i], att->attbyval, att->attlen);
+		}
+	}
+	index_endscan(scan);
+	ExecClearTuple(slot);
+	return found;
 }
