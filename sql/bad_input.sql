@@ -1,0 +1,130 @@
+-- The catalogue of bad input: every call below is run and the SQLSTATE it
+-- gives is compared with the one expected ('00000': the call must succeed).
+-- Adding a case is adding one line to an INSERT below.
+\set VERBOSITY terse
+
+-- err(query): the SQLSTATE and message of the error the query raises
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+
+CREATE TEMP TABLE cases (
+    id                  serial PRIMARY KEY,
+    fn                  text NOT NULL,
+    call                text NOT NULL,
+    expected_sqlstate   text NOT NULL CHECK (expected_sqlstate ~ '^[0-9A-Z]{5}$')
+);
+
+--
+-- consumer dedup (the keys of this file start with "bi_")
+--
+INSERT INTO cases (fn, call, expected_sqlstate) VALUES
+('idem_claim',       $$SELECT idem_claim(NULL)$$,                                  '22004'),
+('idem_claim',       $$SELECT idem_claim(NULL::text, NULL::text)$$,                '22004'),
+('idem_claim',       $$SELECT idem_claim('bi_1', NULL)$$,                          '22004'),
+('idem_claim',       $$SELECT idem_claim('')$$,                                    '22023'),
+('idem_claim',       $$SELECT idem_claim('bi_1', '')$$,                            '22023'),
+('idem_claim',       $$SELECT idem_claim(repeat('x', 513))$$,                      '22001'),
+('idem_claim',       $$SELECT idem_claim(repeat('x', 1024 * 1024))$$,              '22001'),
+('idem_claim',       $$SELECT idem_claim(repeat('é', 257))$$,                      '22001'),
+('idem_claim',       $$SELECT idem_claim('bi_1', repeat('n', 64))$$,               '22001'),
+('idem_claim',       $$SELECT idem_claim('bi_1', repeat('n', 1024 * 1024))$$,      '22001'),
+('idem_claim',       $$SELECT idem_claim(1::int)$$,                                '42883'),
+('idem_claim',       $$SELECT idem_claim('bi_1', 2::int)$$,                        '42883'),
+('idem_claim',       $$SELECT idem_claim(ARRAY['bi_1'])$$,                         '42883'),
+('idem_claim',       $$SELECT idem_claim()$$,                                      '42883'),
+('idem_try_claim',   $$SELECT idem_try_claim(NULL)$$,                              '22004'),
+('idem_try_claim',   $$SELECT idem_try_claim('bi_1', NULL)$$,                      '22004'),
+('idem_try_claim',   $$SELECT idem_try_claim('')$$,                                '22023'),
+('idem_try_claim',   $$SELECT idem_try_claim('bi_1', '')$$,                        '22023'),
+('idem_try_claim',   $$SELECT idem_try_claim(repeat('x', 513))$$,                  '22001'),
+('idem_try_claim',   $$SELECT idem_try_claim('bi_1', repeat('n', 64))$$,           '22001'),
+('idem_try_claim',   $$SELECT idem_try_claim(1::int)$$,                            '42883'),
+('idem_claim_batch', $$SELECT idem_claim_batch(NULL)$$,                            '22004'),
+('idem_claim_batch', $$SELECT idem_claim_batch(ARRAY['bi_1', NULL])$$,             '22004'),
+('idem_claim_batch', $$SELECT idem_claim_batch(ARRAY[NULL, 'bi_1'])$$,             '22004'),
+('idem_claim_batch', $$SELECT idem_claim_batch(ARRAY['bi_1'], NULL)$$,             '22004'),
+('idem_claim_batch', $$SELECT idem_claim_batch(ARRAY['bi_1', ''])$$,               '22023'),
+('idem_claim_batch', $$SELECT idem_claim_batch(ARRAY['bi_1'], '')$$,               '22023'),
+('idem_claim_batch', $$SELECT idem_claim_batch(ARRAY['bi_1', repeat('x', 513)])$$, '22001'),
+('idem_claim_batch', $$SELECT idem_claim_batch(ARRAY[repeat('x', 1024 * 1024)])$$, '22001'),
+('idem_claim_batch', $$SELECT idem_claim_batch(ARRAY['bi_1'], repeat('n', 64))$$,  '22001'),
+('idem_claim_batch', $$SELECT idem_claim_batch(ARRAY[['bi_1'], ['bi_2']])$$,       '2202E'),
+('idem_claim_batch', $$SELECT idem_claim_batch('{{bi_1,bi_2}}'::text[])$$,         '2202E'),
+('idem_claim_batch', $$SELECT idem_claim_batch('bi_1')$$,                          '22P02'),
+('idem_claim_batch', $$SELECT idem_claim_batch(ARRAY[1, 2])$$,                     '42883'),
+('idem_claim_batch', $$SELECT idem_claim_batch('bi_1'::text)$$,                    '42883'),
+('idem_claim_info',  $$SELECT idem_claim_info(NULL)$$,                             '22004'),
+('idem_claim_info',  $$SELECT idem_claim_info('bi_1', NULL)$$,                     '22004'),
+('idem_claim_info',  $$SELECT idem_claim_info('')$$,                               '22023'),
+('idem_claim_info',  $$SELECT idem_claim_info(repeat('x', 513))$$,                 '22001'),
+('idem_claim_info',  $$SELECT idem_claim_info('bi_1', repeat('n', 64))$$,          '22001'),
+('idem_release',     $$SELECT idem_release(NULL)$$,                                '22004'),
+('idem_release',     $$SELECT idem_release('bi_1', NULL)$$,                        '22004'),
+('idem_release',     $$SELECT idem_release('', 'bi')$$,                            '22023'),
+('idem_release',     $$SELECT idem_release(repeat('x', 513))$$,                    '22001'),
+('idem_release',     $$SELECT idem_release('bi_1', repeat('n', 64))$$,             '22001'),
+-- odd keys are keys like any other: these must succeed
+('idem_claim',       $$SELECT idem_claim('bi_''; DROP TABLE cases; --')$$,        '00000'),
+('idem_claim',       $$SELECT idem_claim('bi_1', '''; DROP TABLE cases; --')$$,   '00000'),
+('idem_claim',       $$SELECT idem_claim(E'bi_\\')$$,                              '00000'),
+('idem_claim',       $$SELECT idem_claim('bi_"quoted"', '"ns"')$$,                 '00000'),
+('idem_claim',       $$SELECT idem_claim('bi_🎉🎉', '🎉')$$,                        '00000'),
+('idem_claim',       $$SELECT idem_claim(E'bi_\t\n\r', E' \t')$$,                  '00000'),
+('idem_claim',       $$SELECT idem_claim('bi_%_*?[]{}', '%')$$,                    '00000'),
+('idem_claim',       $$SELECT idem_claim(' ', ' ')$$,                              '00000'),
+('idem_claim',       $$SELECT idem_claim(repeat('x', 512), repeat('b', 63))$$,     '00000'),
+('idem_try_claim',   $$SELECT idem_try_claim('bi_$$ || chr(1) || $$')$$,          '00000'),
+('idem_claim_batch', $$SELECT idem_claim_batch('{}')$$,                            '00000'),
+('idem_claim_batch', $$SELECT idem_claim_batch(ARRAY['bi_,', 'bi_{', 'bi_NULL'])$$, '00000'),
+('idem_claim_info',  $$SELECT idem_claim_info('bi_''; DROP TABLE cases; --')$$,   '00000'),
+('idem_release',     $$SELECT idem_release(E'bi_\\')$$,                            '00000');
+
+--
+-- retention (run as a superuser)
+--
+INSERT INTO cases (fn, call, expected_sqlstate) VALUES
+('idem_set_retention', $$SELECT idem_set_retention(NULL, '1 day')$$,               '22004'),
+('idem_set_retention', $$SELECT idem_set_retention('bi', NULL)$$,                  '22004'),
+('idem_set_retention', $$SELECT idem_set_retention('', '1 day')$$,                 '22023'),
+('idem_set_retention', $$SELECT idem_set_retention(repeat('n', 64), '1 day')$$,    '22001'),
+('idem_set_retention', $$SELECT idem_set_retention('bi', '0')$$,                   '22023'),
+('idem_set_retention', $$SELECT idem_set_retention('bi', '-1 day')$$,              '22023'),
+('idem_set_retention', $$SELECT idem_set_retention('bi', 'soon')$$,                '22007'),
+('idem_purge',         $$SELECT idem_purge('bi', NULL)$$,                          '22004'),
+('idem_purge',         $$SELECT idem_purge('bi', 0)$$,                             '22023'),
+('idem_purge',         $$SELECT idem_purge('bi', -1)$$,                            '22023'),
+('idem_purge',         $$SELECT idem_purge('')$$,                                  '22023'),
+('idem_purge',         $$SELECT idem_purge(repeat('n', 64))$$,                     '22001'),
+('idem_purge',         $$SELECT idem_purge('bi', 1e10::bigint)$$,                  '42883'),
+('idem_purge',         $$SELECT idem_purge('bi_never_used')$$,                     '00000');
+
+-- Run every case once, in order, and keep what it gave: got is the SQLSTATE
+-- ('00000' when the call succeeded).
+CREATE TEMP TABLE outcomes AS
+SELECT id, fn, expected_sqlstate AS expected,
+       CASE WHEN r = 'no error' THEN '00000' ELSE left(r, 5) END AS got,
+       CASE WHEN r = 'no error' THEN '' ELSE substr(r, 8) END AS message
+  FROM (SELECT c.*, pg_temp.err(c.call) AS r FROM cases c ORDER BY c.id) s;
+
+SELECT id, fn, expected, got,
+       CASE WHEN got = expected THEN 'ok' ELSE 'MISMATCH' END AS result, message
+  FROM outcomes ORDER BY id;
+
+-- must be 0, and every case must have run
+SELECT count(*) FILTER (WHERE got <> expected) AS mismatches,
+       count(*) = (SELECT count(*) FROM cases) AS all_ran
+  FROM outcomes;
+
+-- the odd keys were claimed as given, byte for byte (E'bi_\\' was claimed,
+-- then released), and the cases table is still there
+SELECT to_json(left(ns, 20)) AS ns, to_json(left(msg_id, 20)) AS msg_id, octet_length(msg_id) AS bytes
+  FROM idem.claims c
+ WHERE c.msg_id LIKE 'bi\_%' OR c.msg_id = ' ' OR c.ns = repeat('b', 63)
+ ORDER BY c.ns, c.msg_id;
+SELECT idem_claim('bi_''; DROP TABLE cases; --') AS again,
+       to_regclass('pg_temp.cases') IS NOT NULL AS cases_exists;
