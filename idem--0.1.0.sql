@@ -110,11 +110,15 @@ AS $$
         (SELECT n.retention FROM idem.namespaces n WHERE n.ns OPERATOR(pg_catalog.=) $1),
         '7 days'::pg_catalog.interval);
 $$;
+COMMENT ON FUNCTION idem.retention_of(pg_catalog.text) IS
+    'retention of a namespace: its setting, or 7 days (internal)';
 
 CREATE FUNCTION idem._check_ns(ns pg_catalog.text)
 RETURNS void
 AS 'MODULE_PATHNAME', 'idem_check_ns'
 LANGUAGE C IMMUTABLE CALLED ON NULL INPUT PARALLEL SAFE;
+COMMENT ON FUNCTION idem._check_ns(pg_catalog.text) IS
+    'raise the error of a null, empty or too long namespace (internal)';
 
 CREATE FUNCTION idem_purge(ns pg_catalog.text DEFAULT NULL, max_rows pg_catalog.int4 DEFAULT 10000)
 RETURNS pg_catalog.int8
@@ -183,6 +187,92 @@ REVOKE ALL ON FUNCTION idem_set_retention(pg_catalog.text, pg_catalog.interval) 
 REVOKE ALL ON FUNCTION idem_purge(pg_catalog.text, pg_catalog.int4) FROM PUBLIC;
 
 -- ==== BEGIN single-use tokens ====
+-- Single-use tokens against double submission.  Only the SHA-256 digest of a
+-- token is stored: the table, a backup or a replica yields no usable token.
+-- A consumed row is kept until its expiry so that its status stays
+-- 'consumed'; idem_token_purge removes rows whose expiry has passed.
+-- fillfactor leaves room on each page for the new version that consumption
+-- writes, so that it is a HOT update.
+CREATE TABLE idem.tokens (
+    scope       pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    digest      pg_catalog.bytea NOT NULL,
+    expires_at  pg_catalog.timestamptz NOT NULL,
+    consumed_at pg_catalog.timestamptz,
+    CONSTRAINT tokens_pkey PRIMARY KEY (scope, digest)
+) WITH (fillfactor = 90);
+-- purge finds expired rows through this index, oldest first
+CREATE INDEX tokens_expires_at_idx ON idem.tokens (expires_at);
+COMMENT ON TABLE idem.tokens IS
+    'single-use tokens, stored as the SHA-256 digest of the token text, one row per (scope, digest). '
+    'The table is WAL-logged: tokens survive a crash and reach standbys. '
+    'ALTER TABLE idem.tokens SET UNLOGGED makes issue and consumption cheaper (no WAL for the rows), '
+    'at a price: after a crash or an immediate shutdown the table is empty, so every outstanding token becomes unknown, '
+    'and a standby holds no tokens (idem_token_status fails there, and after a failover every token is unknown). '
+    'SET LOGGED turns it back.';
+REVOKE ALL ON TABLE idem.tokens FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('idem.tokens', '');
+
+CREATE TYPE idem_token_state AS ENUM ('valid', 'consumed', 'expired', 'unknown');
+COMMENT ON TYPE idem_token_state IS 'state of a single-use token, as told by idem_token_status';
+
+CREATE FUNCTION idem_token_issue(scope pg_catalog.text DEFAULT '',
+                                 ttl pg_catalog.interval DEFAULT '30 minutes')
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_token_issue'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_token_issue(pg_catalog.text, pg_catalog.interval) IS
+    'issue a single-use token (256 random bits, URL-safe) valid in scope until now() + ttl (at most one year)';
+
+CREATE FUNCTION idem_token_consume(token pg_catalog.text, scope pg_catalog.text DEFAULT '')
+RETURNS pg_catalog.bool
+AS 'MODULE_PATHNAME', 'idem_token_consume'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_token_consume(pg_catalog.text, pg_catalog.text) IS
+    'consume a token: true exactly once for a valid token of scope; false when consumed, expired, unknown, malformed or of another scope; undone if the transaction rolls back';
+
+CREATE FUNCTION idem_token_status(token pg_catalog.text, scope pg_catalog.text DEFAULT '')
+RETURNS idem_token_state
+AS 'MODULE_PATHNAME', 'idem_token_status'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL SAFE;
+COMMENT ON FUNCTION idem_token_status(pg_catalog.text, pg_catalog.text) IS
+    'state of a token in scope as committed (or as this transaction left it): valid, consumed, expired or unknown';
+
+CREATE FUNCTION idem_token_purge(max_rows pg_catalog.int4 DEFAULT 10000)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n   pg_catalog.int8;
+BEGIN
+    IF max_rows IS NULL THEN
+        RAISE EXCEPTION 'max_rows must not be null'
+            USING ERRCODE = '22004',
+                  HINT = 'Give the largest number of rows one call may delete.';
+    END IF;
+    IF max_rows OPERATOR(pg_catalog.<=) 0 THEN
+        RAISE EXCEPTION 'max_rows must be positive'
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('max_rows was %s.', max_rows),
+                  HINT = 'Give the largest number of rows one call may delete.';
+    END IF;
+    -- Expiry is judged at this transaction's start, as consumption judges
+    -- it.  Rows locked by someone else (a consumption in progress) are
+    -- skipped, never waited for.
+    DELETE FROM idem.tokens t
+     WHERE t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+            SELECT v.ctid FROM idem.tokens v
+             WHERE v.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+             ORDER BY v.expires_at
+             LIMIT max_rows
+               FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION idem_token_purge(pg_catalog.int4) IS
+    'delete tokens whose expiry has passed (consumed or not), at most max_rows per call';
+REVOKE ALL ON FUNCTION idem_token_purge(pg_catalog.int4) FROM PUBLIC;
 -- ==== END single-use tokens ====
 
 -- ==== BEGIN state-transition guard ====

@@ -166,6 +166,7 @@ idem_claim_batch(PG_FUNCTION_ARGS)
 					   IDEM_MAX_KEY_LEN);
 	}
 
+	idem_check_writable("idem_claim_batch()");
 	results = palloc(Max(n, 1) * sizeof(Datum));
 	if (n > 0)
 	{
