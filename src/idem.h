@@ -68,4 +68,24 @@ extern IdemStoreResult idem_store_lookup(IdemStore *store, Datum ns, Datum key,
 										 bool *isnull);
 extern bool idem_store_delete(IdemStore *store, Datum ns, Datum key);
 
+/*
+ * store.c: update in place and read of the latest version (single-use
+ * tokens).
+ */
+typedef enum IdemStoreUpdateResult
+{
+	IDEM_UPDATE_DONE,			/* this call updated the row */
+	IDEM_UPDATE_DECLINED,		/* the row exists; fn left it as it was */
+	IDEM_UPDATE_ABSENT			/* no row */
+} IdemStoreUpdateResult;
+
+typedef bool (*IdemStoreUpdateFn) (TupleDesc tupdesc, Datum *values,
+								   bool *isnull, void *arg);
+
+extern IdemStoreUpdateResult idem_store_update(IdemStore *store, Datum ns,
+											   Datum key, IdemStoreUpdateFn fn,
+											   void *arg);
+extern bool idem_store_read(IdemStore *store, Datum ns, Datum key,
+							Datum *values, bool *isnull);
+
 #endif							/* IDEM_H */

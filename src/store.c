@@ -670,7 +670,7 @@ idem_store_update(IdemStore *store, Datum ns, Datum key,
 	{
 		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
 
-		store->estate = CreateExecutorState();
+		store->estate = store_estate();
 		store->ins_slot = MakeSingleTupleTableSlot(tupdesc, &TTSOpsVirtual);
 		MemoryContextSwitchTo(oldcxt);
 	}
