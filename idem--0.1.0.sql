@@ -276,4 +276,157 @@ REVOKE ALL ON FUNCTION idem_token_purge(pg_catalog.int4) FROM PUBLIC;
 -- ==== END single-use tokens ====
 
 -- ==== BEGIN state-transition guard ====
+-- State machines: one row per allowed transition.  States are compared as
+-- the text the state column's type prints, so integer, text and enum state
+-- columns all work (an integer state 1 is written '1').
+CREATE TABLE idem.transitions (
+    machine     pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    from_state  pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    to_state    pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    CONSTRAINT transitions_pkey PRIMARY KEY (machine, from_state, to_state),
+    CONSTRAINT transitions_machine_check
+        CHECK (pg_catalog.octet_length(machine) OPERATOR(pg_catalog.>=) 1
+               AND pg_catalog.octet_length(machine) OPERATOR(pg_catalog.<=) 63)
+);
+COMMENT ON TABLE idem.transitions IS
+    'state machines: the allowed transitions, one row each';
+REVOKE ALL ON TABLE idem.transitions FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('idem.transitions', '');
+
+-- Every backend keeps the machines in memory; any change of the table
+-- (through idem_allow, idem_disallow or plain SQL, on a primary or applied
+-- by logical replication) tells every backend to read them again.
+CREATE FUNCTION idem._transitions_changed()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_transitions_changed'
+LANGUAGE C;
+COMMENT ON FUNCTION idem._transitions_changed() IS
+    'invalidate the cached state machines of every session';
+CREATE TRIGGER transitions_changed
+    AFTER INSERT OR UPDATE OR DELETE ON idem.transitions
+    FOR EACH ROW EXECUTE FUNCTION idem._transitions_changed();
+CREATE TRIGGER transitions_truncated
+    AFTER TRUNCATE ON idem.transitions
+    FOR EACH STATEMENT EXECUTE FUNCTION idem._transitions_changed();
+ALTER TABLE idem.transitions ENABLE ALWAYS TRIGGER transitions_changed;
+ALTER TABLE idem.transitions ENABLE ALWAYS TRIGGER transitions_truncated;
+
+CREATE FUNCTION idem._check_transition(machine pg_catalog.text,
+                                       from_state pg_catalog.text,
+                                       to_state pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE CALLED ON NULL INPUT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF machine IS NULL THEN
+        RAISE EXCEPTION 'machine must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF from_state IS NULL THEN
+        RAISE EXCEPTION 'from_state must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF to_state IS NULL THEN
+        RAISE EXCEPTION 'to_state must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF machine OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'machine must not be empty'
+            USING ERRCODE = '22023', HINT = 'Give a non-empty identifier.';
+    END IF;
+    IF pg_catalog.octet_length(machine) OPERATOR(pg_catalog.>) 63 THEN
+        RAISE EXCEPTION 'machine is too long'
+            USING ERRCODE = '22001',
+                  DETAIL = pg_catalog.format('The machine is %s bytes long; the limit is 63 bytes.',
+                                             pg_catalog.octet_length(machine));
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION idem._check_transition(pg_catalog.text, pg_catalog.text, pg_catalog.text) IS
+    'check the arguments of idem_allow and idem_disallow';
+
+CREATE FUNCTION idem_allow(machine pg_catalog.text, from_state pg_catalog.text,
+                           to_state pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n pg_catalog.int8;
+BEGIN
+    PERFORM idem._check_transition(machine, from_state, to_state);
+    INSERT INTO idem.transitions AS t (machine, from_state, to_state)
+        VALUES (idem_allow.machine, idem_allow.from_state, idem_allow.to_state)
+        ON CONFLICT ON CONSTRAINT transitions_pkey DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n OPERATOR(pg_catalog.>) 0;
+END;
+$$;
+COMMENT ON FUNCTION idem_allow(pg_catalog.text, pg_catalog.text, pg_catalog.text) IS
+    'allow a transition of a state machine: true if it was not allowed yet';
+
+CREATE FUNCTION idem_disallow(machine pg_catalog.text, from_state pg_catalog.text,
+                              to_state pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n pg_catalog.int8;
+BEGIN
+    PERFORM idem._check_transition(machine, from_state, to_state);
+    DELETE FROM idem.transitions t
+     WHERE t.machine OPERATOR(pg_catalog.=) idem_disallow.machine
+       AND t.from_state OPERATOR(pg_catalog.=) idem_disallow.from_state
+       AND t.to_state OPERATOR(pg_catalog.=) idem_disallow.to_state;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n OPERATOR(pg_catalog.>) 0;
+END;
+$$;
+COMMENT ON FUNCTION idem_disallow(pg_catalog.text, pg_catalog.text, pg_catalog.text) IS
+    'disallow a transition of a state machine: true if it was allowed';
+
+-- The guard: a C row trigger, BEFORE UPDATE, named idem_guard, whose
+-- arguments (machine, state column, version column) are the whole
+-- definition of the guard; it is dumped with the table.
+CREATE FUNCTION idem_guard_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_guard_trigger'
+LANGUAGE C;
+COMMENT ON FUNCTION idem_guard_trigger() IS
+    'trigger of a guarded table: refuses illegal transitions and keeps the version';
+
+-- Not SECURITY DEFINER: creating the trigger takes the caller's TRIGGER
+-- privilege on the table, dropping it the caller's ownership.
+CREATE FUNCTION idem_guard(tbl pg_catalog.regclass, machine pg_catalog.text,
+                           state_column pg_catalog.name,
+                           version_column pg_catalog.name DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_guard'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_guard(pg_catalog.regclass, pg_catalog.text, pg_catalog.name, pg_catalog.name) IS
+    'guard a table: every UPDATE must follow the machine and bump the version by one';
+
+CREATE FUNCTION idem_unguard(tbl pg_catalog.regclass)
+RETURNS pg_catalog.bool
+AS 'MODULE_PATHNAME', 'idem_unguard'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_unguard(pg_catalog.regclass) IS
+    'remove the guard of a table: true if it had one';
+
+CREATE TYPE idem_transition_result AS ENUM
+    ('applied', 'already', 'stale', 'illegal', 'not_found');
+COMMENT ON TYPE idem_transition_result IS 'outcome of idem_transition';
+
+CREATE FUNCTION idem_transition(tbl pg_catalog.regclass, key pg_catalog.text,
+                                to_state pg_catalog.text,
+                                expected_version pg_catalog.int8 DEFAULT NULL)
+RETURNS idem_transition_result
+AS 'MODULE_PATHNAME', 'idem_transition'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_transition(pg_catalog.regclass, pg_catalog.text, pg_catalog.text, pg_catalog.int8) IS
+    'move a row of a guarded table to a state: applied, already, stale, illegal or not_found';
+
+REVOKE ALL ON FUNCTION idem_allow(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_disallow(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_guard(pg_catalog.regclass, pg_catalog.text, pg_catalog.name, pg_catalog.name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_unguard(pg_catalog.regclass) FROM PUBLIC;
 -- ==== END state-transition guard ====

@@ -3,8 +3,1566 @@
  * guard.c
  *	  State machines, guarded tables and transitions.
  *
+ * A state machine is a set of allowed transitions (machine, from_state,
+ * to_state), rows of idem.transitions.  States are compared as text: the
+ * text the state column's type prints (its output function), so integer,
+ * text and enum columns all work, and an integer state 1 is written '1'.
+ *
+ * idem_guard() puts the row trigger idem_guard_trigger() on a table, BEFORE
+ * UPDATE FOR EACH ROW, named "idem_guard", with the machine, the state column
+ * and the optional version column as its arguments: the trigger is the
+ * guard's whole definition and is dumped with the table.  On every UPDATE of
+ * a guarded row, whatever code path issued it:
+ *
+ *	- a change of the state column that is not an allowed transition fails
+ *	  with SQLSTATE 23514 (check_violation); the error names the table (and
+ *	  its schema and the state column, in the error's fields), the row's
+ *	  primary key and both states.  A NULL state is never part of a machine,
+ *	  so changing to or from NULL is never allowed.  An UPDATE that leaves the
+ *	  state as it was (same text) is not a transition and is always allowed.
+ *	- the version column goes up by exactly one: an UPDATE that leaves it
+ *	  unchanged gets old + 1 written for it, an UPDATE that sets old + 1 is
+ *	  accepted, any other value (NULL included) fails with SQLSTATE 23514,
+ *	  with the version column in the error's fields.  Every UPDATE of the row
+ *	  writes a new row version and counts as a change, even one that writes
+ *	  the same values.  A version that cannot go up (the largest value of its
+ *	  type) fails with 22003; a row whose version is NULL (possible only after
+ *	  the NOT NULL constraint idem_guard() requires was dropped) fails with
+ *	  23502.
+ *	- INSERT is not checked: a row may start in any state, at any version.
+ *
+ * The guard sees the row as the BEFORE ROW triggers sorted before
+ * "idem_guard" left it; triggers sorted after it run after the check.
+ *
+ * idem_transition(tbl, key, to_state, expected_version) moves one row,
+ * found by the table's single-column primary key, and says what happened
+ * (enum idem_transition_result):
+ *
+ *	applied    the row moved to to_state; its version went up by one.
+ *	already    the row is in to_state and, if expected_version was given,
+ *			   at expected_version + 1: a retry of a request that was applied.
+ *	stale      with expected_version: the row is at another version (and not
+ *			   "already").  Without it: the row's state can be reached from
+ *			   to_state through the machine, so the row has already moved
+ *			   beyond to_state and the request is late.  Nothing is written.
+ *	illegal    the machine has no transition from the row's state to
+ *			   to_state, and none of the above holds.
+ *	not_found  no row has that key (or the caller may not see it).
+ *
+ * When expected_version is given and matches, a request to move a row to the
+ * state it is in is a transition from that state to itself: applied (the
+ * version goes up) if the machine allows it, illegal otherwise.  In a machine
+ * with cycles a late request without expected_version can look like a legal
+ * transition and be applied: give expected_version there.
+ *
+ * idem_transition runs one UPDATE of the state column through SPI, with a
+ * plan prepared once per table and kept.  The decision is made by the guard
+ * trigger itself on the row the UPDATE locked (the latest version of it, as
+ * with any UPDATE under READ COMMITTED), so concurrent calls on one row
+ * serialise on the row lock and each sees what the previous one did; under
+ * REPEATABLE READ or SERIALIZABLE a concurrent change is the usual 40001.
+ * The UPDATE runs as the caller, who needs the privileges a hand-written
+ * UPDATE of the state column by primary key needs (UPDATE on the state
+ * column, SELECT on the key column); row-level security applies.
+ *
+ * Errors of misuse (SQLSTATE):
+ *	22004  a NULL tbl, key, to_state, machine, state, state_column
+ *	22023  an empty machine name; expected_version given for a table
+ *		   guarded without a version column; the same column given as
+ *		   state and version
+ *	22001  a machine name longer than 63 bytes
+ *	42P01  no table has that OID
+ *	42809  idem_guard on something that is not an ordinary table
+ *	42703  no such column (also when a guarded column was dropped or
+ *		   renamed later: every UPDATE then fails until the table is guarded
+ *		   again)
+ *	42804  a version column that is not smallint, integer or bigint
+ *	42704  idem_guard with a machine that has no transition
+ *	42710  a trigger named "idem_guard" that is not idem's guard
+ *	42501  no TRIGGER privilege (idem_guard), not the owner (idem_unguard),
+ *		   no UPDATE/SELECT privilege (idem_transition)
+ *	55000  idem_transition on a table that is not guarded, whose guard is
+ *		   disabled or did not fire (session_replication_role = replica),
+ *		   that has no single-column primary key, or whose row was skipped
+ *		   by another BEFORE trigger; idem_guard with a nullable version
+ *		   column
+ *	25006  a read-only transaction
+ *	The key and to_state are read by the input functions of the key and
+ *	state column types, whose errors (such as 22P02) come through.
+ *
+ * Caches.  Every backend keeps the machines in memory, and for every guarded
+ * table the columns and types the trigger needs and the plans of
+ * idem_transition.  A change to idem.transitions (from idem_allow,
+ * idem_disallow or any INSERT, UPDATE, DELETE or TRUNCATE, through triggers
+ * enabled ALWAYS) sends a relcache invalidation of that table; a relcache
+ * callback then drops the machines, so that every session sees committed
+ * definitions at its next statement, without reconnecting.  The machines are
+ * read with the latest snapshot, as catalogs are, so a session in a
+ * REPEATABLE READ transaction also sees the new definitions.  The per-table
+ * entries are dropped by the same callback when their table changes.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/relation.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "catalog/namespace.h"
+#include "catalog/objectaddress.h"
+#include "catalog/pg_operator.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_trigger.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "common/hashfn.h"
+#include "executor/executor.h"
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "nodes/pg_list.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+
 #include "idem.h"
+
+#define TRANSITIONS_TABLE	"transitions"
+#define TRANSITIONS_NATTS	3
+#define GUARD_TRIGGER_NAME	"idem_guard"
+#define GUARD_TRIGGER_FUNC	"idem_guard_trigger"
+#define MACHINE_MAX_LEN		IDEM_MAX_NS_LEN
+
+typedef enum TransitionOutcome
+{
+	OUTCOME_APPLIED,
+	OUTCOME_ALREADY,
+	OUTCOME_STALE,
+	OUTCOME_ILLEGAL,
+	OUTCOME_NOT_FOUND
+} TransitionOutcome;
+
+static const char *const transition_result_labels[] = {
+	"applied", "already", "stale", "illegal", "not_found"
+};
+
+/* ----------------------------------------------------------------
+ * The machines, cached per backend
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * The successors of one state of one machine.  The key is the bytes
+ * "machine\0state", of length len (without the final \0).
+ */
+typedef struct StateKey
+{
+	uint32		len;
+	const char *data;
+} StateKey;
+
+typedef struct StateEntry
+{
+	StateKey	key;
+	int			ntargets;
+	int			maxtargets;
+	char	  **targets;
+} StateEntry;
+
+typedef struct MachineEntry
+{
+	char		name[NAMEDATALEN];	/* hash key */
+} MachineEntry;
+
+static MemoryContext machines_cxt = NULL;
+static HTAB *states_htab = NULL;	/* NULL when not loaded */
+static HTAB *machines_htab = NULL;
+static bool machines_valid = false;
+static Oid	transitions_relid = InvalidOid;
+
+/* ----------------------------------------------------------------
+ * Guarded tables, cached per backend
+ * ----------------------------------------------------------------
+ */
+typedef struct GuardEntry
+{
+	Oid			relid;			/* hash key */
+	bool		valid;			/* the guard part below is current */
+	Oid			tgoid;			/* the trigger it was read from */
+	char		machine[NAMEDATALEN];
+	bool		machine_too_long;
+	AttrNumber	state_attnum;
+	Oid			state_type;
+	int32		state_typmod;
+	bool		state_byval;
+	int16		state_len;
+	FmgrInfo	state_out;
+	AttrNumber	version_attnum; /* InvalidAttrNumber if none */
+	Oid			version_type;
+
+	/* idem_transition: valid only while plans != NULL and plans_valid */
+	bool		plans_valid;
+	int			busy;			/* idem_transition calls running the plans */
+	SPIPlanPtr	update_plan;
+	SPIPlanPtr	exists_plan;
+	AttrNumber	key_attnum;
+	Oid			key_type;
+	int32		key_typmod;
+	Oid			key_ioparam;
+	FmgrInfo	key_in;
+	FmgrInfo	key_eq;
+	Oid			key_collation;
+	Oid			state_ioparam;
+	FmgrInfo	state_in;
+} GuardEntry;
+
+static HTAB *guard_htab = NULL;
+static bool callback_registered = false;
+static Oid	guard_func_oid = InvalidOid;
+
+/*
+ * A transition asked by idem_transition, decided by the trigger when it
+ * fires on the row of that key.  Calls can nest (a trigger may call
+ * idem_transition), hence the chain.
+ */
+typedef struct TransitionRequest
+{
+	Oid			relid;
+	AttrNumber	key_attnum;
+	Datum		key;
+	FmgrInfo	key_eq;
+	Oid			key_collation;
+	const char *to_state;		/* as the state type prints it */
+	bool		has_expected;
+	int64		expected;
+	bool		fired;
+	TransitionOutcome outcome;
+	struct TransitionRequest *outer;
+} TransitionRequest;
+
+static TransitionRequest *active_request = NULL;
+
+/* ----------------------------------------------------------------
+ * Invalidation
+ * ----------------------------------------------------------------
+ */
+static void
+guard_relcache_callback(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || relid == transitions_relid)
+		machines_valid = false;
+
+	if (guard_htab == NULL)
+		return;
+	if (!OidIsValid(relid))
+	{
+		HASH_SEQ_STATUS status;
+		GuardEntry *entry;
+
+		hash_seq_init(&status, guard_htab);
+		while ((entry = hash_seq_search(&status)) != NULL)
+		{
+			entry->valid = false;
+			entry->plans_valid = false;
+		}
+	}
+	else
+	{
+		GuardEntry *entry = hash_search(guard_htab, &relid, HASH_FIND, NULL);
+
+		if (entry != NULL)
+		{
+			entry->valid = false;
+			entry->plans_valid = false;
+		}
+	}
+}
+
+static void
+guard_init(void)
+{
+	HASHCTL		ctl;
+
+	if (callback_registered)
+		return;
+	ctl.keysize = sizeof(Oid);
+	ctl.entrysize = sizeof(GuardEntry);
+	guard_htab = hash_create("idem guarded tables", 16, &ctl,
+							 HASH_ELEM | HASH_BLOBS);
+	CacheRegisterRelcacheCallback(guard_relcache_callback, (Datum) 0);
+	callback_registered = true;
+}
+
+/* ----------------------------------------------------------------
+ * Loading and reading the machines
+ * ----------------------------------------------------------------
+ */
+static uint32
+state_key_hash(const void *key, Size keysize)
+{
+	const StateKey *k = (const StateKey *) key;
+
+	return hash_bytes((const unsigned char *) k->data, (int) k->len);
+}
+
+static int
+state_key_match(const void *key1, const void *key2, Size keysize)
+{
+	const StateKey *a = (const StateKey *) key1;
+	const StateKey *b = (const StateKey *) key2;
+
+	if (a->len == b->len && memcmp(a->data, b->data, a->len) == 0)
+		return 0;
+	return 1;
+}
+
+/* The key of (machine, state), allocated in the current memory context. */
+static StateKey
+make_state_key(const char *machine, const char *state)
+{
+	StateKey	key;
+	size_t		mlen = strlen(machine);
+	size_t		slen = strlen(state);
+	char	   *data = palloc(mlen + slen + 2);
+
+	memcpy(data, machine, mlen + 1);
+	memcpy(data + mlen + 1, state, slen + 1);
+	key.len = (uint32) (mlen + 1 + slen);
+	key.data = data;
+	return key;
+}
+
+static Oid
+transitions_table_oid(void)
+{
+	Oid			nsp = get_namespace_oid(IDEM_SCHEMA, true);
+	Oid			relid = InvalidOid;
+
+	if (OidIsValid(nsp))
+		relid = get_relname_relid(TRANSITIONS_TABLE, nsp);
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("table \"%s.%s\" does not exist",
+						IDEM_SCHEMA, TRANSITIONS_TABLE),
+				 errhint("Install the extension idem.")));
+	return relid;
+}
+
+/*
+ * Make sure the machines are loaded and current.  Pointers into them stay
+ * valid until the next call of this function.
+ */
+static void
+machines_ensure(void)
+{
+	Relation	rel;
+	Snapshot	snapshot;
+	TableScanDesc scan;
+	TupleTableSlot *slot;
+	HASHCTL		ctl;
+	HTAB	   *states;
+	HTAB	   *machines;
+
+	guard_init();
+	if (machines_valid && states_htab != NULL)
+		return;
+
+	transitions_relid = transitions_table_oid();
+	/* Opening the table takes a lock and so reads pending invalidations. */
+	rel = table_open(transitions_relid, AccessShareLock);
+	if (RelationGetDescr(rel)->natts != TRANSITIONS_NATTS)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"%s.%s\" does not have the expected columns",
+						IDEM_SCHEMA, TRANSITIONS_TABLE)));
+
+	/* An invalidation that arrives from here on makes us read again. */
+	machines_valid = true;
+	states_htab = NULL;
+	machines_htab = NULL;
+	if (machines_cxt == NULL)
+		machines_cxt = AllocSetContextCreate(CacheMemoryContext,
+											 "idem state machines",
+											 ALLOCSET_SMALL_SIZES);
+	else
+		MemoryContextReset(machines_cxt);
+
+	ctl.keysize = sizeof(StateKey);
+	ctl.entrysize = sizeof(StateEntry);
+	ctl.hash = state_key_hash;
+	ctl.match = state_key_match;
+	ctl.hcxt = machines_cxt;
+	states = hash_create("idem machine states", 64, &ctl,
+						 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+	ctl.keysize = NAMEDATALEN;
+	ctl.entrysize = sizeof(MachineEntry);
+	ctl.hcxt = machines_cxt;
+	machines = hash_create("idem machines", 16, &ctl,
+						   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+
+	/*
+	 * The latest snapshot, not the transaction's: definitions behave like
+	 * catalogs, and a change committed after this snapshot was taken sends
+	 * an invalidation that has not been read yet.
+	 */
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	scan = table_beginscan(rel, snapshot, 0, NULL);
+	slot = table_slot_create(rel, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		MemoryContext old;
+		char	   *machine;
+		char	   *from;
+		char	   *to;
+		StateKey	key;
+		StateEntry *entry;
+		bool		found;
+
+		slot_getallattrs(slot);
+		if (slot->tts_isnull[0] || slot->tts_isnull[1] || slot->tts_isnull[2])
+			continue;			/* not possible: the columns are NOT NULL */
+
+		old = MemoryContextSwitchTo(machines_cxt);
+		machine = TextDatumGetCString(slot->tts_values[0]);
+		from = TextDatumGetCString(slot->tts_values[1]);
+		to = TextDatumGetCString(slot->tts_values[2]);
+		if (strlen(machine) < NAMEDATALEN)
+			(void) hash_search(machines, machine, HASH_ENTER, NULL);
+		key = make_state_key(machine, from);
+		entry = hash_search(states, &key, HASH_ENTER, &found);
+		if (!found)
+		{
+			entry->key = key;	/* the copy in machines_cxt */
+			entry->ntargets = 0;
+			entry->maxtargets = 4;
+			entry->targets = palloc(entry->maxtargets * sizeof(char *));
+		}
+		if (entry->ntargets == entry->maxtargets)
+		{
+			entry->maxtargets *= 2;
+			entry->targets = repalloc(entry->targets,
+									  entry->maxtargets * sizeof(char *));
+		}
+		entry->targets[entry->ntargets++] = to;
+		MemoryContextSwitchTo(old);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	table_endscan(scan);
+	UnregisterSnapshot(snapshot);
+	table_close(rel, AccessShareLock);
+
+	states_htab = states;
+	machines_htab = machines;
+}
+
+static bool
+machine_defined(const char *machine)
+{
+	if (strlen(machine) >= NAMEDATALEN)
+		return false;
+	machines_ensure();
+	return hash_search(machines_htab, machine, HASH_FIND, NULL) != NULL;
+}
+
+static StateEntry *
+machine_state(const char *machine, const char *state)
+{
+	StateKey	key = make_state_key(machine, state);
+	StateEntry *entry;
+
+	entry = hash_search(states_htab, &key, HASH_FIND, NULL);
+	pfree((void *) key.data);
+	return entry;
+}
+
+/* Does the machine allow from -> to?  NULL states are never allowed. */
+static bool
+transition_allowed(const char *machine, const char *from, const char *to)
+{
+	StateEntry *entry;
+	int			i;
+
+	if (from == NULL || to == NULL)
+		return false;
+	machines_ensure();
+	entry = machine_state(machine, from);
+	if (entry == NULL)
+		return false;
+	for (i = 0; i < entry->ntargets; i++)
+		if (strcmp(entry->targets[i], to) == 0)
+			return true;
+	return false;
+}
+
+/* Can target be reached from "from" by one transition or more? */
+static bool
+state_reachable(const char *machine, const char *from, const char *target)
+{
+	List	   *queue;
+	List	   *seen;
+	bool		reached = false;
+
+	if (from == NULL || target == NULL)
+		return false;
+	machines_ensure();
+	queue = list_make1((char *) from);
+	seen = list_make1((char *) from);
+	while (queue != NIL && !reached)
+	{
+		char	   *state = linitial(queue);
+		StateEntry *entry;
+		int			i;
+
+		queue = list_delete_first(queue);
+		entry = machine_state(machine, state);
+		if (entry == NULL)
+			continue;
+		for (i = 0; i < entry->ntargets && !reached; i++)
+		{
+			char	   *next = entry->targets[i];
+			ListCell   *lc;
+			bool		known = false;
+
+			if (strcmp(next, target) == 0)
+			{
+				reached = true;
+				break;
+			}
+			foreach(lc, seen)
+			{
+				if (strcmp((char *) lfirst(lc), next) == 0)
+				{
+					known = true;
+					break;
+				}
+			}
+			if (!known)
+			{
+				seen = lappend(seen, next);
+				queue = lappend(queue, next);
+			}
+		}
+	}
+	list_free(queue);
+	list_free(seen);
+	return reached;
+}
+
+/* ----------------------------------------------------------------
+ * Guarded tables
+ * ----------------------------------------------------------------
+ */
+
+/* The attribute number of a live user column, or InvalidAttrNumber. */
+static AttrNumber
+column_attnum(Relation rel, const char *name)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			i;
+
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (!att->attisdropped && strcmp(NameStr(att->attname), name) == 0)
+			return att->attnum;
+	}
+	return InvalidAttrNumber;
+}
+
+static bool
+is_version_type(Oid type)
+{
+	return type == INT2OID || type == INT4OID || type == INT8OID;
+}
+
+/* The OID of idem_guard_trigger(), beside the function that asks. */
+static Oid
+lookup_guard_func(Oid caller_fn)
+{
+	Oid			nsp = get_func_namespace(caller_fn);
+	Oid			none = InvalidOid;
+	oidvector  *noargs = buildoidvector(&none, 0);
+	Oid			fn;
+
+	fn = GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid,
+						 CStringGetDatum(GUARD_TRIGGER_FUNC),
+						 PointerGetDatum(noargs),
+						 ObjectIdGetDatum(nsp));
+	pfree(noargs);
+	if (!OidIsValid(fn))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("function %s() does not exist", GUARD_TRIGGER_FUNC),
+				 errhint("Install the extension idem.")));
+	return fn;
+}
+
+static bool
+is_guard_trigger(Trigger *trigger, Oid fn)
+{
+	return trigger->tgfoid == fn &&
+		TRIGGER_TYPE_MATCHES(trigger->tgtype, TRIGGER_TYPE_ROW,
+							 TRIGGER_TYPE_BEFORE, TRIGGER_TYPE_UPDATE);
+}
+
+/*
+ * The guard trigger of a table, or NULL.  The OID of the trigger function
+ * is kept; it is looked up again when no trigger matches, in case the
+ * extension was created again.
+ */
+static Trigger *
+find_guard_trigger(Relation rel, Oid caller_fn)
+{
+	TriggerDesc *desc = rel->trigdesc;
+	int			pass;
+
+	if (desc == NULL)
+		return NULL;
+	for (pass = 0; pass < 2; pass++)
+	{
+		Trigger    *found = NULL;
+		int			i;
+
+		if (!OidIsValid(guard_func_oid) || pass == 1)
+			guard_func_oid = lookup_guard_func(caller_fn);
+		for (i = 0; i < desc->numtriggers; i++)
+		{
+			Trigger    *trigger = &desc->triggers[i];
+
+			if (!is_guard_trigger(trigger, guard_func_oid))
+				continue;
+			if (found != NULL)
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("table \"%s\" has more than one guard",
+								RelationGetRelationName(rel)),
+						 errdetail("Triggers \"%s\" and \"%s\" both execute %s().",
+								   found->tgname, trigger->tgname,
+								   GUARD_TRIGGER_FUNC)));
+			found = trigger;
+		}
+		if (found != NULL)
+			return found;
+	}
+	return NULL;
+}
+
+/*
+ * The cache entry of a guarded table, read from its trigger's arguments:
+ * (machine, state column [, version column]).
+ */
+static GuardEntry *
+guard_entry_get(Relation rel, Trigger *trigger)
+{
+	Oid			relid = RelationGetRelid(rel);
+	GuardEntry *entry;
+	bool		found;
+	const char *machine;
+	const char *state_col;
+	const char *version_col = NULL;
+	Form_pg_attribute att;
+
+	guard_init();
+	entry = hash_search(guard_htab, &relid, HASH_ENTER, &found);
+	if (!found)
+	{
+		memset(((char *) entry) + sizeof(Oid), 0,
+			   sizeof(GuardEntry) - sizeof(Oid));
+		entry->relid = relid;
+	}
+	if (entry->valid && entry->tgoid == trigger->tgoid)
+		return entry;
+
+	/* Rebuild the guard part; the plans are prepared again when used. */
+	entry->valid = false;
+	entry->plans_valid = false;
+	if (trigger->tgnargs < 2 || trigger->tgnargs > 3)
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("trigger \"%s\" of table \"%s\" has wrong arguments",
+						trigger->tgname, RelationGetRelationName(rel)),
+				 errdetail("%s() takes a machine, a state column and an optional version column.",
+						   GUARD_TRIGGER_FUNC),
+				 errhint("Guard the table with idem_guard().")));
+	machine = trigger->tgargs[0];
+	state_col = trigger->tgargs[1];
+	if (trigger->tgnargs == 3 && trigger->tgargs[2][0] != '\0')
+		version_col = trigger->tgargs[2];
+
+	entry->machine_too_long = strlen(machine) >= NAMEDATALEN;
+	strlcpy(entry->machine, machine, NAMEDATALEN);
+
+	entry->state_attnum = column_attnum(rel, state_col);
+	if (entry->state_attnum == InvalidAttrNumber)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("column \"%s\" of relation \"%s\" does not exist",
+						state_col, RelationGetRelationName(rel)),
+				 errdetail("The guard \"%s\" of the table names it as the state column.",
+						   trigger->tgname),
+				 errhint("Guard the table again with idem_guard().")));
+	att = TupleDescAttr(RelationGetDescr(rel), entry->state_attnum - 1);
+	entry->state_type = att->atttypid;
+	entry->state_typmod = att->atttypmod;
+	entry->state_byval = att->attbyval;
+	entry->state_len = att->attlen;
+	{
+		Oid			outfn;
+		bool		varlena;
+
+		getTypeOutputInfo(entry->state_type, &outfn, &varlena);
+		fmgr_info_cxt(outfn, &entry->state_out, CacheMemoryContext);
+	}
+
+	entry->version_attnum = InvalidAttrNumber;
+	entry->version_type = InvalidOid;
+	if (version_col != NULL)
+	{
+		entry->version_attnum = column_attnum(rel, version_col);
+		if (entry->version_attnum == InvalidAttrNumber)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_COLUMN),
+					 errmsg("column \"%s\" of relation \"%s\" does not exist",
+							version_col, RelationGetRelationName(rel)),
+					 errdetail("The guard \"%s\" of the table names it as the version column.",
+							   trigger->tgname),
+					 errhint("Guard the table again with idem_guard().")));
+		att = TupleDescAttr(RelationGetDescr(rel), entry->version_attnum - 1);
+		if (!is_version_type(att->atttypid))
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("version column \"%s\" of table \"%s\" must be of type smallint, integer or bigint",
+							version_col, RelationGetRelationName(rel)),
+					 errhint("Guard the table again with idem_guard().")));
+		entry->version_type = att->atttypid;
+	}
+
+	entry->tgoid = trigger->tgoid;
+	entry->valid = true;
+	return entry;
+}
+
+/* ----------------------------------------------------------------
+ * The trigger
+ * ----------------------------------------------------------------
+ */
+static char *
+state_text(GuardEntry *entry, HeapTuple tuple, TupleDesc desc, Datum *value,
+		   bool *isnull)
+{
+	*value = heap_getattr(tuple, entry->state_attnum, desc, isnull);
+	if (*isnull)
+		return NULL;
+	return OutputFunctionCall(&entry->state_out, *value);
+}
+
+static int64
+version_value(GuardEntry *entry, Datum d)
+{
+	switch (entry->version_type)
+	{
+		case INT2OID:
+			return DatumGetInt16(d);
+		case INT4OID:
+			return DatumGetInt32(d);
+		default:
+			return DatumGetInt64(d);
+	}
+}
+
+static Datum
+version_datum(GuardEntry *entry, int64 v)
+{
+	switch (entry->version_type)
+	{
+		case INT2OID:
+			return Int16GetDatum((int16) v);
+		case INT4OID:
+			return Int32GetDatum((int32) v);
+		default:
+			return Int64GetDatum(v);
+	}
+}
+
+static int64
+version_max(GuardEntry *entry)
+{
+	switch (entry->version_type)
+	{
+		case INT2OID:
+			return PG_INT16_MAX;
+		case INT4OID:
+			return PG_INT32_MAX;
+		default:
+			return PG_INT64_MAX;
+	}
+}
+
+/*
+ * "Key (id)=(42). " describing the row by its primary key, or "" when the
+ * table has none or the user may not see its columns.
+ */
+static char *
+key_sentence(Relation rel, HeapTuple tuple)
+{
+	Oid			pkoid = RelationGetPrimaryKeyIndex(rel);
+	Relation	index;
+	Datum		values[INDEX_MAX_KEYS];
+	bool		isnull[INDEX_MAX_KEYS];
+	char	   *desc;
+	int			i;
+
+	if (!OidIsValid(pkoid))
+		return "";
+	index = index_open(pkoid, AccessShareLock);
+	for (i = 0; i < IndexRelationGetNumberOfKeyAttributes(index); i++)
+		values[i] = heap_getattr(tuple, index->rd_index->indkey.values[i],
+								 RelationGetDescr(rel), &isnull[i]);
+	desc = BuildIndexValueDescription(index, values, isnull);
+	index_close(index, AccessShareLock);
+	if (desc == NULL)
+		return "";
+	return psprintf("Key %s. ", desc);
+}
+
+static char *
+quoted_state(const char *state)
+{
+	return state == NULL ? "NULL" : psprintf("\"%s\"", state);
+}
+
+/* What idem_transition's request comes to, on the row the UPDATE locked. */
+static TransitionOutcome
+decide(GuardEntry *entry, TransitionRequest *req, HeapTuple oldtup,
+	   TupleDesc desc)
+{
+	Datum		cur_value;
+	bool		cur_isnull;
+	char	   *cur = state_text(entry, oldtup, desc, &cur_value, &cur_isnull);
+	bool		same_state = (cur != NULL && strcmp(cur, req->to_state) == 0);
+
+	if (req->has_expected)
+	{
+		bool		ver_isnull;
+		Datum		ver_value = heap_getattr(oldtup, entry->version_attnum,
+											 desc, &ver_isnull);
+		int64		version = ver_isnull ? 0 : version_value(entry, ver_value);
+
+		if (ver_isnull)
+			return OUTCOME_STALE;
+		if (version != req->expected)
+		{
+			if (same_state && req->expected < PG_INT64_MAX &&
+				version == req->expected + 1)
+				return OUTCOME_ALREADY;
+			return OUTCOME_STALE;
+		}
+		if (entry->machine_too_long)
+			return OUTCOME_ILLEGAL;
+		if (transition_allowed(entry->machine, cur, req->to_state))
+			return OUTCOME_APPLIED;
+		return OUTCOME_ILLEGAL;
+	}
+
+	if (same_state)
+		return OUTCOME_ALREADY;
+	if (entry->machine_too_long)
+		return OUTCOME_ILLEGAL;
+	if (transition_allowed(entry->machine, cur, req->to_state))
+		return OUTCOME_APPLIED;
+	if (state_reachable(entry->machine, req->to_state, cur))
+		return OUTCOME_STALE;
+	return OUTCOME_ILLEGAL;
+}
+
+static bool
+request_matches(TransitionRequest *req, HeapTuple oldtup, TupleDesc desc)
+{
+	bool		isnull;
+	Datum		key = heap_getattr(oldtup, req->key_attnum, desc, &isnull);
+
+	if (isnull)
+		return false;
+	return DatumGetBool(FunctionCall2Coll(&req->key_eq, req->key_collation,
+										  key, req->key));
+}
+
+/* The checks of every UPDATE; returns the row to write. */
+static HeapTuple
+guard_update(Relation rel, GuardEntry *entry, HeapTuple oldtup,
+			 HeapTuple newtup)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	Datum		old_value;
+	Datum		new_value;
+	bool		old_isnull;
+	bool		new_isnull;
+	bool		changed;
+
+	old_value = heap_getattr(oldtup, entry->state_attnum, desc, &old_isnull);
+	new_value = heap_getattr(newtup, entry->state_attnum, desc, &new_isnull);
+	if (old_isnull || new_isnull)
+		changed = (old_isnull != new_isnull);
+	else
+		changed = !datumIsEqual(old_value, new_value, entry->state_byval,
+								entry->state_len);
+	if (changed)
+	{
+		char	   *old_state = old_isnull ? NULL :
+		OutputFunctionCall(&entry->state_out, old_value);
+		char	   *new_state = new_isnull ? NULL :
+		OutputFunctionCall(&entry->state_out, new_value);
+
+		if ((old_state == NULL) != (new_state == NULL) ||
+			(old_state != NULL && strcmp(old_state, new_state) != 0))
+		{
+			if (entry->machine_too_long ||
+				!transition_allowed(entry->machine, old_state, new_state))
+				ereport(ERROR,
+						(errcode(ERRCODE_CHECK_VIOLATION),
+						 errmsg("illegal state transition from %s to %s in table \"%s\"",
+								quoted_state(old_state), quoted_state(new_state),
+								RelationGetRelationName(rel)),
+						 errdetail("%sState machine \"%s\" has no transition from %s to %s.",
+								   key_sentence(rel, oldtup), entry->machine,
+								   quoted_state(old_state),
+								   quoted_state(new_state)),
+						 errhint("Move the row through the transitions the machine allows, or allow this one with idem_allow()."),
+						 errtablecol(rel, entry->state_attnum)));
+		}
+	}
+
+	if (entry->version_attnum != InvalidAttrNumber)
+	{
+		AttrNumber	attnum = entry->version_attnum;
+		int64		old_version;
+		int64		target;
+
+		old_value = heap_getattr(oldtup, attnum, desc, &old_isnull);
+		new_value = heap_getattr(newtup, attnum, desc, &new_isnull);
+		if (old_isnull)
+			ereport(ERROR,
+					(errcode(ERRCODE_NOT_NULL_VIOLATION),
+					 errmsg("row of table \"%s\" has a null version",
+							RelationGetRelationName(rel)),
+					 errdetail("%sThe version column \"%s\" of a guarded table must not be null.",
+							   key_sentence(rel, oldtup),
+							   NameStr(TupleDescAttr(desc, attnum - 1)->attname)),
+					 errtablecol(rel, attnum)));
+		old_version = version_value(entry, old_value);
+		if (old_version >= version_max(entry))
+			ereport(ERROR,
+					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+					 errmsg("version of a row of table \"%s\" is out of range",
+							RelationGetRelationName(rel)),
+					 errdetail("%sThe row is at version " INT64_FORMAT ", the largest value of its type.",
+							   key_sentence(rel, oldtup), old_version),
+					 errtablecol(rel, attnum)));
+		target = old_version + 1;
+		if (!new_isnull && version_value(entry, new_value) == old_version)
+		{
+			Datum		value = version_datum(entry, target);
+			bool		isnull = false;
+			int			col = attnum;
+
+			newtup = heap_modify_tuple_by_cols(newtup, desc, 1, &col,
+											   &value, &isnull);
+		}
+		else if (new_isnull || version_value(entry, new_value) != target)
+			ereport(ERROR,
+					(errcode(ERRCODE_CHECK_VIOLATION),
+					 errmsg("invalid version %s for a row of table \"%s\"",
+							new_isnull ? "NULL" :
+							psprintf(INT64_FORMAT, version_value(entry, new_value)),
+							RelationGetRelationName(rel)),
+					 errdetail("%sThe row is at version " INT64_FORMAT "; an update must set its version to " INT64_FORMAT " or leave it unchanged.",
+							   key_sentence(rel, oldtup), old_version, target),
+					 errtablecol(rel, attnum)));
+	}
+	return newtup;
+}
+
+PG_FUNCTION_INFO_V1(idem_guard_trigger);
+Datum
+idem_guard_trigger(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Relation	rel;
+	GuardEntry *entry;
+	TransitionRequest *req;
+	HeapTuple	oldtup;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("%s() was not called by the trigger manager",
+						GUARD_TRIGGER_FUNC)));
+	if (!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("%s() must be fired BEFORE ... FOR EACH ROW",
+						GUARD_TRIGGER_FUNC)));
+	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+		return PointerGetDatum(trigdata->tg_trigtuple);
+	if (!TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("%s() must be fired for UPDATE", GUARD_TRIGGER_FUNC)));
+
+	rel = trigdata->tg_relation;
+	oldtup = trigdata->tg_trigtuple;
+	entry = guard_entry_get(rel, trigdata->tg_trigger);
+
+	req = active_request;
+	if (req != NULL && !req->fired && req->relid == RelationGetRelid(rel) &&
+		request_matches(req, oldtup, RelationGetDescr(rel)))
+	{
+		req->fired = true;
+		req->outcome = decide(entry, req, oldtup, RelationGetDescr(rel));
+		if (req->outcome != OUTCOME_APPLIED)
+			return PointerGetDatum(NULL);	/* nothing is written */
+	}
+
+	return PointerGetDatum(guard_update(rel, entry, oldtup,
+										trigdata->tg_newtuple));
+}
+
+/*
+ * idem._transitions_changed(): the trigger on idem.transitions that tells
+ * every backend to read the machines again.
+ */
+PG_FUNCTION_INFO_V1(idem_transitions_changed);
+Datum
+idem_transitions_changed(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("idem._transitions_changed() was not called by the trigger manager")));
+	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	return PointerGetDatum(NULL);
+}
+
+/* ----------------------------------------------------------------
+ * Administration
+ * ----------------------------------------------------------------
+ */
+static Relation
+open_table_arg(FunctionCallInfo fcinfo, LOCKMODE lockmode)
+{
+	Oid			relid;
+	Relation	rel;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("tbl must not be null")));
+	relid = PG_GETARG_OID(0);
+	rel = try_relation_open(relid, lockmode);
+	if (rel == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("relation with OID %u does not exist", relid)));
+	return rel;
+}
+
+static void
+check_privilege(Oid relid, AclMode mode)
+{
+	AclResult	result = pg_class_aclcheck(relid, GetUserId(), mode);
+
+	if (result != ACLCHECK_OK)
+		aclcheck_error(result, get_relkind_objtype(get_rel_relkind(relid)),
+					   get_rel_name(relid));
+}
+
+static const char *
+name_arg(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", what)));
+	return NameStr(*PG_GETARG_NAME(argno));
+}
+
+/* The trigger named "idem_guard" of a table, or NULL. */
+static Trigger *
+trigger_named_guard(Relation rel)
+{
+	TriggerDesc *desc = rel->trigdesc;
+	int			i;
+
+	if (desc == NULL)
+		return NULL;
+	for (i = 0; i < desc->numtriggers; i++)
+		if (strcmp(desc->triggers[i].tgname, GUARD_TRIGGER_NAME) == 0)
+			return &desc->triggers[i];
+	return NULL;
+}
+
+static void
+run_utility(const char *sql)
+{
+	int			ret = SPI_execute(sql, false, 0);
+
+	if (ret != SPI_OK_UTILITY)
+		elog(ERROR, "SPI_execute of \"%s\" failed: %s", sql,
+			 SPI_result_code_string(ret));
+}
+
+/*
+ * idem_guard(tbl regclass, machine text, state_column name,
+ *			  version_column name DEFAULT NULL) RETURNS void
+ *
+ * Runs as the caller, who needs the TRIGGER privilege on the table.  A table
+ * already guarded is guarded again with the new arguments.
+ */
+PG_FUNCTION_INFO_V1(idem_guard);
+Datum
+idem_guard(PG_FUNCTION_ARGS)
+{
+	text	   *machine_arg;
+	char	   *machine;
+	const char *state_col;
+	const char *version_col = NULL;
+	Oid			relid;
+	Relation	rel;
+	AttrNumber	state_attnum;
+	Trigger    *existing;
+	Oid			fn;
+	char	   *relname;
+	StringInfoData sql;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("tbl must not be null")));
+	machine_arg = idem_arg_key(fcinfo, 1, "machine", MACHINE_MAX_LEN);
+	machine = text_to_cstring(machine_arg);
+	state_col = name_arg(fcinfo, 2, "state_column");
+	if (!PG_ARGISNULL(3))
+		version_col = NameStr(*PG_GETARG_NAME(3));
+	idem_check_writable("idem_guard");
+
+	relid = PG_GETARG_OID(0);
+	if (SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
+		check_privilege(relid, ACL_TRIGGER);
+	rel = open_table_arg(fcinfo, ShareRowExclusiveLock);
+	if (rel->rd_rel->relkind != RELKIND_RELATION)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("\"%s\" is not a table", RelationGetRelationName(rel)),
+				 errdetail("Only ordinary tables can be guarded; guard each partition of a partitioned table.")));
+
+	state_attnum = column_attnum(rel, state_col);
+	if (state_attnum == InvalidAttrNumber)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("column \"%s\" of relation \"%s\" does not exist",
+						state_col, RelationGetRelationName(rel))));
+	if (version_col != NULL)
+	{
+		AttrNumber	attnum = column_attnum(rel, version_col);
+		Form_pg_attribute att;
+
+		if (attnum == InvalidAttrNumber)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_COLUMN),
+					 errmsg("column \"%s\" of relation \"%s\" does not exist",
+							version_col, RelationGetRelationName(rel))));
+		if (attnum == state_attnum)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("the state column and the version column must differ")));
+		att = TupleDescAttr(RelationGetDescr(rel), attnum - 1);
+		if (!is_version_type(att->atttypid))
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("version column \"%s\" must be of type smallint, integer or bigint",
+							version_col),
+					 errdetail("Column \"%s\" is of type %s.", version_col,
+							   format_type_be(att->atttypid))));
+		if (!att->attnotnull)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("version column \"%s\" must be NOT NULL", version_col),
+					 errhint("Run ALTER TABLE %s ALTER COLUMN %s SET NOT NULL.",
+							 RelationGetRelationName(rel),
+							 quote_identifier(version_col))));
+	}
+	if (!machine_defined(machine))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("state machine \"%s\" is not defined", machine),
+				 errhint("Define its transitions with idem_allow() first.")));
+
+	fn = lookup_guard_func(fcinfo->flinfo->fn_oid);
+	existing = trigger_named_guard(rel);
+	if (existing != NULL && existing->tgfoid != fn)
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("trigger \"%s\" for relation \"%s\" already exists",
+						GUARD_TRIGGER_NAME, RelationGetRelationName(rel)),
+				 errdetail("It does not execute %s().", GUARD_TRIGGER_FUNC),
+				 errhint("Rename or drop that trigger.")));
+
+	relname = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
+										 RelationGetRelationName(rel));
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	initStringInfo(&sql);
+	if (existing != NULL)
+	{
+		appendStringInfo(&sql, "DROP TRIGGER %s ON %s",
+						 quote_identifier(GUARD_TRIGGER_NAME), relname);
+		run_utility(sql.data);
+		resetStringInfo(&sql);
+	}
+	appendStringInfo(&sql,
+					 "CREATE TRIGGER %s BEFORE UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%s, %s",
+					 quote_identifier(GUARD_TRIGGER_NAME), relname,
+					 quote_qualified_identifier(get_namespace_name(get_func_namespace(fn)),
+												GUARD_TRIGGER_FUNC),
+					 quote_literal_cstr(machine), quote_literal_cstr(state_col));
+	if (version_col != NULL)
+		appendStringInfo(&sql, ", %s", quote_literal_cstr(version_col));
+	appendStringInfoChar(&sql, ')');
+	run_utility(sql.data);
+	SPI_finish();
+
+	relation_close(rel, NoLock);
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_unguard(tbl regclass) RETURNS boolean: drop the guard; false if the
+ * table had none.  Runs as the caller, who must own the table.
+ */
+PG_FUNCTION_INFO_V1(idem_unguard);
+Datum
+idem_unguard(PG_FUNCTION_ARGS)
+{
+	Relation	rel;
+	Trigger    *existing;
+	Oid			relid;
+	bool		dropped = false;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("tbl must not be null")));
+	idem_check_writable("idem_unguard");
+	relid = PG_GETARG_OID(0);
+	if (SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)) &&
+		!pg_class_ownercheck(relid, GetUserId()))
+		aclcheck_error(ACLCHECK_NOT_OWNER,
+					   get_relkind_objtype(get_rel_relkind(relid)),
+					   get_rel_name(relid));
+	rel = open_table_arg(fcinfo, ShareRowExclusiveLock);
+	existing = trigger_named_guard(rel);
+	if (existing != NULL &&
+		existing->tgfoid == lookup_guard_func(fcinfo->flinfo->fn_oid))
+	{
+		StringInfoData sql;
+
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		initStringInfo(&sql);
+		appendStringInfo(&sql, "DROP TRIGGER %s ON %s",
+						 quote_identifier(GUARD_TRIGGER_NAME),
+						 quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
+													RelationGetRelationName(rel)));
+		run_utility(sql.data);
+		SPI_finish();
+		dropped = true;
+	}
+	relation_close(rel, NoLock);
+	PG_RETURN_BOOL(dropped);
+}
+
+/* ----------------------------------------------------------------
+ * idem_transition
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Prepare and keep the plans of a guarded table (once per table and
+ * backend, again after the table changed):
+ *
+ *	UPDATE ONLY t SET state = $2 WHERE key = $1
+ *	SELECT 1 FROM ONLY t WHERE key = $1
+ *
+ * with the equality operator of the primary key's operator class, as the
+ * core RI triggers build theirs.  Must be called connected to SPI.
+ */
+static void
+guard_prepare_plans(GuardEntry *entry, Relation rel)
+{
+	Oid			pkoid = RelationGetPrimaryKeyIndex(rel);
+	Relation	index;
+	Oid			eqop;
+	HeapTuple	optup;
+	Form_pg_operator op;
+	char	   *opname;
+	Form_pg_attribute att;
+	char	   *relname;
+	char	   *keycol;
+	char	   *statecol;
+	Oid			argtypes[2];
+	Oid			infn;
+	StringInfoData sql;
+	SPIPlanPtr	update_plan;
+	SPIPlanPtr	exists_plan;
+
+	if (entry->plans_valid && entry->update_plan != NULL)
+		return;
+
+	if (!OidIsValid(pkoid))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"%s\" has no primary key",
+						RelationGetRelationName(rel)),
+				 errhint("idem_transition() finds rows by a single-column primary key.")));
+	index = index_open(pkoid, AccessShareLock);
+	if (IndexRelationGetNumberOfKeyAttributes(index) != 1 ||
+		index->rd_index->indkey.values[0] == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("primary key of table \"%s\" is not a single column",
+						RelationGetRelationName(rel)),
+				 errhint("idem_transition() finds rows by a single-column primary key.")));
+	entry->key_attnum = index->rd_index->indkey.values[0];
+	eqop = get_opfamily_member(index->rd_opfamily[0], index->rd_opcintype[0],
+							   index->rd_opcintype[0], BTEqualStrategyNumber);
+	entry->key_collation = index->rd_indcollation[0];
+	index_close(index, AccessShareLock);
+	if (!OidIsValid(eqop))
+		elog(ERROR, "no equality operator for the primary key of \"%s\"",
+			 RelationGetRelationName(rel));
+	fmgr_info_cxt(get_opcode(eqop), &entry->key_eq, CacheMemoryContext);
+
+	att = TupleDescAttr(RelationGetDescr(rel), entry->key_attnum - 1);
+	entry->key_type = att->atttypid;
+	entry->key_typmod = att->atttypmod;
+	keycol = pstrdup(quote_identifier(NameStr(att->attname)));
+	getTypeInputInfo(entry->key_type, &infn, &entry->key_ioparam);
+	fmgr_info_cxt(infn, &entry->key_in, CacheMemoryContext);
+
+	att = TupleDescAttr(RelationGetDescr(rel), entry->state_attnum - 1);
+	statecol = pstrdup(quote_identifier(NameStr(att->attname)));
+	getTypeInputInfo(entry->state_type, &infn, &entry->state_ioparam);
+	fmgr_info_cxt(infn, &entry->state_in, CacheMemoryContext);
+
+	optup = SearchSysCache1(OPEROID, ObjectIdGetDatum(eqop));
+	if (!HeapTupleIsValid(optup))
+		elog(ERROR, "cache lookup failed for operator %u", eqop);
+	op = (Form_pg_operator) GETSTRUCT(optup);
+	opname = psprintf("OPERATOR(%s.%s)",
+					  quote_identifier(get_namespace_name(op->oprnamespace)),
+					  NameStr(op->oprname));
+	ReleaseSysCache(optup);
+
+	relname = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
+										 RelationGetRelationName(rel));
+	argtypes[0] = entry->key_type;
+	argtypes[1] = entry->state_type;
+
+	initStringInfo(&sql);
+	appendStringInfo(&sql, "UPDATE ONLY %s SET %s = $2 WHERE %s %s $1",
+					 relname, statecol, keycol, opname);
+	update_plan = SPI_prepare(sql.data, 2, argtypes);
+	if (update_plan == NULL)
+		elog(ERROR, "SPI_prepare of \"%s\" failed: %s", sql.data,
+			 SPI_result_code_string(SPI_result));
+	resetStringInfo(&sql);
+	appendStringInfo(&sql, "SELECT 1 FROM ONLY %s WHERE %s %s $1",
+					 relname, keycol, opname);
+	exists_plan = SPI_prepare(sql.data, 1, argtypes);
+	if (exists_plan == NULL)
+		elog(ERROR, "SPI_prepare of \"%s\" failed: %s", sql.data,
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(update_plan);
+	SPI_keepplan(exists_plan);
+
+	/* Plans still run by an outer call are left to it (and leaked). */
+	if (entry->busy == 0)
+	{
+		if (entry->update_plan != NULL)
+			SPI_freeplan(entry->update_plan);
+		if (entry->exists_plan != NULL)
+			SPI_freeplan(entry->exists_plan);
+	}
+	entry->update_plan = update_plan;
+	entry->exists_plan = exists_plan;
+	entry->plans_valid = true;
+}
+
+/*
+ * Run the UPDATE of a transition with the request made visible to the
+ * trigger; returns the number of rows updated.
+ */
+static pg_noinline uint64
+run_request(GuardEntry *entry, Datum *values, TransitionRequest *req)
+{
+	SPIPlanPtr	plan = entry->update_plan;
+	volatile uint64 processed = 0;
+
+	entry->busy++;
+	active_request = req;
+	PG_TRY();
+	{
+		int			rc = SPI_execute_plan(plan, values, NULL, false, 0);
+
+		if (rc != SPI_OK_UPDATE)
+			elog(ERROR, "SPI_execute_plan of the transition failed: %s",
+				 SPI_result_code_string(rc));
+		processed = SPI_processed;
+	}
+	PG_FINALLY();
+	{
+		active_request = req->outer;
+		entry->busy--;
+	}
+	PG_END_TRY();
+	return processed;
+}
+
+/*
+ * idem_transition(tbl regclass, key text, to_state text,
+ *				   expected_version bigint DEFAULT NULL)
+ * RETURNS idem_transition_result
+ */
+PG_FUNCTION_INFO_V1(idem_transition);
+Datum
+idem_transition(PG_FUNCTION_ARGS)
+{
+	Relation	rel;
+	Trigger    *trigger;
+	GuardEntry *entry;
+	char	   *key_str;
+	char	   *to_str;
+	Datum		values[2];
+	TransitionRequest req;
+	SPIPlanPtr	exists_plan;
+	int			ret;
+	uint64		processed;
+	TransitionOutcome outcome;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("tbl must not be null")));
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("key must not be null")));
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("to_state must not be null")));
+	key_str = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	to_str = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	idem_check_writable("idem_transition");
+
+	rel = open_table_arg(fcinfo, RowExclusiveLock);
+	trigger = find_guard_trigger(rel, fcinfo->flinfo->fn_oid);
+	if (trigger == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"%s\" is not guarded",
+						RelationGetRelationName(rel)),
+				 errhint("Guard it with idem_guard().")));
+	if (trigger->tgenabled == TRIGGER_DISABLED)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the guard of table \"%s\" is disabled",
+						RelationGetRelationName(rel)),
+				 errhint("Enable trigger \"%s\".", trigger->tgname)));
+	entry = guard_entry_get(rel, trigger);
+	if (!PG_ARGISNULL(3) && entry->version_attnum == InvalidAttrNumber)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("table \"%s\" has no version column",
+						RelationGetRelationName(rel)),
+				 errhint("Call idem_transition() without expected_version, or guard the table with a version column.")));
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	guard_prepare_plans(entry, rel);
+
+	/* The key and the state as the column types read them. */
+	values[0] = InputFunctionCall(&entry->key_in, key_str, entry->key_ioparam,
+								  entry->key_typmod);
+	values[1] = InputFunctionCall(&entry->state_in, to_str,
+								  entry->state_ioparam, entry->state_typmod);
+
+	req.relid = RelationGetRelid(rel);
+	req.key_attnum = entry->key_attnum;
+	req.key = values[0];
+	req.key_eq = entry->key_eq;
+	req.key_collation = entry->key_collation;
+	req.to_state = OutputFunctionCall(&entry->state_out, values[1]);
+	req.has_expected = !PG_ARGISNULL(3);
+	req.expected = req.has_expected ? PG_GETARG_INT64(3) : 0;
+	req.fired = false;
+	req.outcome = OUTCOME_NOT_FOUND;
+	req.outer = active_request;
+
+	exists_plan = entry->exists_plan;
+	processed = run_request(entry, values, &req);
+
+	if (!req.fired)
+	{
+		if (processed > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("the guard of table \"%s\" did not fire",
+							RelationGetRelationName(rel)),
+					 errdetail("Trigger \"%s\" is not enabled in this session, for example because session_replication_role is \"replica\".",
+							   trigger->tgname)));
+		ret = SPI_execute_plan(exists_plan, values, NULL, false, 1);
+		if (ret != SPI_OK_SELECT)
+			elog(ERROR, "SPI_execute_plan of the lookup failed: %s",
+				 SPI_result_code_string(ret));
+		if (SPI_processed > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("the transition of a row of table \"%s\" was skipped by another trigger",
+							RelationGetRelationName(rel)),
+					 errdetail("A BEFORE UPDATE trigger that fires before \"%s\" returned NULL.",
+							   trigger->tgname)));
+		outcome = OUTCOME_NOT_FOUND;
+	}
+	else
+	{
+		outcome = req.outcome;
+		if (outcome == OUTCOME_APPLIED && processed == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("the transition of a row of table \"%s\" was skipped by another trigger",
+							RelationGetRelationName(rel)),
+					 errdetail("A BEFORE UPDATE trigger that fires after \"%s\" returned NULL.",
+							   trigger->tgname)));
+	}
+
+	SPI_finish();
+	relation_close(rel, NoLock);
+	PG_RETURN_OID(idem_enum_label_oid(fcinfo, outcome, transition_result_labels,
+									  lengthof(transition_result_labels)));
+}
