@@ -1,0 +1,177 @@
+
+# Copyright (c) idem contributors
+#
+# Exactly once under faults.  100,000 messages go through a source that
+# redelivers (a third of them get extra copies, shuffled out of order, and
+# every unacked delivery comes again when its lease ends) to four consumer
+# processes.  Each consumer credits an account and writes a ledger row in
+# the same transaction as idem_claim(msg_id), commits, then acks.  Meanwhile
+# consumers die at every point of that path (before the claim, between the
+# claim and the commit, between the commit and the ack, and anywhere by an
+# outside SIGKILL), their backends are terminated, and the server crashes
+# three times (immediate shutdown and SIGKILL of the postmaster).  The
+# ledger, which has no unique constraint, must hold exactly one row per
+# message and the accounts exactly the sum of the messages.
+#
+# The checker is proven live: consumers that skip idem_claim must be caught
+# applying messages twice, and consumers that ack before they commit must
+# be caught losing messages.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest;
+
+# Build the harness (test/chaos/chaos.c) with the warnings of the project.
+my $tmp = PostgreSQL::Test::Utils::tempdir;
+my $chaos = "$tmp/chaos";
+my $incdir = `pg_config --includedir`;
+my $libdir = `pg_config --libdir`;
+chomp($incdir, $libdir);
+my ($cc_out, $cc_err) = ('', '');
+IPC::Run::run(
+	[
+		$ENV{CC} // 'gcc', '-O2', '-Wall', '-Wextra', '-Werror', "-I$incdir",
+		'-o', $chaos, "$FindBin::RealBin/../test/chaos/chaos.c",
+		"-L$libdir", '-lpq'
+	],
+	'>', \$cc_out, '2>', \$cc_err)
+  or BAIL_OUT("test/chaos/chaos.c does not build:\n$cc_out$cc_err");
+
+my $node = idem_node('chaos', 'log_statement = none',
+	'log_min_messages = warning');
+my $pgdata = $node->data_dir;
+my $log = $node->logfile;
+my $connstr = $node->connstr('postgres');
+
+# Runs one mode of the harness; its exit status, stdout and stderr.
+sub chaos
+{
+	my ($mode, @args) = @_;
+	my ($out, $err) = ('', '');
+	my $h = IPC::Run::start([ $chaos, $mode, '-d', $connstr, @args ],
+		'>', \$out, '2>', \$err,
+		IPC::Run::timeout(4 * $PostgreSQL::Test::Utils::timeout_default));
+	$h->finish;
+	note("chaos $mode: $err") if $err ne '';
+	return ($h->result(0), $out, $err);
+}
+
+# The figures of the RESULT line of "chaos check", as a hash.
+sub figures
+{
+	my ($out) = @_;
+	my ($line) = $out =~ /^RESULT (.*)$/m;
+	return {} unless defined $line;
+	return { map { split /=/, $_, 2 } split / /, $line };
+}
+
+sub recoveries
+{
+	my ($offset) = @_;
+	my @n = slurp_file($log, $offset) =~
+	  /database system was (?:interrupted|not properly shut down)/g;
+	return scalar @n;
+}
+
+########################################################################
+# 100,000 messages under kills, terminations and crashes
+########################################################################
+
+my ($rc, $out, $err);
+($rc, $out, $err) = chaos('setup');
+is($rc, 0, 'setup') or diag($err);
+($rc, $out, $err) =
+  chaos('produce', '--messages', 100000, '--redeliver', '0.35', '--seed', 7);
+is($rc, 0, 'produce 100,000 messages') or diag($err);
+
+my $log_offset = -s $log;
+($rc, $out, $err) = chaos(
+	'run',
+	'--consumers'    => 4,
+	'--seed'         => 7,
+	'--kill-every'   => 1000,
+	'--sigkill-ms'   => 2000,
+	'--terminate-ms' => 500,
+	'--lease-ms'     => 1000,
+	'--crashes'      => 3,
+	'--crash-cmd'    => "pg_ctl -D '$pgdata' -m immediate stop >/dev/null 2>&1",
+	'--crash-cmd'    => "kill -KILL \$(head -n 1 '$pgdata/postmaster.pid')",
+	'--start-cmd'    => "pg_ctl -w -D '$pgdata' -l '$log' start >/dev/null 2>&1");
+is($rc, 0, 'the run under faults ends') or diag($err);
+# the harness restarted the server: let the node know its new pid
+$node->_update_pid(1);
+cmp_ok(recoveries($log_offset), '>=', 3,
+	'the server went through crash recovery at least three times');
+
+($rc, $out, $err) = chaos('check');
+diag($out);
+my $f = figures($out);
+is($rc, 0, 'check says every message was applied exactly once');
+is($f->{messages}, 100000, '100,000 messages');
+is($f->{lost}, 0, 'no message lost');
+is($f->{twice}, 0, 'no message applied twice');
+is($f->{strangers}, 0, 'no ledger row for an unknown message');
+is($f->{unacked}, 0, 'every delivery acked');
+is($f->{sum_ok}, 1, 'account balances equal the sum of the messages');
+is($f->{kind_bad}, 0, 'one committed claim per message');
+is($f->{unexpected}, 0, 'no error other than lost connections');
+cmp_ok($f->{redelivered} // 0, '>=', 0.3 * 100000,
+	'at least 30% of the messages were delivered more than once');
+cmp_ok($f->{deliveries} // 0, '>', 1.3 * 100000,
+	'deliveries exceed messages by at least 30%');
+cmp_ok($f->{kills} // 0, '>=', 50, 'at least 50 consumers killed');
+cmp_ok($f->{kills_before_claim} // 0, '>', 0, 'kills before the claim');
+cmp_ok(($f->{kills_after_claim} // 0) + ($f->{kills_before_commit} // 0),
+	'>', 0, 'kills between the claim and the commit');
+cmp_ok($f->{kills_after_commit} // 0, '>', 0,
+	'kills between the commit and the ack');
+cmp_ok($f->{terminations} // 0, '>=', 10, 'backends terminated');
+cmp_ok($f->{crashes} // 0, '>=', 3, 'at least three server crashes');
+cmp_ok($f->{absorbed} // 0, '>=', 0.3 * 100000,
+	'idem_claim absorbed the duplicates');
+
+########################################################################
+# The checker catches broken consumers
+########################################################################
+
+# Without idem_claim, every redelivery is applied again.
+chaos('setup');
+chaos('produce', '--messages', 5000, '--redeliver', '0.35', '--seed', 8);
+($rc, $out, $err) = chaos('run', '--no-idem', '--seed' => 8);
+is($rc, 0, 'run without idem_claim');
+($rc, $out, $err) = chaos('check');
+note($out);
+$f = figures($out);
+is($rc, 1, 'check fails without idem_claim');
+is($f->{lost}, 0, 'without idem_claim nothing is lost');
+cmp_ok($f->{twice} // 0, '>=', 0.3 * 5000,
+	'without idem_claim the redelivered messages are applied twice');
+is($f->{sum_ok}, 0, 'without idem_claim the balances are too high');
+
+# Acking before committing loses the messages of consumers that die in
+# between (idem cannot help: the message is not redelivered).
+chaos('setup');
+chaos('produce', '--messages', 5000, '--redeliver', '0.35', '--seed', 9);
+($rc, $out, $err) = chaos(
+	'run', '--broken', 'ack-first',
+	'--seed'       => 9,
+	'--kill-every' => 100,
+	'--lease-ms'   => 300);
+is($rc, 0, 'run acking before the commit');
+($rc, $out, $err) = chaos('check');
+note($out);
+$f = figures($out);
+is($rc, 1, 'check fails when acking before the commit');
+cmp_ok($f->{lost} // 0, '>', 0, 'acking before the commit loses messages');
+is($f->{twice}, 0, 'acking before the commit applies nothing twice');
+
+$node->stop;
+done_testing();

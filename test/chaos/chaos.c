@@ -1,0 +1,1405 @@
+/*-------------------------------------------------------------------------
+ *
+ * chaos.c
+ *	  Exactly-once under faults: producers, consumers and a checker for
+ *	  idem, driven through libpq.
+ *
+ * The source is a table of deliveries, src: every message is one row, and a
+ * share of the messages get extra rows (injected redeliveries), shuffled so
+ * that copies come early, late and out of order.  Consumers lease batches of
+ * rows (a lease expires, so a row leased by a consumer that died is handed
+ * out again), apply a business effect to each in its own transaction with
+ * idem_claim, commit, and only then ack the batch's committed rows in a
+ * separate transaction.  A consumer that dies anywhere before its ack sees
+ * its messages redelivered: idem has to absorb every such redelivery.
+ *
+ * The business effect credits an account and writes a ledger row.  The
+ * ledger has no unique constraint, so a message applied twice shows up as
+ * two rows.
+ *
+ * Modes:
+ *	  chaos setup    create the tables (dropping earlier ones)
+ *	  chaos produce  fill the source
+ *	  chaos run      consume with several processes under faults: consumers
+ *	                 exit abruptly at chosen points, a chaos process
+ *	                 terminates their backends, the server is crashed and
+ *	                 restarted by shell commands given on the command line
+ *	  chaos check    verify that every message was applied exactly once and
+ *	                 print the figures; exit status 1 if not
+ *
+ * Each consumer "kind" (the business effect and where it may die) is a row
+ * of the kinds[] table below: later capabilities add their own.
+ *
+ *-------------------------------------------------------------------------
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+
+#define MAX_CONSUMERS	64
+#define MAX_CRASH_CMDS	8
+#define MSG_ID_LEN		64
+
+/* Exit codes of a consumer process. */
+#define EXIT_DONE		0		/* every delivery acked */
+#define EXIT_KILLED		77		/* died on purpose at a kill point */
+#define EXIT_GAVE_UP	2		/* could not reach the server in time */
+
+/* Where a consumer may die. */
+typedef enum Point
+{
+	P_NONE = 0,
+	P_BEFORE_CLAIM,				/* leased, transaction not started */
+	P_AFTER_CLAIM,				/* claimed, effect not applied */
+	P_BEFORE_COMMIT,			/* effect applied, not committed */
+	P_AFTER_COMMIT,				/* committed, not acked */
+	P_EXTERNAL,					/* SIGKILLed from outside, anywhere */
+	N_POINTS
+} Point;
+
+/* Counters shared by every process of a run (an anonymous shared mapping). */
+typedef struct Shared
+{
+	long		leased;			/* rows handed to consumers */
+	long		committed;		/* business transactions committed */
+	long		applied;		/* ... in which the effect was applied */
+	long		absorbed;		/* ... in which idem said "duplicate" */
+	long		acks;
+	long		conn_lost;		/* connections lost mid-work */
+	long		reconnects;
+	long		unexpected;		/* errors other than a lost connection */
+	long		terminations;	/* backends terminated by the chaos process */
+	long		kills[N_POINTS];
+	Point		slot_point[MAX_CONSUMERS];	/* where a slot's process died */
+} Shared;
+
+typedef struct Options
+{
+	const char *conninfo;
+	const char *kind;
+	const char *ns;
+	long		messages;
+	double		redeliver;		/* share of messages given extra copies */
+	int			max_copies;		/* at most this many extra copies */
+	int			accounts;
+	unsigned long seed;
+	int			consumers;
+	int			batch;
+	int			lease_ms;
+	long		kill_every;		/* one kill per this many deliveries, 0 none */
+	int			sigkill_ms;		/* external SIGKILL of a consumer, 0 none */
+	int			terminate_ms;	/* pg_terminate_backend period, 0 none */
+	int			crashes;
+	const char *crash_cmds[MAX_CRASH_CMDS];
+	int			n_crash_cmds;
+	const char *start_cmd;
+	int			reconnect_s;	/* give up reaching the server after this */
+	const char *broken;			/* NULL, "no-idem" or "ack-first" */
+	bool		quiet;
+} Options;
+
+static Options opt = {
+	.conninfo = "",
+	.kind = "claim",
+	.ns = "chaos",
+	.messages = 100000,
+	.redeliver = 0.35,
+	.max_copies = 3,
+	.accounts = 100,
+	.seed = 1,
+	.consumers = 4,
+	.batch = 16,
+	.lease_ms = 1000,
+	.kill_every = 0,
+	.sigkill_ms = 0,
+	.terminate_ms = 0,
+	.crashes = 0,
+	.start_cmd = NULL,
+	.reconnect_s = 120,
+	.broken = NULL,
+	.quiet = false,
+};
+
+static Shared *shared;
+
+/* ---------- small helpers ---------- */
+
+static void
+die(const char *fmt,...)
+{
+	va_list		ap;
+
+	fprintf(stderr, "chaos: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+static void
+note(const char *fmt,...)
+{
+	va_list		ap;
+
+	if (opt.quiet)
+		return;
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+static double
+now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void
+sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+static void
+count(long *counter, long n)
+{
+	__atomic_add_fetch(counter, n, __ATOMIC_RELAXED);
+}
+
+static long
+get(long *counter)
+{
+	return __atomic_load_n(counter, __ATOMIC_RELAXED);
+}
+
+/* xorshift64*: a small, seedable generator per process */
+typedef struct Rng
+{
+	uint64_t	s;
+} Rng;
+
+static void
+rng_seed(Rng *r, uint64_t seed)
+{
+	r->s = seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
+	if (r->s == 0)
+		r->s = 1;
+}
+
+static uint64_t
+rng_next(Rng *r)
+{
+	r->s ^= r->s >> 12;
+	r->s ^= r->s << 25;
+	r->s ^= r->s >> 27;
+	return r->s * 0x2545F4914F6CDD1DULL;
+}
+
+static long
+rng_below(Rng *r, long n)
+{
+	return (long) (rng_next(r) % (uint64_t) n);
+}
+
+/* ---------- connections ---------- */
+
+static PGconn *
+connect_once(const char *appname)
+{
+	const char *keys[] = {"dbname", "application_name", "connect_timeout", NULL};
+	const char *vals[] = {opt.conninfo, appname, "5", NULL};
+
+	return PQconnectdbParams(keys, vals, 1);
+}
+
+/* Notices (and the FATAL of a terminated idle connection) are expected. */
+static void
+quiet_notices(void *arg, const char *message)
+{
+	(void) arg;
+	(void) message;
+}
+
+/* Connect, retrying while the server is down or starting up. */
+static PGconn *
+connect_retry(const char *appname)
+{
+	double		deadline = now_s() + opt.reconnect_s;
+
+	for (;;)
+	{
+		PGconn	   *conn = connect_once(appname);
+
+		if (PQstatus(conn) == CONNECTION_OK)
+		{
+			PQsetNoticeProcessor(conn, quiet_notices, NULL);
+			return conn;
+		}
+		if (now_s() > deadline)
+		{
+			fprintf(stderr, "chaos: %s: cannot connect: %s", appname,
+					PQerrorMessage(conn));
+			PQfinish(conn);
+			return NULL;
+		}
+		PQfinish(conn);
+		sleep_ms(50);
+	}
+}
+
+/* Run SQL that must succeed (setup, produce, check). */
+static void
+must_exec(PGconn *conn, const char *sql)
+{
+	PGresult   *res = PQexec(conn, sql);
+
+	if (PQresultStatus(res) != PGRES_COMMAND_OK &&
+		PQresultStatus(res) != PGRES_TUPLES_OK)
+		die("%s\n%s", PQerrorMessage(conn), sql);
+	PQclear(res);
+}
+
+static PGresult *
+must_query(PGconn *conn, const char *sql)
+{
+	PGresult   *res = PQexec(conn, sql);
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		die("%s\n%s", PQerrorMessage(conn), sql);
+	return res;
+}
+
+static long
+query_long(PGconn *conn, const char *sql)
+{
+	PGresult   *res = must_query(conn, sql);
+	long		v;
+
+	if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0))
+		die("expected one value from: %s", sql);
+	v = atol(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return v;
+}
+
+/* ---------- consumers ---------- */
+
+typedef struct Delivery
+{
+	char		seq[24];
+	char		msg_id[MSG_ID_LEN];
+	char		amount[16];
+	char		account[16];
+} Delivery;
+
+/* What became of one delivery. */
+typedef enum Outcome
+{
+	O_DONE,						/* committed: ack it */
+	O_FAILED,					/* rolled back: leave it for redelivery */
+	O_LOST						/* connection lost: reconnect, abandon batch */
+} Outcome;
+
+typedef struct Consumer
+{
+	int			slot;
+	char		appname[32];
+	PGconn	   *conn;
+	Rng			rng;
+	Point		kill_at;		/* the point this delivery dies at, if any */
+	bool		use_idem;
+} Consumer;
+
+/* Die here if this delivery was chosen to die here. */
+static void
+chaos_point(Consumer *c, Point p)
+{
+	if (c->kill_at != p)
+		return;
+	shared->slot_point[c->slot] = p;
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	/* half the time the process vanishes at once, half it exits */
+	if (rng_below(&c->rng, 2) == 0)
+		kill(getpid(), SIGKILL);
+	_exit(EXIT_KILLED);
+}
+
+/*
+ * A statement failed: tell a lost connection (the server went away, or our
+ * backend was terminated) from an error of the statement, which is counted
+ * as unexpected and printed.
+ */
+static Outcome
+failure(Consumer *c, PGresult *res, const char *what)
+{
+	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+	if (PQstatus(c->conn) == CONNECTION_BAD || state == NULL ||
+		strncmp(state, "57P", 3) == 0 || strncmp(state, "08", 2) == 0)
+	{
+		count(&shared->conn_lost, 1);
+		return O_LOST;
+	}
+	count(&shared->unexpected, 1);
+	fprintf(stderr, "chaos: %s: unexpected error in %s: %s %s", c->appname,
+			what, state, PQerrorMessage(c->conn));
+	PQclear(PQexec(c->conn, "ROLLBACK"));
+	return PQstatus(c->conn) == CONNECTION_BAD ? O_LOST : O_FAILED;
+}
+
+/* Run a command with no result; O_DONE if it succeeded. */
+static Outcome
+run_command(Consumer *c, const char *sql, const char *what)
+{
+	PGresult   *res = PQexec(c->conn, sql);
+	Outcome		o = O_DONE;
+
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		o = failure(c, res, what);
+	PQclear(res);
+	return o;
+}
+
+static Outcome
+run_prepared(Consumer *c, const char *stmt, int n, const char *const *params,
+			 ExecStatusType expect, PGresult **out)
+{
+	PGresult   *res = PQexecPrepared(c->conn, stmt, n, params, NULL, NULL, 0);
+	Outcome		o = O_DONE;
+
+	if (PQresultStatus(res) != expect)
+	{
+		o = failure(c, res, stmt);
+		PQclear(res);
+		res = NULL;
+	}
+	if (out)
+		*out = res;
+	else
+		PQclear(res);
+	return o;
+}
+
+/* COMMIT, telling a commit from a transaction that had failed. */
+static Outcome
+commit(Consumer *c)
+{
+	PGresult   *res = PQexec(c->conn, "COMMIT");
+	Outcome		o = O_DONE;
+
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		o = failure(c, res, "COMMIT");
+	else if (strcmp(PQcmdStatus(res), "COMMIT") != 0)
+		o = O_FAILED;
+	PQclear(res);
+	return o;
+}
+
+/*
+ * A kind of consumer: its extra setup, the statements it prepares on every
+ * connection, the business transaction of one delivery, and extra checks.
+ *
+ * apply() runs the whole transaction of one delivery, from BEGIN to COMMIT,
+ * and calls chaos_point() at P_BEFORE_CLAIM, P_AFTER_CLAIM and
+ * P_BEFORE_COMMIT; the consumer loop takes care of P_AFTER_COMMIT and the
+ * ack.  checks is a query returning rows (what, bad): every bad must be 0.
+ */
+typedef struct Kind
+{
+	const char *name;
+	const char *setup_sql;
+	const char *prepare_sql[4];
+	Outcome		(*apply) (Consumer *c, const Delivery *d);
+	const char *checks_sql;
+} Kind;
+
+/* The claim kind: idem_claim(msg_id) guards a credit and a ledger row. */
+static Outcome
+claim_apply(Consumer *c, const Delivery *d)
+{
+	Outcome		o;
+	bool		first = true;
+	char		consumer[16];
+
+	chaos_point(c, P_BEFORE_CLAIM);
+	if (!c->use_idem)
+	{
+		if ((o = run_command(c, "BEGIN", "BEGIN")) != O_DONE)
+			return o;
+	}
+	else
+	{
+		/* BEGIN and the claim in one round trip */
+		char	   *id = PQescapeLiteral(c->conn, d->msg_id, strlen(d->msg_id));
+		char	   *ns = PQescapeLiteral(c->conn, opt.ns, strlen(opt.ns));
+		char		sql[MSG_ID_LEN * 2 + 200];
+		PGresult   *res;
+
+		if (id == NULL || ns == NULL)
+			return failure(c, NULL, "PQescapeLiteral");
+		snprintf(sql, sizeof(sql), "BEGIN; SELECT idem_claim(%s, %s)", id, ns);
+		PQfreemem(id);
+		PQfreemem(ns);
+		res = PQexec(c->conn, sql);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		{
+			o = failure(c, res, "idem_claim");
+			PQclear(res);
+			return o;
+		}
+		first = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+		PQclear(res);
+	}
+	chaos_point(c, P_AFTER_CLAIM);
+	if (first)
+	{
+		const char *params[] = {d->msg_id, d->amount, d->account, consumer};
+
+		snprintf(consumer, sizeof(consumer), "%d", c->slot);
+		if ((o = run_prepared(c, "effect", 4, params, PGRES_COMMAND_OK, NULL)) != O_DONE)
+			return o;
+	}
+	chaos_point(c, P_BEFORE_COMMIT);
+	if ((o = commit(c)) != O_DONE)
+		return o;
+	count(&shared->committed, 1);
+	count(first ? &shared->applied : &shared->absorbed, 1);
+	return O_DONE;
+}
+
+static const Kind kinds[] = {
+	{
+		.name = "claim",
+		.setup_sql = "",
+		.prepare_sql = {
+			"PREPARE effect(text, int, int, int) AS "
+			"WITH credit AS (UPDATE accounts SET balance = balance + $2 WHERE id = $3) "
+			"INSERT INTO ledger(msg_id, amount, account, consumer) VALUES ($1, $2, $3, $4)",
+			NULL
+		},
+		.apply = claim_apply,
+		/* with idem, one committed claim per message and none else */
+		.checks_sql =
+		"SELECT 'claims not matching a message', "
+		"       CASE WHEN (SELECT value FROM chaos_stats WHERE name = 'no_idem') = 1 THEN 0 "
+		"            ELSE (SELECT count(*) FROM ("
+		"                    SELECT msg_id FROM idem.claims WHERE ns = $1 "
+		"                    EXCEPT ALL SELECT DISTINCT msg_id FROM src) x) "
+		"               + (SELECT count(*) FROM ("
+		"                    SELECT DISTINCT msg_id FROM src "
+		"                    EXCEPT ALL SELECT msg_id FROM idem.claims WHERE ns = $1) y) END",
+	},
+};
+
+static const Kind *
+find_kind(const char *name)
+{
+	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+		if (strcmp(kinds[i].name, name) == 0)
+			return &kinds[i];
+	die("unknown kind \"%s\"", name);
+	return NULL;
+}
+
+static bool
+consumer_connect(Consumer *c, const Kind *kind)
+{
+	char		sql[400];
+	Outcome		o;
+
+	c->conn = connect_retry(c->appname);
+	if (c->conn == NULL)
+		return false;
+	snprintf(sql, sizeof(sql),
+			 "PREPARE lease(int, int) AS "
+			 "UPDATE src s SET leased_until = clock_timestamp() + $2 * interval '1 ms', "
+			 "       deliveries = s.deliveries + 1 "
+			 "FROM (SELECT seq FROM src WHERE NOT acked AND leased_until < clock_timestamp() "
+			 "      ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED) p "
+			 "WHERE s.seq = p.seq RETURNING s.seq, s.msg_id, s.amount, s.account");
+	if ((o = run_command(c, sql, "PREPARE lease")) != O_DONE ||
+		(o = run_command(c, "PREPARE ack(bigint[]) AS UPDATE src SET acked = true WHERE seq = ANY ($1)",
+						 "PREPARE ack")) != O_DONE ||
+		(o = run_command(c, "SET statement_timeout = '60s'", "SET")) != O_DONE)
+		goto failed;
+	for (int i = 0; kind->prepare_sql[i]; i++)
+		if ((o = run_command(c, kind->prepare_sql[i], "PREPARE")) != O_DONE)
+			goto failed;
+	return true;
+
+failed:
+	PQfinish(c->conn);
+	c->conn = NULL;
+	/* a lost connection is tried again, an error in our own SQL is not */
+	return o == O_LOST;
+}
+
+/* Ack the deliveries listed in seqs (an array literal); empties the list. */
+static Outcome
+ack(Consumer *c, char *seqs)
+{
+	const char *params[] = {seqs};
+	PGresult   *res;
+	Outcome		o;
+
+	if (strcmp(seqs, "{") == 0)
+		return O_DONE;
+	strcat(seqs, "}");
+	o = run_prepared(c, "ack", 1, params, PGRES_COMMAND_OK, &res);
+	if (o == O_DONE)
+	{
+		count(&shared->acks, atol(PQcmdTuples(res)));
+		PQclear(res);
+	}
+	strcpy(seqs, "{");
+	return o;
+}
+
+static void
+ack_later(char *seqs, const Delivery *d)
+{
+	if (strcmp(seqs, "{") != 0)
+		strcat(seqs, ",");
+	strcat(seqs, d->seq);
+}
+
+static int
+consumer_main(int slot, unsigned long generation)
+{
+	const Kind *kind = find_kind(opt.kind);
+	Consumer	c = {.slot = slot};
+	Delivery   *batch = calloc(opt.batch, sizeof(Delivery));
+	char	   *seqs = malloc(opt.batch * 24 + 4);
+	bool		ack_first = opt.broken && strcmp(opt.broken, "ack-first") == 0;
+	char		lease_ms[16];
+	char		batch_n[16];
+	bool		reconnecting = generation > 0;
+
+	snprintf(c.appname, sizeof(c.appname), "chaos-consumer-%d", slot);
+	snprintf(lease_ms, sizeof(lease_ms), "%d", opt.lease_ms);
+	snprintf(batch_n, sizeof(batch_n), "%d", opt.batch);
+	rng_seed(&c.rng, opt.seed * 1000003 + slot * 7919 + generation);
+	c.use_idem = !(opt.broken && strcmp(opt.broken, "no-idem") == 0);
+
+	for (;;)
+	{
+		PGresult   *res;
+		int			n;
+		const char *params[] = {batch_n, lease_ms};
+
+		if (c.conn == NULL)
+		{
+			if (!consumer_connect(&c, kind))
+				_exit(EXIT_GAVE_UP);
+			if (c.conn == NULL)
+				continue;
+			/* every connection but a slot's very first one replaces a lost one */
+			if (reconnecting)
+				count(&shared->reconnects, 1);
+			reconnecting = true;
+		}
+
+		if (run_prepared(&c, "lease", 2, params, PGRES_TUPLES_OK, &res) != O_DONE)
+		{
+			PQfinish(c.conn);
+			c.conn = NULL;
+			continue;
+		}
+		n = PQntuples(res);
+		for (int i = 0; i < n; i++)
+		{
+			snprintf(batch[i].seq, sizeof(batch[i].seq), "%s", PQgetvalue(res, i, 0));
+			snprintf(batch[i].msg_id, sizeof(batch[i].msg_id), "%s", PQgetvalue(res, i, 1));
+			snprintf(batch[i].amount, sizeof(batch[i].amount), "%s", PQgetvalue(res, i, 2));
+			snprintf(batch[i].account, sizeof(batch[i].account), "%s", PQgetvalue(res, i, 3));
+		}
+		PQclear(res);
+		count(&shared->leased, n);
+
+		if (n == 0)
+		{
+			/* nothing to lease: done if nothing is left unacked */
+			res = PQexec(c.conn, "SELECT EXISTS (SELECT 1 FROM src WHERE NOT acked)");
+			if (PQresultStatus(res) != PGRES_TUPLES_OK)
+			{
+				failure(&c, res, "done?");
+				PQclear(res);
+				PQfinish(c.conn);
+				c.conn = NULL;
+				continue;
+			}
+			if (strcmp(PQgetvalue(res, 0, 0), "f") == 0)
+			{
+				PQclear(res);
+				PQfinish(c.conn);
+				_exit(EXIT_DONE);
+			}
+			PQclear(res);
+			sleep_ms(20);
+			continue;
+		}
+
+		/*
+		 * Each delivery is committed on its own; the batch is acked once all
+		 * its transactions are committed, so a consumer that dies between a
+		 * commit and the ack gets several committed messages redelivered.
+		 */
+		strcpy(seqs, "{");
+		for (int i = 0; i < n && c.conn; i++)
+		{
+			Outcome		o;
+
+			c.kill_at = P_NONE;
+			if (opt.kill_every > 0 && rng_below(&c.rng, opt.kill_every) == 0)
+				c.kill_at = (Point) (P_BEFORE_CLAIM + rng_below(&c.rng, 4));
+
+			if (ack_first)
+			{
+				/* deliberately wrong: ack, then apply */
+				ack_later(seqs, &batch[i]);
+				o = ack(&c, seqs);
+				if (o == O_DONE)
+					o = kind->apply(&c, &batch[i]);
+			}
+			else
+			{
+				o = kind->apply(&c, &batch[i]);
+				if (o == O_DONE)
+				{
+					ack_later(seqs, &batch[i]);
+					chaos_point(&c, P_AFTER_COMMIT);
+				}
+			}
+			if (o == O_LOST)
+			{
+				/* the rest of the batch is redelivered when its lease ends */
+				PQfinish(c.conn);
+				c.conn = NULL;
+			}
+		}
+		if (c.conn && ack(&c, seqs) == O_LOST)
+		{
+			PQfinish(c.conn);
+			c.conn = NULL;
+		}
+	}
+}
+
+/* The chaos process: terminates a random consumer backend now and then. */
+static int
+terminator_main(void)
+{
+	PGconn	   *conn = NULL;
+
+	for (;;)
+	{
+		PGresult   *res;
+
+		sleep_ms(opt.terminate_ms);
+		if (conn == NULL && (conn = connect_retry("chaos-terminator")) == NULL)
+			_exit(EXIT_GAVE_UP);
+		res = PQexec(conn,
+					 "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) "
+					 "FROM (SELECT pid FROM pg_stat_activity "
+					 "      WHERE application_name LIKE 'chaos-consumer-%' "
+					 "      ORDER BY random() LIMIT 1) s");
+		if (PQresultStatus(res) == PGRES_TUPLES_OK)
+			count(&shared->terminations, atol(PQgetvalue(res, 0, 0)));
+		else
+		{
+			PQfinish(conn);
+			conn = NULL;
+		}
+		PQclear(res);
+	}
+}
+
+/* ---------- the supervisor of a run ---------- */
+
+static pid_t
+spawn(int (*fn) (int, unsigned long), int slot, unsigned long generation)
+{
+	pid_t		pid;
+
+	fflush(stdout);
+	fflush(stderr);
+	pid = fork();
+	if (pid < 0)
+		die("fork: %s", strerror(errno));
+	if (pid == 0)
+		_exit(fn(slot, generation));
+	return pid;
+}
+
+static int
+terminator_entry(int slot, unsigned long generation)
+{
+	(void) slot;
+	(void) generation;
+	return terminator_main();
+}
+
+/* Run a shell command of the driver; its exit status. */
+static int
+shell(const char *cmd)
+{
+	int			rc;
+
+	fflush(stdout);
+	fflush(stderr);
+	rc = system(cmd);
+	return rc == -1 ? -1 : WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+static void
+crash_and_restart(int n, long done, long total)
+{
+	const char *cmd = opt.crash_cmds[n % opt.n_crash_cmds];
+	double		t0 = now_s();
+
+	note("chaos: crash %d at %ld of %ld rows acked: %s", n + 1, done, total, cmd);
+	if (shell(cmd) != 0)
+		die("crash command failed: %s", cmd);
+	sleep_ms(100);
+	for (;;)
+	{
+		if (shell(opt.start_cmd) == 0)
+			break;
+		if (now_s() - t0 > opt.reconnect_s)
+			die("the server does not start again: %s", opt.start_cmd);
+		sleep_ms(300);
+	}
+	note("chaos: restarted in %.1fs", now_s() - t0);
+}
+
+static void
+save_stats(long crashes, double seconds)
+{
+	PGconn	   *conn = connect_retry("chaos-supervisor");
+	char		sql[2048];
+	long		kills = 0;
+
+	if (conn == NULL)
+		die("cannot save the figures of the run");
+	for (int p = P_BEFORE_CLAIM; p < N_POINTS; p++)
+		kills += shared->kills[p];
+	snprintf(sql, sizeof(sql),
+			 "INSERT INTO chaos_stats(name, value) VALUES "
+			 "('consumers', %d), ('leased', %ld), ('committed', %ld), ('applied', %ld), "
+			 "('absorbed', %ld), ('acks', %ld), ('conn_lost', %ld), ('reconnects', %ld), "
+			 "('unexpected', %ld), ('terminations', %ld), ('crashes', %ld), ('kills', %ld), "
+			 "('kills_before_claim', %ld), ('kills_after_claim', %ld), "
+			 "('kills_before_commit', %ld), ('kills_after_commit', %ld), "
+			 "('kills_external', %ld), ('no_idem', %d), ('ack_first', %d), ('ms', %ld) "
+			 "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+			 opt.consumers, shared->leased, shared->committed, shared->applied,
+			 shared->absorbed, shared->acks, shared->conn_lost, shared->reconnects,
+			 shared->unexpected, shared->terminations, crashes, kills,
+			 shared->kills[P_BEFORE_CLAIM], shared->kills[P_AFTER_CLAIM],
+			 shared->kills[P_BEFORE_COMMIT], shared->kills[P_AFTER_COMMIT],
+			 shared->kills[P_EXTERNAL],
+			 opt.broken && strcmp(opt.broken, "no-idem") == 0,
+			 opt.broken && strcmp(opt.broken, "ack-first") == 0,
+			 (long) (seconds * 1000));
+	must_exec(conn, sql);
+	PQfinish(conn);
+}
+
+static int
+consumer_entry(int slot, unsigned long generation)
+{
+	return consumer_main(slot, generation);
+}
+
+static int
+mode_run(void)
+{
+	pid_t		pids[MAX_CONSUMERS];
+	bool		done[MAX_CONSUMERS];
+	unsigned long generation[MAX_CONSUMERS];
+	int			running;
+	pid_t		terminator = 0;
+	long		total;
+	int			crashes = 0;
+	double		t0 = now_s();
+	double		next_sigkill;
+	Rng			rng;
+	PGconn	   *conn;
+
+	if (opt.crashes > 0 && (opt.n_crash_cmds == 0 || opt.start_cmd == NULL))
+		die("--crashes needs --crash-cmd and --start-cmd");
+	find_kind(opt.kind);
+	rng_seed(&rng, opt.seed ^ 0xC4A05);
+
+	shared = mmap(NULL, sizeof(Shared), PROT_READ | PROT_WRITE,
+				  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (shared == MAP_FAILED)
+		die("mmap: %s", strerror(errno));
+	memset(shared, 0, sizeof(Shared));
+
+	/* no connection of ours may cross a fork */
+	if ((conn = connect_retry("chaos-supervisor")) == NULL)
+		die("cannot connect");
+	total = query_long(conn, "SELECT count(*) FROM src WHERE NOT acked");
+	must_exec(conn, "DELETE FROM chaos_stats");
+	PQfinish(conn);
+
+	note("chaos: %d %s consumers on %ld deliveries%s%s", opt.consumers, opt.kind, total,
+		 opt.broken ? ", broken: " : "", opt.broken ? opt.broken : "");
+	for (int i = 0; i < opt.consumers; i++)
+	{
+		generation[i] = 0;
+		done[i] = false;
+		pids[i] = spawn(consumer_entry, i, 0);
+	}
+	running = opt.consumers;
+	if (opt.terminate_ms > 0)
+		terminator = spawn(terminator_entry, 0, 0);
+	next_sigkill = opt.sigkill_ms > 0 ? now_s() + opt.sigkill_ms / 1000.0 : 0;
+
+	while (running > 0)
+	{
+		int			status;
+		pid_t		pid;
+
+		while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+		{
+			int			slot = -1;
+
+			for (int i = 0; i < opt.consumers; i++)
+				if (pids[i] == pid && !done[i])
+					slot = i;
+			if (slot < 0)
+			{
+				if (pid == terminator)
+					die("the chaos process ended (status %d)", status);
+				continue;
+			}
+			if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_DONE)
+			{
+				done[slot] = true;
+				running--;
+				continue;
+			}
+			if ((WIFEXITED(status) && WEXITSTATUS(status) == EXIT_KILLED) ||
+				(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
+			{
+				Point		p = shared->slot_point[slot];
+
+				count(&shared->kills[p == P_NONE ? P_EXTERNAL : p], 1);
+				shared->slot_point[slot] = P_NONE;
+				pids[slot] = spawn(consumer_entry, slot, ++generation[slot]);
+				continue;
+			}
+			for (int i = 0; i < opt.consumers; i++)
+				if (!done[i] && pids[i] != pid)
+					kill(pids[i], SIGKILL);
+			if (terminator)
+				kill(terminator, SIGKILL);
+			die("consumer %d failed (%s %d)", slot,
+				WIFEXITED(status) ? "exit status" : "signal",
+				WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+		}
+
+		if (crashes < opt.crashes)
+		{
+			long		acked = get(&shared->acks);
+
+			if (acked * (opt.crashes + 1) >= total * (crashes + 1))
+			{
+				crash_and_restart(crashes, acked, total);
+				crashes++;
+			}
+		}
+
+		if (next_sigkill > 0 && now_s() >= next_sigkill)
+		{
+			int			slot = (int) rng_below(&rng, opt.consumers);
+
+			if (!done[slot])
+			{
+				shared->slot_point[slot] = P_EXTERNAL;
+				kill(pids[slot], SIGKILL);
+			}
+			next_sigkill = now_s() + opt.sigkill_ms / 1000.0;
+		}
+		sleep_ms(5);
+	}
+
+	if (terminator)
+	{
+		kill(terminator, SIGKILL);
+		waitpid(terminator, NULL, 0);
+	}
+	save_stats(crashes, now_s() - t0);
+	note("chaos: run done in %.1fs", now_s() - t0);
+	return 0;
+}
+
+/* ---------- setup, produce, check ---------- */
+
+static int
+mode_setup(void)
+{
+	PGconn	   *conn = connect_retry("chaos-setup");
+	const Kind *kind = find_kind(opt.kind);
+	const char *params[] = {opt.ns};
+	PGresult   *res;
+
+	if (conn == NULL)
+		die("cannot connect");
+	must_exec(conn, "SET client_min_messages = warning");
+	must_exec(conn,
+			  "CREATE EXTENSION IF NOT EXISTS idem;"
+			  "DROP TABLE IF EXISTS src, accounts, ledger, chaos_stats;"
+	/* the delivery log: one row per delivery, a row leased is redelivered
+	 * when its lease ends unless it was acked */
+			  "CREATE TABLE src ("
+			  "  seq bigserial PRIMARY KEY,"
+			  "  msg_id text NOT NULL,"
+			  "  amount int NOT NULL,"
+			  "  account int NOT NULL,"
+			  "  acked bool NOT NULL DEFAULT false,"
+			  "  leased_until timestamptz NOT NULL DEFAULT '-infinity',"
+			  "  deliveries int NOT NULL DEFAULT 0"
+			  ") WITH (fillfactor = 50);"
+			  "CREATE INDEX src_pending ON src (seq) WHERE NOT acked;"
+			  "CREATE INDEX src_msg ON src (msg_id);"
+			  "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0)"
+			  "  WITH (fillfactor = 20);"
+	/* deliberately no unique constraint: a message applied twice is two rows */
+			  "CREATE TABLE ledger ("
+			  "  msg_id text NOT NULL,"
+			  "  amount int NOT NULL,"
+			  "  account int NOT NULL,"
+			  "  consumer int,"
+			  "  at timestamptz NOT NULL DEFAULT clock_timestamp());"
+			  "CREATE TABLE chaos_stats (name text PRIMARY KEY, value bigint NOT NULL);");
+	if (kind->setup_sql[0])
+		must_exec(conn, kind->setup_sql);
+	res = PQexecParams(conn, "DELETE FROM idem.claims WHERE ns = $1", 1, NULL, params,
+					   NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		die("%s", PQerrorMessage(conn));
+	PQclear(res);
+	PQfinish(conn);
+	return 0;
+}
+
+static int
+mode_produce(void)
+{
+	PGconn	   *conn = connect_retry("chaos-producer");
+	Rng			rng;
+	long		n = opt.messages;
+	long		dups = (long) (n * opt.redeliver + 0.5);
+	long	   *pick;
+	long	   *copies;
+	long	   *order;
+	int		   *amount;
+	int		   *account;
+	long		ndeliveries = 0;
+	char		buf[256];
+	PGresult   *res;
+
+	if (conn == NULL)
+		die("cannot connect");
+	if (n <= 0 || opt.redeliver < 0 || opt.redeliver > 1 || opt.max_copies < 1)
+		die("bad --messages, --redeliver or --max-copies");
+	rng_seed(&rng, opt.seed);
+	pick = malloc(n * sizeof(long));
+	copies = calloc(n, sizeof(long));
+	amount = malloc(n * sizeof(int));
+	account = malloc(n * sizeof(int));
+
+	/* exactly "dups" messages get 1 .. max_copies extra deliveries */
+	for (long i = 0; i < n; i++)
+	{
+		pick[i] = i;
+		amount[i] = 1 + (int) rng_below(&rng, 1000);
+		account[i] = 1 + (int) rng_below(&rng, opt.accounts);
+	}
+	for (long i = 0; i < dups; i++)
+	{
+		long		j = i + rng_below(&rng, n - i);
+		long		t = pick[i];
+		int			extra = 1;
+
+		pick[i] = pick[j];
+		pick[j] = t;
+		/* more copies, less often */
+		while (extra < opt.max_copies && rng_below(&rng, 3) == 0)
+			extra++;
+		copies[pick[i]] = extra;
+	}
+	for (long i = 0; i < n; i++)
+		ndeliveries += 1 + copies[i];
+
+	/* every delivery, shuffled: copies land before and after the original */
+	order = malloc(ndeliveries * sizeof(long));
+	ndeliveries = 0;
+	for (long i = 0; i < n; i++)
+		for (long k = 0; k <= copies[i]; k++)
+			order[ndeliveries++] = i;
+	for (long i = ndeliveries - 1; i > 0; i--)
+	{
+		long		j = rng_below(&rng, i + 1);
+		long		t = order[i];
+
+		order[i] = order[j];
+		order[j] = t;
+	}
+
+	snprintf(buf, sizeof(buf),
+			 "INSERT INTO accounts(id) SELECT g FROM generate_series(1, %d) g "
+			 "ON CONFLICT DO NOTHING", opt.accounts);
+	must_exec(conn, buf);
+	res = PQexec(conn, "COPY src (msg_id, amount, account) FROM STDIN");
+	if (PQresultStatus(res) != PGRES_COPY_IN)
+		die("%s", PQerrorMessage(conn));
+	PQclear(res);
+	for (long i = 0; i < ndeliveries; i++)
+	{
+		long		m = order[i];
+		int			len = snprintf(buf, sizeof(buf), "m%lu-%07ld\t%d\t%d\n",
+								   opt.seed, m + 1, amount[m], account[m]);
+
+		if (PQputCopyData(conn, buf, len) != 1)
+			die("%s", PQerrorMessage(conn));
+	}
+	if (PQputCopyEnd(conn, NULL) != 1)
+		die("%s", PQerrorMessage(conn));
+	res = PQgetResult(conn);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		die("%s", PQerrorMessage(conn));
+	PQclear(res);
+	must_exec(conn, "ANALYZE src");
+	PQfinish(conn);
+	note("chaos: produced %ld messages in %ld deliveries (%ld messages with extra copies)",
+		 n, ndeliveries, dups);
+	free(pick);
+	free(copies);
+	free(order);
+	free(amount);
+	free(account);
+	return 0;
+}
+
+static int
+mode_check(void)
+{
+	PGconn	   *conn = connect_retry("chaos-check");
+	const Kind *kind = find_kind(opt.kind);
+	PGresult   *res;
+	const char *params[] = {opt.ns};
+	long		messages, deliveries, redelivered, unacked, lost, twice, extra_rows,
+				strangers, rows;
+	long		expected_sum, ledger_sum, balance_sum, bad_accounts;
+	long		kind_bad = 0;
+	bool		ok;
+
+	if (conn == NULL)
+		die("cannot connect");
+	must_exec(conn,
+			  "CREATE TEMP TABLE truth AS "
+			  "SELECT msg_id, min(amount) AS amount, min(account) AS account, "
+			  "       count(*) AS rows, sum(deliveries) AS deliveries, "
+			  "       bool_and(acked) AS acked "
+			  "FROM src GROUP BY msg_id;"
+			  "CREATE TEMP TABLE applied AS "
+			  "SELECT msg_id, count(*) AS n FROM ledger GROUP BY msg_id;");
+	res = must_query(conn,
+					 "SELECT count(*), coalesce(sum(deliveries), 0), "
+					 "       count(*) FILTER (WHERE deliveries > 1), "
+					 "       count(*) FILTER (WHERE NOT acked), "
+					 "       coalesce(sum(amount), 0), sum(rows) "
+					 "FROM truth");
+	messages = atol(PQgetvalue(res, 0, 0));
+	deliveries = atol(PQgetvalue(res, 0, 1));
+	redelivered = atol(PQgetvalue(res, 0, 2));
+	unacked = atol(PQgetvalue(res, 0, 3));
+	expected_sum = atol(PQgetvalue(res, 0, 4));
+	rows = atol(PQgetvalue(res, 0, 5));
+	PQclear(res);
+
+	lost = query_long(conn,
+					  "SELECT count(*) FROM truth t "
+					  "WHERE NOT EXISTS (SELECT 1 FROM applied a WHERE a.msg_id = t.msg_id)");
+	twice = query_long(conn, "SELECT count(*) FROM applied WHERE n > 1");
+	extra_rows = query_long(conn, "SELECT coalesce(sum(n - 1), 0) FROM applied WHERE n > 1");
+	strangers = query_long(conn,
+						   "SELECT count(*) FROM applied a "
+						   "WHERE NOT EXISTS (SELECT 1 FROM truth t WHERE t.msg_id = a.msg_id)");
+	ledger_sum = query_long(conn, "SELECT coalesce(sum(amount), 0) FROM ledger");
+	balance_sum = query_long(conn, "SELECT coalesce(sum(balance), 0) FROM accounts");
+	/* each account holds exactly what its ledger rows say */
+	bad_accounts = query_long(conn,
+							  "SELECT count(*) FROM accounts a "
+							  "FULL JOIN (SELECT account, sum(amount) AS s FROM ledger GROUP BY account) l "
+							  "ON l.account = a.id "
+							  "WHERE coalesce(a.balance, -1) <> coalesce(l.s, 0)");
+
+	ok = lost == 0 && twice == 0 && strangers == 0 && unacked == 0 &&
+		balance_sum == expected_sum && ledger_sum == expected_sum && bad_accounts == 0;
+
+	printf("messages             %ld\n", messages);
+	printf("source rows          %ld (%ld injected redeliveries)\n", rows, rows - messages);
+	printf("deliveries           %ld\n", deliveries);
+	printf("redeliveries         %ld\n", deliveries - messages);
+	printf("redelivered messages %ld (%.1f%%)\n", redelivered,
+		   messages ? 100.0 * redelivered / messages : 0.0);
+
+	/* figures of the run, if it saved them */
+	res = must_query(conn, "SELECT name, value FROM chaos_stats ORDER BY name");
+	{
+		long		v[32] = {0};
+		const char *names[] = {
+			"kills", "kills_before_claim", "kills_after_claim", "kills_before_commit",
+			"kills_after_commit", "kills_external", "terminations", "crashes",
+			"absorbed", "applied", "committed", "conn_lost", "reconnects", "unexpected",
+			"consumers", "ms", NULL
+		};
+
+		for (int r = 0; r < PQntuples(res); r++)
+			for (int k = 0; names[k]; k++)
+				if (strcmp(PQgetvalue(res, r, 0), names[k]) == 0)
+					v[k] = atol(PQgetvalue(res, r, 1));
+		if (PQntuples(res) > 0)
+		{
+			printf("consumers            %ld, %.1fs\n", v[14], v[15] / 1000.0);
+			printf("kills                %ld (before claim %ld, after claim %ld, "
+				   "before commit %ld, after commit %ld, external %ld)\n",
+				   v[0], v[1], v[2], v[3], v[4], v[5]);
+			printf("backend terminations %ld\n", v[6]);
+			printf("server crashes       %ld\n", v[7]);
+			printf("connections lost     %ld, reconnects %ld\n", v[11], v[12]);
+			printf("unexpected errors    %ld\n", v[13]);
+			printf("duplicates absorbed  %ld (committed transactions where idem_claim said false)\n",
+				   v[8]);
+		}
+		PQclear(res);
+	}
+
+	printf("messages applied     %ld\n", messages - lost);
+	printf("lost                 %ld\n", lost);
+	printf("applied twice        %ld (%ld extra ledger rows)\n", twice, extra_rows);
+	if (strangers)
+		printf("unknown messages     %ld\n", strangers);
+	if (unacked)
+		printf("unacked rows         %ld\n", unacked);
+	printf("sum of amounts       %ld expected, %ld in the ledger, %ld in the accounts%s\n",
+		   expected_sum, ledger_sum, balance_sum,
+		   bad_accounts ? " (accounts not matching their ledger rows)" : "");
+
+	if (kind->checks_sql)
+	{
+		res = PQexecParams(conn, kind->checks_sql, 1, NULL, params, NULL, NULL, 0);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+			die("%s", PQerrorMessage(conn));
+		for (int r = 0; r < PQntuples(res); r++)
+		{
+			long		bad = atol(PQgetvalue(res, r, 1));
+
+			printf("%-20s %ld\n", PQgetvalue(res, r, 0), bad);
+			kind_bad += bad;
+		}
+		PQclear(res);
+	}
+	ok = ok && kind_bad == 0;
+	printf("every message applied exactly once: %s\n", ok ? "yes" : "NO");
+
+	/* one line for scripts */
+	res = must_query(conn, "SELECT string_agg(name || '=' || value, ' ' ORDER BY name) FROM chaos_stats");
+	printf("RESULT messages=%ld deliveries=%ld redeliveries=%ld redelivered=%ld lost=%ld "
+		   "twice=%ld extra_rows=%ld strangers=%ld unacked=%ld sum_ok=%d kind_bad=%ld ok=%d %s\n",
+		   messages, deliveries, deliveries - messages, redelivered, lost, twice, extra_rows,
+		   strangers, unacked,
+		   balance_sum == expected_sum && ledger_sum == expected_sum && bad_accounts == 0,
+		   kind_bad, ok, PQgetisnull(res, 0, 0) ? "" : PQgetvalue(res, 0, 0));
+	PQclear(res);
+	PQfinish(conn);
+	return ok ? 0 : 1;
+}
+
+/* ---------- main ---------- */
+
+static void
+usage(void)
+{
+	fprintf(stderr,
+			"usage: chaos setup|produce|run|check [options]\n"
+			"  -d, --dbname CONNINFO      where to connect (default: libpq environment)\n"
+			"  --kind NAME                consumer kind (claim)\n"
+			"  --ns NAME                  idem namespace (chaos)\n"
+			"  --messages N               messages to produce (100000)\n"
+			"  --redeliver F              share of messages given extra copies (0.35)\n"
+			"  --max-copies N             at most N extra copies of a message (3)\n"
+			"  --accounts N               accounts credited (100)\n"
+			"  --seed N                   random seed (1)\n"
+			"  --consumers N              consumer processes (4)\n"
+			"  --batch N                  rows leased at a time (16)\n"
+			"  --lease-ms N               lease of a row before redelivery (1000)\n"
+			"  --kill-every N             a consumer dies once per N deliveries on average\n"
+			"  --sigkill-ms N             SIGKILL a random consumer every N ms\n"
+			"  --terminate-ms N           pg_terminate_backend a consumer every N ms\n"
+			"  --crashes N                crash and restart the server N times\n"
+			"  --crash-cmd CMD            shell command that crashes it (repeat: used in turn)\n"
+			"  --start-cmd CMD            shell command that starts it again\n"
+			"  --reconnect-s N            give up reaching the server after N seconds (120)\n"
+			"  --no-idem                  broken consumer: skip idem_claim\n"
+			"  --broken no-idem|ack-first broken consumer, to prove the checker live\n"
+			"  -q, --quiet                no progress on stderr\n");
+	exit(2);
+}
+
+int
+main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{"dbname", required_argument, NULL, 'd'},
+		{"kind", required_argument, NULL, 'k'},
+		{"ns", required_argument, NULL, 'n'},
+		{"messages", required_argument, NULL, 'm'},
+		{"redeliver", required_argument, NULL, 'r'},
+		{"max-copies", required_argument, NULL, 'x'},
+		{"accounts", required_argument, NULL, 'a'},
+		{"seed", required_argument, NULL, 's'},
+		{"consumers", required_argument, NULL, 'c'},
+		{"batch", required_argument, NULL, 'b'},
+		{"lease-ms", required_argument, NULL, 'l'},
+		{"kill-every", required_argument, NULL, 'K'},
+		{"sigkill-ms", required_argument, NULL, 'S'},
+		{"terminate-ms", required_argument, NULL, 'T'},
+		{"crashes", required_argument, NULL, 'C'},
+		{"crash-cmd", required_argument, NULL, 'X'},
+		{"start-cmd", required_argument, NULL, 'Y'},
+		{"reconnect-s", required_argument, NULL, 'R'},
+		{"no-idem", no_argument, NULL, 'N'},
+		{"broken", required_argument, NULL, 'B'},
+		{"quiet", no_argument, NULL, 'q'},
+		{NULL, 0, NULL, 0}
+	};
+	const char *mode;
+	int			ch;
+
+	if (argc < 2)
+		usage();
+	mode = argv[1];
+	optind = 2;
+	while ((ch = getopt_long(argc, argv, "d:q", longopts, NULL)) != -1)
+	{
+		switch (ch)
+		{
+			case 'd':
+				opt.conninfo = optarg;
+				break;
+			case 'k':
+				opt.kind = optarg;
+				break;
+			case 'n':
+				opt.ns = optarg;
+				break;
+			case 'm':
+				opt.messages = atol(optarg);
+				break;
+			case 'r':
+				opt.redeliver = atof(optarg);
+				break;
+			case 'x':
+				opt.max_copies = atoi(optarg);
+				break;
+			case 'a':
+				opt.accounts = atoi(optarg);
+				break;
+			case 's':
+				opt.seed = strtoul(optarg, NULL, 10);
+				break;
+			case 'c':
+				opt.consumers = atoi(optarg);
+				break;
+			case 'b':
+				opt.batch = atoi(optarg);
+				break;
+			case 'l':
+				opt.lease_ms = atoi(optarg);
+				break;
+			case 'K':
+				opt.kill_every = atol(optarg);
+				break;
+			case 'S':
+				opt.sigkill_ms = atoi(optarg);
+				break;
+			case 'T':
+				opt.terminate_ms = atoi(optarg);
+				break;
+			case 'C':
+				opt.crashes = atoi(optarg);
+				break;
+			case 'X':
+				if (opt.n_crash_cmds == MAX_CRASH_CMDS)
+					die("too many --crash-cmd");
+				opt.crash_cmds[opt.n_crash_cmds++] = optarg;
+				break;
+			case 'Y':
+				opt.start_cmd = optarg;
+				break;
+			case 'R':
+				opt.reconnect_s = atoi(optarg);
+				break;
+			case 'N':
+				opt.broken = "no-idem";
+				break;
+			case 'B':
+				if (strcmp(optarg, "no-idem") != 0 && strcmp(optarg, "ack-first") != 0)
+					die("--broken takes no-idem or ack-first");
+				opt.broken = optarg;
+				break;
+			case 'q':
+				opt.quiet = true;
+				break;
+			default:
+				usage();
+		}
+	}
+	if (optind < argc)
+		usage();
+	if (opt.consumers < 1 || opt.consumers > MAX_CONSUMERS)
+		die("--consumers must be between 1 and %d", MAX_CONSUMERS);
+	if (opt.batch < 1 || opt.lease_ms < 1 || opt.accounts < 1)
+		die("--batch, --lease-ms and --accounts must be positive");
+	setvbuf(stdout, NULL, _IOLBF, 0);
+
+	if (strcmp(mode, "setup") == 0)
+		return mode_setup();
+	if (strcmp(mode, "produce") == 0)
+		return mode_produce();
+	if (strcmp(mode, "run") == 0)
+		return mode_run();
+	if (strcmp(mode, "check") == 0)
+		return mode_check();
+	usage();
+	return 2;
+}
