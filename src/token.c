@@ -219,8 +219,8 @@ interval_text(Interval *span)
 static TimestampTz
 token_expiry(Interval *ttl, TimestampTz now)
 {
-	const int32 bound = 100 * DAYS_PER_YEAR;	/* days, or months */
-	Interval	year = {0, 0, TOKEN_MAX_TTL_MONTHS};
+	const int32 bound = (int32) (100 * DAYS_PER_YEAR);	/* days, or months */
+	Interval	year = {.time = 0, .day = 0, .month = TOKEN_MAX_TTL_MONTHS};
 	TimestampTz expires;
 	TimestampTz limit;
 
