@@ -1,0 +1,448 @@
+
+# Copyright (c) idem contributors
+#
+# idem's state across a failover to a synchronous hot standby: what was
+# committed on the primary is readable on the standby and still there after
+# promotion, the standby refuses writes with SQLSTATE 25006, and what a
+# transaction still open on the primary wrote is gone after promotion even
+# though its WAL reached the standby.
+#
+# Each entry of @kinds is one kind of state:
+#   setup      SQL run on the primary, committed; it prints setup_out
+#   check      SQL whose output must be the same on the primary before the
+#              failover, on the standby and on the promoted standby
+#   standby    [SQL, expected output, description] read-only queries run on
+#              the standby
+#   writes     [SQL, description] each must fail on the standby with 25006
+#   open       SQL run in a transaction left open on the primary when it is
+#              stopped; it prints open_out while the primary is up, and
+#              open_rows is how many rows it wrote in the tables of the
+#              schemas idem and public
+#   in_flight  [SQL, expected output] run on the primary while "open" is
+#              still open: the open writes are held
+#   promoted   [SQL, expected output, description] run on the promoted
+#              standby, in order (they may change state)
+#   promoted_errors
+#              [SQL, SQLSTATE, description] run on the promoted standby
+#              after the above, each must fail with SQLSTATE
+# A new capability adds one entry.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest;
+
+# The 1,000 ids of the batch, as an array.
+my $batch = q{ARRAY(SELECT 'b-' || g FROM generate_series(1, 1000) g)};
+
+my @kinds = (
+	{
+		name => 'claims',
+		# Three transactions: one by one, a batch, several namespaces.
+		setup => qq{
+			SELECT idem_claim('m-1'), idem_claim('m-2');
+			SELECT count(*) FILTER (WHERE r), count(*)
+			  FROM unnest(idem_claim_batch($batch, 'bulk')) r;
+			SELECT idem_claim('m-1', 'orders'), idem_try_claim('m-3', 'orders'),
+			       idem_claim_batch(ARRAY['m-4', 'm-4'], 'payments');},
+		setup_out => "t|t\n1000|1000\nt|claimed|{t,f}",
+		check     => q{
+			SELECT ns, count(*),
+			       md5(string_agg(msg_id || ' ' || claimed_at::text, ','
+			                      ORDER BY msg_id))
+			  FROM idem.claims GROUP BY ns ORDER BY ns},
+		standby => [
+			[
+				q{SELECT idem_claim_info('m-1') IS NOT NULL,
+				         idem_claim_info('m-2') IS NOT NULL,
+				         idem_claim_info('b-1000', 'bulk') IS NOT NULL,
+				         idem_claim_info('m-1', 'orders') IS NOT NULL,
+				         idem_claim_info('m-3', 'orders') IS NOT NULL,
+				         idem_claim_info('m-4', 'payments') IS NOT NULL},
+				't|t|t|t|t|t',
+				'committed claims are seen by idem_claim_info'
+			],
+			[
+				q{SELECT idem_claim_info('m-3') IS NULL,
+				         idem_claim_info('m-2', 'orders') IS NULL,
+				         idem_claim_info('b-1001', 'bulk') IS NULL},
+				't|t|t',
+				'ids never claimed have no claim'
+			],
+			[
+				q{SELECT idem_claim_info('m-1') =
+				           (SELECT claimed_at FROM idem.claims
+				             WHERE ns = 'default' AND msg_id = 'm-1')},
+				't',
+				'idem_claim_info gives the claim time of the table'
+			],
+		],
+		writes => [
+			[ q{SELECT idem_claim('m-1')},                'idem_claim of a claimed id' ],
+			[ q{SELECT idem_claim('new-on-standby')},     'idem_claim of a new id' ],
+			[ q{SELECT idem_try_claim('new-on-standby')}, 'idem_try_claim' ],
+			[
+				q{SELECT idem_claim_batch(ARRAY['new-on-standby'], 'bulk')},
+				'idem_claim_batch'
+			],
+			[ q{SELECT idem_release('m-1')},                'idem_release' ],
+			[ q{SELECT idem_set_retention('bulk', '1 day')}, 'idem_set_retention' ],
+			[ q{SELECT idem_purge()},                       'idem_purge' ],
+		],
+		open => q{
+			SELECT idem_claim('open-1');
+			SELECT idem_claim_batch(ARRAY['open-2', 'open-3'], 'orders');},
+		open_out  => "t\n{t,t}",
+		open_rows => 3,
+		in_flight => [
+			q{SELECT idem_try_claim('open-1'), idem_try_claim('open-3', 'orders'),
+			         idem_claim_info('open-1') IS NULL},
+			'in_flight|in_flight|t'
+		],
+		promoted => [
+			[
+				q{SELECT idem_claim('m-1'), idem_claim('m-2'),
+				         idem_claim('m-1', 'orders'), idem_claim('m-3', 'orders'),
+				         idem_try_claim('m-4', 'payments'),
+				         idem_claim_info('m-1') IS NOT NULL},
+				'f|f|f|f|duplicate|t',
+				'a redelivered message is a duplicate'
+			],
+			[
+				qq{SELECT count(*) FILTER (WHERE r), count(*)
+				     FROM unnest(idem_claim_batch($batch, 'bulk')) r},
+				'0|1000',
+				'every id of the batch is a duplicate'
+			],
+			[
+				q{SELECT idem_claim('m-3'), idem_claim('m-3'),
+				         idem_try_claim('b-1001', 'bulk'),
+				         idem_claim_batch(ARRAY['m-2', 'm-5'], 'orders')},
+				't|f|claimed|{t,t}',
+				'new ids claim'
+			],
+			[
+				q{SELECT idem_claim_info('open-1') IS NULL,
+				         idem_try_claim('open-1'),
+				         idem_claim('open-2', 'orders'),
+				         idem_claim('open-3', 'orders')},
+				't|claimed|t|t',
+				'claims of the transaction left open on the old primary are not there'
+			],
+			[
+				q{SELECT idem_release('m-1'), idem_claim('m-1')},
+				't|t',
+				'the promoted standby releases a claim'
+			],
+		],
+	},
+
+	{
+		name => 'single-use tokens',
+		# The tokens are kept in a table of their own, which replicates too.
+		setup => q{
+			CREATE TABLE fo_tokens (name text PRIMARY KEY, token text NOT NULL);
+			INSERT INTO fo_tokens
+			SELECT n, idem_token_issue('fo', '1 day')
+			  FROM unnest(ARRAY['consumed', 'open', 'valid']) n;
+			SELECT idem_token_consume(token, 'fo') FROM fo_tokens
+			 WHERE name = 'consumed';},
+		setup_out => 't',
+		check     => q{
+			SELECT count(*), count(consumed_at),
+			       md5(string_agg(encode(digest, 'hex') || ' ' || expires_at
+			                      || ' ' || coalesce(consumed_at::text, '-'),
+			                      ',' ORDER BY digest))
+			  FROM idem.tokens WHERE scope = 'fo'},
+		standby => [
+			[
+				q{SELECT string_agg(name || '=' || idem_token_status(token, 'fo'),
+				                    ',' ORDER BY name)
+				    FROM fo_tokens},
+				'consumed=consumed,open=valid,valid=valid',
+				'idem_token_status tells consumed from valid'
+			],
+		],
+		writes => [
+			[
+				q{SELECT idem_token_consume(token, 'fo') FROM fo_tokens
+				   WHERE name = 'valid'},
+				'idem_token_consume'
+			],
+			[ q{SELECT idem_token_issue('fo')}, 'idem_token_issue' ],
+			[ q{SELECT idem_token_purge()},     'idem_token_purge' ],
+		],
+		open => q{
+			SELECT idem_token_consume(token, 'fo') FROM fo_tokens
+			 WHERE name = 'open';},
+		open_out  => 't',
+		open_rows => 1,
+		in_flight => [
+			q{SELECT idem_token_status(token, 'fo') FROM fo_tokens
+			   WHERE name = 'open'},
+			'valid'
+		],
+		promoted => [
+			[
+				q{SELECT string_agg(name || '=' || idem_token_status(token, 'fo'),
+				                    ',' ORDER BY name)
+				    FROM fo_tokens},
+				'consumed=consumed,open=valid,valid=valid',
+				'the consumed token is consumed, the others valid'
+			],
+			[
+				q{SELECT idem_token_consume(token, 'fo') FROM fo_tokens
+				   WHERE name = 'consumed'},
+				'f',
+				'a consumed token is not consumed again'
+			],
+			[
+				q{SELECT idem_token_consume(token, 'fo'),
+				         idem_token_consume(token, 'fo')
+				    FROM fo_tokens WHERE name = 'valid'},
+				't|f',
+				'a valid token is consumed once'
+			],
+			[
+				q{SELECT idem_token_consume(token, 'fo') FROM fo_tokens
+				   WHERE name = 'open'},
+				't',
+				'the consumption left open on the old primary is not there'
+			],
+			[
+				q{SELECT length(idem_token_issue('fo'))},
+				'43',
+				'the promoted standby issues tokens'
+			],
+		],
+	},
+
+	{
+		name => 'state-transition guard',
+		setup => q{
+			SELECT idem_allow('fo', 'new', 'paid'), idem_allow('fo', 'paid', 'shipped');
+			CREATE TABLE fo_orders (id integer PRIMARY KEY, state text NOT NULL,
+			                        version bigint NOT NULL DEFAULT 0);
+			INSERT INTO fo_orders (id, state)
+			SELECT g, 'new' FROM generate_series(1, 3) g;
+			SELECT idem_guard('fo_orders', 'fo', 'state', 'version');
+			SELECT idem_transition('fo_orders', '1', 'paid');},
+		setup_out => "t|t\n\napplied",
+		check     => q{
+			SELECT string_agg(from_state || '>' || to_state, ','
+			                  ORDER BY from_state, to_state)
+			  FROM idem.transitions WHERE machine = 'fo';
+			SELECT string_agg(id || ':' || state || ':' || version, ','
+			                  ORDER BY id)
+			  FROM fo_orders;
+			SELECT tgname FROM pg_trigger WHERE tgrelid = 'fo_orders'::regclass},
+		standby => [],
+		writes  => [
+			[ q{SELECT idem_transition('fo_orders', '2', 'paid')}, 'idem_transition' ],
+			[ q{SELECT idem_allow('fo', 'paid', 'new')},            'idem_allow' ],
+			[ q{SELECT idem_disallow('fo', 'new', 'paid')},         'idem_disallow' ],
+			[ q{SELECT idem_guard('fo_orders', 'fo', 'state')},     'idem_guard' ],
+			[ q{SELECT idem_unguard('fo_orders')},                  'idem_unguard' ],
+		],
+		# a transition and a change of the machine
+		open => q{
+			SELECT idem_transition('fo_orders', '2', 'paid');
+			SELECT idem_allow('fo', 'paid', 'new');},
+		open_out  => "applied\nt",
+		open_rows => 2,
+		in_flight => [
+			q{SELECT state FROM fo_orders WHERE id = 2;
+			  SELECT count(*) FROM idem.transitions WHERE machine = 'fo'},
+			"new\n2"
+		],
+		promoted => [
+			[
+				q{SELECT idem_transition('fo_orders', '1', 'paid')},
+				'already',
+				'a transition made on the old primary is already applied'
+			],
+			[
+				q{SELECT idem_transition('fo_orders', '1', 'new'),
+				         idem_transition('fo_orders', '3', 'shipped')},
+				'stale|illegal',
+				'the machine is the one committed on the old primary'
+			],
+			[
+				q{SELECT idem_transition('fo_orders', '2', 'paid')},
+				'applied',
+				'the transition left open on the old primary is not there'
+			],
+			[
+				q{SELECT idem_transition('fo_orders', '1', 'shipped'),
+				         idem_transition('fo_orders', '1', 'shipped')},
+				'applied|already',
+				'the promoted standby moves rows'
+			],
+		],
+		promoted_errors => [
+			[
+				q{UPDATE fo_orders SET state = 'new' WHERE id = 1},
+				'23514',
+				'the guard refuses an illegal UPDATE'
+			],
+		],
+	},
+);
+
+my $db = 'postgres';
+
+my $primary = PostgreSQL::Test::Cluster->new('primary');
+$primary->init(
+	allows_streaming => 1,
+	extra            => [ '--locale=C.UTF-8', '--encoding=UTF8' ]);
+$primary->start;
+$primary->safe_psql($db, 'CREATE EXTENSION idem');
+
+# pageinspect shows that the rows of the open transaction reached the
+# standby: otherwise their absence after promotion would prove nothing.
+my $have_pageinspect = $primary->safe_psql($db,
+	q{SELECT count(*) FROM pg_available_extensions
+	   WHERE name = 'pageinspect'}) eq '1';
+$primary->safe_psql($db, 'CREATE EXTENSION pageinspect') if $have_pageinspect;
+
+$primary->backup('base');
+my $standby = PostgreSQL::Test::Cluster->new('standby');
+$standby->init_from_backup($primary, 'base', has_streaming => 1);
+$standby->start;
+
+# Made synchronous only now, so that the standby does not inherit the
+# setting and wait for a standby of its own once promoted.  With
+# remote_apply a commit returns once the standby has replayed it.
+$primary->append_conf('postgresql.conf', q{
+synchronous_standby_names = 'standby'
+synchronous_commit = remote_apply});
+$primary->reload;
+ok( $primary->poll_query_until(
+		$db, q{SELECT sync_state FROM pg_stat_replication
+		        WHERE application_name = 'standby'}, 'sync'),
+	'the standby is synchronous');
+
+foreach my $kind (@kinds)
+{
+	is($primary->safe_psql($db, $kind->{setup}),
+		$kind->{setup_out}, "$kind->{name}: committed on the primary");
+}
+my %before;
+foreach my $kind (@kinds)
+{
+	$before{ $kind->{name} } = $primary->safe_psql($db, $kind->{check});
+	isnt($before{ $kind->{name} }, '', "$kind->{name}: state to compare");
+}
+
+########################################################################
+# The hot standby
+########################################################################
+
+is($standby->safe_psql($db, 'SELECT pg_is_in_recovery()'),
+	't', 'the standby is in recovery');
+foreach my $kind (@kinds)
+{
+	is($standby->safe_psql($db, $kind->{check}),
+		$before{ $kind->{name} },
+		"$kind->{name}: same state on the standby");
+	foreach my $probe (@{ $kind->{standby} })
+	{
+		my ($sql, $expected, $what) = @$probe;
+		is($standby->safe_psql($db, $sql),
+			$expected, "$kind->{name}: standby: $what");
+	}
+	foreach my $write (@{ $kind->{writes} })
+	{
+		my ($sql, $what) = @$write;
+		is(sqlstate_of($standby, $db, $sql),
+			'25006', "$kind->{name}: standby refuses $what with 25006");
+	}
+}
+
+########################################################################
+# A transaction left open on the primary
+########################################################################
+
+my $open = IdemTest::Session->new($primary, $db);
+is($open->query('BEGIN;'), '', 'transaction opened on the primary');
+foreach my $kind (grep { defined $_->{open} } @kinds)
+{
+	is($open->query($kind->{open}),
+		$kind->{open_out}, "$kind->{name}: written in the open transaction");
+}
+my $open_xid = $open->query('SELECT pg_current_xact_id()::xid;');
+like($open_xid, qr/^\d+$/, 'the open transaction has an xid');
+
+foreach my $kind (grep { defined $_->{in_flight} } @kinds)
+{
+	my ($sql, $expected) = @{ $kind->{in_flight} };
+	is($primary->safe_psql($db, $sql),
+		$expected, "$kind->{name}: the open writes are held on the primary");
+}
+
+# A commit made after them: once it is replayed on the standby, so is the
+# WAL of the open transaction before it.
+$primary->safe_psql($db, 'CREATE TABLE later_commit AS SELECT 1 AS x');
+is($standby->safe_psql($db, 'SELECT x FROM later_commit'),
+	'1', 'a later commit on the primary is on the standby');
+
+my $open_rows = 0;
+$open_rows += $_->{open_rows} // 0 foreach @kinds;
+SKIP:
+{
+	skip 'pageinspect is not available', 1 unless $have_pageinspect;
+	is( $standby->safe_psql(
+			$db, qq{
+		SELECT count(*)
+		  FROM pg_class c,
+		       generate_series(0, pg_relation_size(c.oid) / current_setting('block_size')::int - 1) b,
+		       heap_page_items(get_raw_page(c.oid::regclass::text, b::int)) p
+		 WHERE c.relnamespace IN ('idem'::regnamespace, 'public'::regnamespace)
+		   AND c.relkind = 'r'
+		   AND p.t_xmin = '$open_xid'::xid}),
+		$open_rows,
+		'the rows of the open transaction are on the standby');
+}
+
+########################################################################
+# Failover
+########################################################################
+
+$primary->stop('immediate');
+ok($open->lost, 'the open session lost the old primary');
+
+$standby->promote;
+ok($standby->poll_query_until($db, 'SELECT NOT pg_is_in_recovery()'),
+	'the standby is promoted');
+
+foreach my $kind (@kinds)
+{
+	is($standby->safe_psql($db, $kind->{check}),
+		$before{ $kind->{name} },
+		"$kind->{name}: same state after promotion");
+}
+foreach my $kind (@kinds)
+{
+	foreach my $probe (@{ $kind->{promoted} })
+	{
+		my ($sql, $expected, $what) = @$probe;
+		is($standby->safe_psql($db, $sql),
+			$expected, "$kind->{name}: promoted: $what");
+	}
+	foreach my $probe (@{ $kind->{promoted_errors} })
+	{
+		my ($sql, $sqlstate, $what) = @$probe;
+		is(sqlstate_of($standby, $db, $sql),
+			$sqlstate, "$kind->{name}: promoted: $what");
+	}
+}
+
+$standby->stop;
+
+done_testing();
