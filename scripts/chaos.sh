@@ -76,7 +76,7 @@ while :; do
         --seed "$seed" || die "produce failed"
     as_pg "$chaos" run -d "$conn" --seed "$seed" --consumers "$CONSUMERS" \
         --kill-every "$KILL_EVERY" --terminate-ms "$TERMINATE_MS" --sigkill-ms "$SIGKILL_MS" \
-        --crashes "$CRASHES" \
+        --crashes "$CRASHES" --timeout-s $(( MESSAGES / 100 + 600 )) \
         --crash-cmd "pg_ctl -D '$data' -m immediate stop >/dev/null 2>&1" \
         --crash-cmd "kill -KILL \$(head -n 1 '$data/postmaster.pid')" \
         --start-cmd "pg_ctl -w -D '$data' -l '$dir/server.log' start >/dev/null 2>&1" \

@@ -101,6 +101,7 @@ my $log_offset = -s $log;
 	'--sigkill-ms'   => 2000,
 	'--terminate-ms' => 500,
 	'--lease-ms'     => 1000,
+	'--timeout-s'    => 600,
 	'--crashes'      => 3,
 	'--crash-cmd'    => "pg_ctl -D '$pgdata' -m immediate stop >/dev/null 2>&1",
 	'--crash-cmd'    => "kill -KILL \$(head -n 1 '$pgdata/postmaster.pid')",

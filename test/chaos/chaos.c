@@ -109,6 +109,7 @@ typedef struct Options
 	int			n_crash_cmds;
 	const char *start_cmd;
 	int			reconnect_s;	/* give up reaching the server after this */
+	int			timeout_s;		/* give up a run after this */
 	const char *broken;			/* NULL, "no-idem" or "ack-first" */
 	bool		quiet;
 } Options;
@@ -123,7 +124,7 @@ static Options opt = {
 	.accounts = 100,
 	.seed = 1,
 	.consumers = 4,
-	.batch = 16,
+	.batch = 32,
 	.lease_ms = 1000,
 	.kill_every = 0,
 	.sigkill_ms = 0,
@@ -131,6 +132,7 @@ static Options opt = {
 	.crashes = 0,
 	.start_cmd = NULL,
 	.reconnect_s = 120,
+	.timeout_s = 1800,
 	.broken = NULL,
 	.quiet = false,
 };
@@ -924,6 +926,17 @@ mode_run(void)
 				WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 		}
 
+		if (now_s() - t0 > opt.timeout_s)
+		{
+			for (int i = 0; i < opt.consumers; i++)
+				if (!done[i])
+					kill(pids[i], SIGKILL);
+			if (terminator)
+				kill(terminator, SIGKILL);
+			die("the run did not end in %d seconds (%ld of %ld rows acked)",
+				opt.timeout_s, get(&shared->acks), total);
+		}
+
 		if (crashes < opt.crashes)
 		{
 			long		acked = get(&shared->acks);
@@ -987,7 +1000,6 @@ mode_setup(void)
 			  "  deliveries int NOT NULL DEFAULT 0"
 			  ") WITH (fillfactor = 50);"
 			  "CREATE INDEX src_pending ON src (seq) WHERE NOT acked;"
-			  "CREATE INDEX src_msg ON src (msg_id);"
 			  "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0)"
 			  "  WITH (fillfactor = 20);"
 	/* deliberately no unique constraint: a message applied twice is two rows */
@@ -1260,7 +1272,7 @@ usage(void)
 			"  --accounts N               accounts credited (100)\n"
 			"  --seed N                   random seed (1)\n"
 			"  --consumers N              consumer processes (4)\n"
-			"  --batch N                  rows leased at a time (16)\n"
+			"  --batch N                  rows leased at a time (32)\n"
 			"  --lease-ms N               lease of a row before redelivery (1000)\n"
 			"  --kill-every N             a consumer dies once per N deliveries on average\n"
 			"  --sigkill-ms N             SIGKILL a random consumer every N ms\n"
@@ -1269,6 +1281,7 @@ usage(void)
 			"  --crash-cmd CMD            shell command that crashes it (repeat: used in turn)\n"
 			"  --start-cmd CMD            shell command that starts it again\n"
 			"  --reconnect-s N            give up reaching the server after N seconds (120)\n"
+			"  --timeout-s N              give up a run after N seconds (1800)\n"
 			"  --no-idem                  broken consumer: skip idem_claim\n"
 			"  --broken no-idem|ack-first broken consumer, to prove the checker live\n"
 			"  -q, --quiet                no progress on stderr\n");
@@ -1297,6 +1310,7 @@ main(int argc, char **argv)
 		{"crash-cmd", required_argument, NULL, 'X'},
 		{"start-cmd", required_argument, NULL, 'Y'},
 		{"reconnect-s", required_argument, NULL, 'R'},
+		{"timeout-s", required_argument, NULL, 'W'},
 		{"no-idem", no_argument, NULL, 'N'},
 		{"broken", required_argument, NULL, 'B'},
 		{"quiet", no_argument, NULL, 'q'},
@@ -1368,6 +1382,9 @@ main(int argc, char **argv)
 				break;
 			case 'R':
 				opt.reconnect_s = atoi(optarg);
+				break;
+			case 'W':
+				opt.timeout_s = atoi(optarg);
 				break;
 			case 'N':
 				opt.broken = "no-idem";
