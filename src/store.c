@@ -88,6 +88,7 @@ typedef struct StoreCacheEntry
 	Oid		   *indexoids;
 	IndexInfo **indexinfos;
 	MemoryContext indexcxt;
+	int			inval_count;	/* invalidations seen while building */
 	int			users;			/* stores open on it, reset at xact end */
 } StoreCacheEntry;
 
@@ -109,6 +110,7 @@ store_relcache_callback(Datum arg, Oid relid)
 			store_cache[i].indexid = InvalidOid;
 			store_cache[i].eqproc[0] = InvalidOid;
 			store_cache[i].indexes_valid = false;
+			store_cache[i].inval_count++;
 		}
 		else
 		{
@@ -116,7 +118,10 @@ store_relcache_callback(Datum arg, Oid relid)
 
 			for (j = 0; j < store_cache[i].nindexes; j++)
 				if (store_cache[i].indexoids[j] == relid)
+				{
 					store_cache[i].indexes_valid = false;
+					store_cache[i].inval_count++;
+				}
 		}
 	}
 }
@@ -174,6 +179,7 @@ store_build_indexes(StoreCacheEntry *e, Relation rel)
 	MemoryContext oldcxt;
 	ListCell   *lc;
 	int			i = 0;
+	int			n;
 	bool		simple = true;
 
 	/*
@@ -186,12 +192,14 @@ store_build_indexes(StoreCacheEntry *e, Relation rel)
 	e->indexcxt = NULL;
 	e->indexes_valid = false;
 
+	e->nindexes = 0;
 	cxt = AllocSetContextCreate(CacheMemoryContext, "idem store indexes",
 								ALLOCSET_SMALL_SIZES);
 	oldcxt = MemoryContextSwitchTo(cxt);
-	e->nindexes = list_length(oids);
-	e->indexoids = palloc(Max(e->nindexes, 1) * sizeof(Oid));
-	e->indexinfos = palloc(Max(e->nindexes, 1) * sizeof(IndexInfo *));
+	n = list_length(oids);
+	e->indexoids = palloc(Max(n, 1) * sizeof(Oid));
+	e->indexinfos = palloc(Max(n, 1) * sizeof(IndexInfo *));
+	e->inval_count = 0;
 	foreach(lc, oids)
 	{
 		Oid			indexoid = lfirst_oid(lc);
@@ -212,8 +220,10 @@ store_build_indexes(StoreCacheEntry *e, Relation rel)
 	list_free(oids);
 
 	e->indexcxt = cxt;
+	e->nindexes = n;
 	e->indexes_simple = simple;
-	e->indexes_valid = true;
+	/* an invalidation that came while we read the definitions wins */
+	e->indexes_valid = (e->inval_count == 0);
 }
 
 /*
@@ -226,22 +236,32 @@ store_open_indexes(IdemStore *store, StoreCacheEntry *e)
 	ResultRelInfo *rri = store->rri;
 	int			i;
 
+	int			n;
+	Oid		   *oids;
+	IndexInfo **infos;
+
 	if (!e->indexes_valid)
 		store_build_indexes(e, store->rel);
-	/* invalidation may arrive while opening: use what we started with */
 	if (!e->indexes_simple)
 	{
 		ExecOpenIndices(rri, true);
 		return;
 	}
-	rri->ri_NumIndices = e->nindexes;
-	rri->ri_IndexRelationDescs = palloc(Max(e->nindexes, 1) * sizeof(Relation));
-	rri->ri_IndexRelationInfo = palloc(Max(e->nindexes, 1) * sizeof(IndexInfo *));
-	for (i = 0; i < e->nindexes; i++)
+
+	/*
+	 * Invalidations processed while the indexes are opened only mark the
+	 * entry; its arrays stay until the next open rebuilds them.
+	 */
+	n = e->nindexes;
+	oids = e->indexoids;
+	infos = e->indexinfos;
+	rri->ri_NumIndices = n;
+	rri->ri_IndexRelationDescs = palloc(Max(n, 1) * sizeof(Relation));
+	rri->ri_IndexRelationInfo = palloc(Max(n, 1) * sizeof(IndexInfo *));
+	for (i = 0; i < n; i++)
 	{
-		rri->ri_IndexRelationDescs[i] = index_open(e->indexoids[i],
-												   RowExclusiveLock);
-		rri->ri_IndexRelationInfo[i] = e->indexinfos[i];
+		rri->ri_IndexRelationDescs[i] = index_open(oids[i], RowExclusiveLock);
+		rri->ri_IndexRelationInfo[i] = infos[i];
 	}
 }
 
@@ -286,6 +306,10 @@ store_lookup_relid(const char *relname)
 /*
  * Open one of idem's keyed tables.  With RowExclusiveLock every index of the
  * table is opened for insertion, as the executor does.
+ *
+ * Opening a relation may process invalidation messages, which reset the
+ * cache entry under our feet: what the entry says is copied into the store
+ * before anything else is opened, and only the copy is used afterwards.
  */
 IdemStore *
 idem_store_open(const char *relname, LOCKMODE lockmode)
@@ -293,17 +317,16 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 	StoreCacheEntry *e = store_cache_entry(relname);
 	IdemStore  *store = palloc0(sizeof(IdemStore));
 	Relation	rel = NULL;
+	Oid			relid;
+	Oid			indexid;
 	int			tries;
 
 	for (tries = 0; rel == NULL; tries++)
 	{
-		if (!OidIsValid(e->relid))
-		{
-			e->relid = store_lookup_relid(relname);
-			e->indexid = InvalidOid;
-			e->eqproc[0] = InvalidOid;
-		}
-		rel = try_table_open(e->relid, lockmode);
+		relid = e->relid;
+		if (!OidIsValid(relid))
+			relid = store_lookup_relid(relname);
+		rel = try_table_open(relid, lockmode);
 		if (rel == NULL)
 		{
 			/* dropped under us: look the name up again, once */
@@ -315,10 +338,19 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 								IDEM_SCHEMA, relname)));
 		}
 	}
-	if (!OidIsValid(e->indexid))
-	{
-		Oid			indexid = RelationGetPrimaryKeyIndex(rel);
 
+	/* with the lock held, the table and its primary key stay as they are */
+	if (e->relid != relid)
+	{
+		e->relid = relid;
+		e->indexid = InvalidOid;
+		e->eqproc[0] = InvalidOid;
+		e->indexes_valid = false;
+	}
+	indexid = e->indexid;
+	if (!OidIsValid(indexid))
+	{
+		indexid = RelationGetPrimaryKeyIndex(rel);
 		if (!OidIsValid(indexid))
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -326,6 +358,7 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 							IDEM_SCHEMA, relname),
 					 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
 		e->indexid = indexid;
+		e->eqproc[0] = InvalidOid;
 	}
 
 	store->rel = rel;
@@ -345,7 +378,7 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 		{
 			Relation	irel = store->rri->ri_IndexRelationDescs[i];
 
-			if (RelationGetRelid(irel) == e->indexid)
+			if (RelationGetRelid(irel) == indexid)
 				store->index = irel;
 		}
 		if (store->index == NULL)
@@ -353,8 +386,14 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 				 IDEM_SCHEMA, relname);
 	}
 	else
-		store->index = index_open(e->indexid, lockmode);
-	if (!OidIsValid(e->eqproc[0]))
+		store->index = index_open(indexid, lockmode);
+
+	if (OidIsValid(e->eqproc[0]) && e->indexid == indexid)
+	{
+		memcpy(store->eqproc, e->eqproc, sizeof(store->eqproc));
+		memcpy(store->collation, e->collation, sizeof(store->collation));
+	}
+	else
 	{
 		int			i;
 
@@ -374,13 +413,16 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 									   BTEqualStrategyNumber);
 			if (!OidIsValid(eqop))
 				elog(ERROR, "missing equality operator for type %u", opcintype);
-			e->eqproc[i] = get_opcode(eqop);
-			e->collation[i] = store->index->rd_indcollation[i];
+			store->eqproc[i] = get_opcode(eqop);
+			store->collation[i] = store->index->rd_indcollation[i];
+		}
+		if (e->indexid == indexid)
+		{
+			memcpy(e->eqproc, store->eqproc, sizeof(e->eqproc));
+			memcpy(e->collation, store->collation, sizeof(e->collation));
 		}
 	}
-	memcpy(store->eqproc, e->eqproc, sizeof(store->eqproc));
-	memcpy(store->collation, e->collation, sizeof(store->collation));
-	store->arbiters = list_make1_oid(e->indexid);
+	store->arbiters = list_make1_oid(indexid);
 	store->probe_slot = table_slot_create(rel, NULL);
 	return store;
 }
