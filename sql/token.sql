@@ -81,12 +81,12 @@ SELECT expires_at = now() + interval '30 minutes' AS default_ttl
  WHERE scope = 'ttl' AND digest = sha256(convert_to(:'ttl_default', 'UTF8'));
 COMMIT;
 
--- expiry: a token of one second is expired after a pause
-SELECT idem_token_issue('exp', '1 second') AS e1 \gset
-SELECT idem_token_issue('exp', '1 second') AS e2 \gset
+-- expiry: a token of two seconds is expired after a pause
+SELECT idem_token_issue('exp', '2 seconds') AS e1 \gset
+SELECT idem_token_issue('exp', '2 seconds') AS e2 \gset
 SELECT idem_token_consume(:'e2', 'exp');
 SELECT idem_token_status(:'e1', 'exp'), idem_token_status(:'e2', 'exp');
-SELECT pg_sleep(1.2);
+SELECT pg_sleep(2.1);
 SELECT idem_token_status(:'e1', 'exp'), idem_token_status(:'e2', 'exp');
 SELECT idem_token_consume(:'e1', 'exp');
 SELECT idem_token_status(:'e1', 'exp');

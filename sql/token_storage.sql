@@ -30,13 +30,13 @@ SELECT 'idem.tokens'::regclass = ANY (extconfig) AS dumped
 -- expiry and purge: consumed tokens are kept until their expiry, so that
 -- their status stays 'consumed'; then they go in batches
 TRUNCATE idem.tokens;
-SELECT idem_token_issue('purge', '1 second') AS p1 \gset
-SELECT idem_token_issue('purge', '1 second') AS p2 \gset
-SELECT idem_token_issue('purge', '1 second') AS p3 \gset
+SELECT idem_token_issue('purge', '2 seconds') AS p1 \gset
+SELECT idem_token_issue('purge', '2 seconds') AS p2 \gset
+SELECT idem_token_issue('purge', '2 seconds') AS p3 \gset
 SELECT idem_token_issue('purge', '1 hour') AS p4 \gset
 SELECT idem_token_consume(:'p3', 'purge'), idem_token_consume(:'p4', 'purge');
 SELECT idem_token_purge();
-SELECT pg_sleep(1.2);
+SELECT pg_sleep(2.1);
 SELECT idem_token_status(:'p1', 'purge') AS p1, idem_token_status(:'p2', 'purge') AS p2,
        idem_token_status(:'p3', 'purge') AS p3, idem_token_status(:'p4', 'purge') AS p4;
 SELECT idem_token_purge(2);
