@@ -66,7 +66,7 @@
  * column, SELECT on the key column); row-level security applies.
  *
  * Errors of misuse (SQLSTATE):
- *	22004  a NULL tbl, key, to_state, machine, state, state_column
+ *	22004  a NULL tbl, key, to_state, machine, from_state or state_column
  *	22023  an empty machine name; expected_version given for a table
  *		   guarded without a version column; the same column given as
  *		   state and version
@@ -79,13 +79,19 @@
  *	42804  a version column that is not smallint, integer or bigint
  *	42704  idem_guard with a machine that has no transition
  *	42710  a trigger named "idem_guard" that is not idem's guard
- *	42501  no TRIGGER privilege (idem_guard), not the owner (idem_unguard),
- *		   no UPDATE/SELECT privilege (idem_transition)
- *	55000  idem_transition on a table that is not guarded, whose guard is
- *		   disabled or did not fire (session_replication_role = replica),
+ *	42501  no EXECUTE privilege on the administration functions; no
+ *		   TRIGGER privilege (idem_guard); not the owner (idem_unguard, or
+ *		   idem_guard on a table guarded already); no UPDATE or SELECT
+ *		   privilege (idem_transition)
+ *	55000  idem_transition on a table that is not guarded, has more than
+ *		   one guard, whose guard is disabled or did not fire
+ *		   (session_replication_role = replica),
  *		   that has no single-column primary key, or whose row was skipped
  *		   by another BEFORE trigger; idem_guard with a nullable version
  *		   column
+ *	39P01  idem_guard_trigger() fired other than BEFORE ... FOR EACH ROW
+ *		   on UPDATE (or INSERT, where it does nothing), or given other
+ *		   arguments than (machine, state column [, version column])
  *	25006  a read-only transaction
  *	The key and to_state are read by the input functions of the key and
  *	state column types, whose errors (such as 22P02) come through.
@@ -113,6 +119,7 @@
 #include "access/tableam.h"
 #include "catalog/namespace.h"
 #include "catalog/objectaddress.h"
+#include "catalog/pg_enum.h"
 #include "catalog/pg_operator.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_trigger.h"
@@ -856,10 +863,17 @@ decide(GuardEntry *entry, TransitionRequest *req, HeapTuple oldtup,
 	if (req->has_expected)
 	{
 		bool		ver_isnull;
-		Datum		ver_value = heap_getattr(oldtup, entry->version_attnum,
-											 desc, &ver_isnull);
-		int64		version = ver_isnull ? 0 : version_value(entry, ver_value);
+		Datum		ver_value;
+		int64		version;
 
+		if (entry->version_attnum == InvalidAttrNumber)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("table \"%s\" has no version column",
+							get_rel_name(req->relid))));
+		ver_value = heap_getattr(oldtup, entry->version_attnum, desc,
+								 &ver_isnull);
+		version = ver_isnull ? 0 : version_value(entry, ver_value);
 		if (ver_isnull)
 			return OUTCOME_STALE;
 		if (version != req->expected)
@@ -1414,6 +1428,52 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 }
 
 /*
+ * The enum label of an outcome.  The OIDs are kept per backend rather than
+ * per call site: a prepared statement starts its executor, and so gets a new
+ * call site, at every execution.  They are looked up again when the result
+ * type is another (the extension was created again).
+ */
+static Oid
+outcome_label(FunctionCallInfo fcinfo, TransitionOutcome outcome)
+{
+	static Oid	result_type = InvalidOid;
+	static Oid	labels[lengthof(transition_result_labels)];
+	Oid			typoid = get_fn_expr_rettype(fcinfo->flinfo);
+
+	if (typoid != result_type || !OidIsValid(typoid))
+	{
+		int			i;
+
+		if (!OidIsValid(typoid))
+			elog(ERROR, "could not determine the result type of idem_transition");
+		result_type = InvalidOid;
+		for (i = 0; i < (int) lengthof(transition_result_labels); i++)
+		{
+			labels[i] = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
+										ObjectIdGetDatum(typoid),
+										CStringGetDatum(transition_result_labels[i]));
+			if (!OidIsValid(labels[i]))
+				elog(ERROR, "enum label \"%s\" of type %u is missing",
+					 transition_result_labels[i], typoid);
+		}
+		result_type = typoid;
+	}
+	return labels[outcome];
+}
+
+/*
+ * The snapshot the UPDATE of a transition runs with: that of the statement
+ * that called idem_transition, as if the UPDATE were written in its place
+ * (the row itself is locked in its latest version, as any UPDATE does).
+ * SPI would otherwise take a new one for every call.
+ */
+static Snapshot
+statement_snapshot(void)
+{
+	return ActiveSnapshotSet() ? GetActiveSnapshot() : InvalidSnapshot;
+}
+
+/*
  * Run the UPDATE of a transition with the request made visible to the
  * trigger; returns the number of rows updated.
  */
@@ -1427,7 +1487,9 @@ run_request(GuardEntry *entry, Datum *values, TransitionRequest *req)
 	active_request = req;
 	PG_TRY();
 	{
-		int			rc = SPI_execute_plan(plan, values, NULL, false, 0);
+		int			rc = SPI_execute_snapshot(plan, values, NULL,
+											  statement_snapshot(),
+											  InvalidSnapshot, false, true, 0);
 
 		if (rc != SPI_OK_UPDATE)
 			elog(ERROR, "SPI_execute_plan of the transition failed: %s",
@@ -1463,6 +1525,7 @@ idem_transition(PG_FUNCTION_ARGS)
 	int			ret;
 	uint64		processed;
 	TransitionOutcome outcome;
+	char		tgname[NAMEDATALEN];
 
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
@@ -1494,6 +1557,7 @@ idem_transition(PG_FUNCTION_ARGS)
 				 errmsg("the guard of table \"%s\" is disabled",
 						RelationGetRelationName(rel)),
 				 errhint("Enable trigger \"%s\".", trigger->tgname)));
+	strlcpy(tgname, trigger->tgname, NAMEDATALEN);
 	entry = guard_entry_get(rel, trigger);
 	if (!PG_ARGISNULL(3) && entry->version_attnum == InvalidAttrNumber)
 		ereport(ERROR,
@@ -1535,8 +1599,10 @@ idem_transition(PG_FUNCTION_ARGS)
 					 errmsg("the guard of table \"%s\" did not fire",
 							RelationGetRelationName(rel)),
 					 errdetail("Trigger \"%s\" is not enabled in this session, for example because session_replication_role is \"replica\".",
-							   trigger->tgname)));
-		ret = SPI_execute_plan(exists_plan, values, NULL, false, 1);
+							   tgname)));
+		ret = SPI_execute_snapshot(exists_plan, values, NULL,
+								   statement_snapshot(), InvalidSnapshot,
+								   false, true, 1);
 		if (ret != SPI_OK_SELECT)
 			elog(ERROR, "SPI_execute_plan of the lookup failed: %s",
 				 SPI_result_code_string(ret));
@@ -1546,7 +1612,7 @@ idem_transition(PG_FUNCTION_ARGS)
 					 errmsg("the transition of a row of table \"%s\" was skipped by another trigger",
 							RelationGetRelationName(rel)),
 					 errdetail("A BEFORE UPDATE trigger that fires before \"%s\" returned NULL.",
-							   trigger->tgname)));
+							   tgname)));
 		outcome = OUTCOME_NOT_FOUND;
 	}
 	else
@@ -1558,11 +1624,10 @@ idem_transition(PG_FUNCTION_ARGS)
 					 errmsg("the transition of a row of table \"%s\" was skipped by another trigger",
 							RelationGetRelationName(rel)),
 					 errdetail("A BEFORE UPDATE trigger that fires after \"%s\" returned NULL.",
-							   trigger->tgname)));
+							   tgname)));
 	}
 
 	SPI_finish();
 	relation_close(rel, NoLock);
-	PG_RETURN_OID(idem_enum_label_oid(fcinfo, outcome, transition_result_labels,
-									  lengthof(transition_result_labels)));
+	PG_RETURN_OID(outcome_label(fcinfo, outcome));
 }

@@ -33,15 +33,33 @@ SYNC_COMMIT=${SYNC_COMMIT:-off}
 
 install_packages
 work=$(copy_tree "$here")
-echo "== building in $work"
-build_and_install "$work"
-
 dir=$(mktemp -d /tmp/idem-bench-guard.XXXXXX)
-cleanup() { stop_cluster "$dir"; rm -rf "$dir" "$work"; }
+chmod 755 "$dir"
+cleanup() { stop_cluster "$dir/cluster"; rm -rf "$dir" "$work"; }
 trap cleanup EXIT
+
+# The server runs from a private copy of the PostgreSQL installation with
+# this build of idem in it: "make install" into the shared directories
+# rewrites idem.so in place, which crashes the backends of a server that
+# has it loaded, and other test runs may do that at any time.
+echo "== building in $work"
+runuser -u postgres -- make -C "$work" -s clean >/dev/null 2>&1 || true
+runuser -u postgres -- make -C "$work" -s with_llvm=no PG_CFLAGS="$BUILD_FLAGS" || die "build failed"
+pg="$dir/pg"
+mkdir -p "$pg/lib/postgresql" "$pg/share/postgresql"
+cp -a "/usr/lib/postgresql/$PG_MAJOR" "$pg/lib/postgresql/" &&
+    cp -a "/usr/share/postgresql/$PG_MAJOR" "$pg/share/postgresql/" ||
+    die "could not copy the PostgreSQL installation"
+install -m 755 "$work/idem.so" "$pg/lib/postgresql/$PG_MAJOR/lib/" &&
+    install -m 644 "$work/idem.control" "$work"/idem--*.sql \
+        "$pg/share/postgresql/$PG_MAJOR/extension/" || die "install failed"
+PG_BIN="$pg/lib/postgresql/$PG_MAJOR/bin"
+export PATH="$PG_BIN:$PATH"
+[ "$("$PG_BIN/pg_config" --pkglibdir)" = "$pg/lib/postgresql/$PG_MAJOR/lib" ] ||
+    die "the copy of PostgreSQL does not find its own files"
 # autovacuum is off so that runs are alike; each run starts from a vacuumed
 # table and a checkpoint.
-start_cluster "$dir" "$PORT" \
+start_cluster "$dir/cluster" "$PORT" \
     "shared_buffers = '1GB'" \
     "synchronous_commit = $SYNC_COMMIT" \
     "max_wal_size = '8GB'" \
@@ -51,11 +69,13 @@ start_cluster "$dir" "$PORT" \
     "max_connections = 50"
 
 as_pg() { runuser -u postgres -- env PATH="$PATH" "$@"; }
-sql() { as_pg psql -h "$dir" -p "$PORT" -X -q -At -v ON_ERROR_STOP=1 -d bench "$@"; }
-as_pg createdb -h "$dir" -p "$PORT" bench || die "createdb failed"
+sql() { as_pg psql -h "$dir/cluster" -p "$PORT" -X -q -At -v ON_ERROR_STOP=1 -d bench "$@"; }
+as_pg createdb -h "$dir/cluster" -p "$PORT" bench || die "createdb failed"
+[ "$(sql -c "SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'")" = "$pg/lib/postgresql/$PG_MAJOR/lib" ] ||
+    die "the server does not run from the copy of PostgreSQL"
 
 echo "== loading $ROWS rows into each table"
-sql <<SQL || die "setup failed"
+sql >/dev/null <<SQL || die "setup failed"
 CREATE EXTENSION idem;
 SELECT idem_allow('order', 'new', 'paid');
 SELECT idem_allow('order', 'paid', 'shipped');
@@ -70,11 +90,18 @@ SELECT idem_guard('t_idem', 'order', 'status', 'version');
 CREATE TABLE u_plain (LIKE t_hand INCLUDING ALL);
 CREATE TABLE u_guarded (LIKE t_hand INCLUDING ALL);
 CREATE TABLE u_guarded_state (LIKE t_hand INCLUDING ALL);
+-- the cost of any BEFORE ROW trigger, for reference: one that does nothing
+CREATE TABLE u_empty_trigger (LIKE t_hand INCLUDING ALL);
+CREATE FUNCTION return_new() RETURNS trigger LANGUAGE plpgsql AS
+\$\$ BEGIN RETURN NEW; END; \$\$;
+CREATE TRIGGER empty BEFORE UPDATE ON u_empty_trigger
+    FOR EACH ROW EXECUTE FUNCTION return_new();
 SELECT idem_guard('u_guarded', 'order', 'status', 'version');
 SELECT idem_guard('u_guarded_state', 'order', 'status');
 INSERT INTO u_plain SELECT g, 'new', 0, 0 FROM generate_series(1, $ROWS) g;
 INSERT INTO u_guarded SELECT * FROM u_plain;
 INSERT INTO u_guarded_state SELECT * FROM u_plain;
+INSERT INTO u_empty_trigger SELECT * FROM u_plain;
 SQL
 
 scripts=$(mktemp -d /tmp/idem-bench-guard-scripts.XXXXXX)
@@ -89,7 +116,7 @@ printf '%s\nUPDATE t_hand_guarded SET status = :to, version = version + 1 WHERE 
     "$walk" > "$scripts/hand_guarded.sql"
 printf '%s\nSELECT idem_transition('"'"'t_idem'"'"', :id, :to, :ver);\n' \
     "$walk" > "$scripts/idem.sql"
-for t in u_plain u_guarded u_guarded_state; do
+for t in u_plain u_guarded u_guarded_state u_empty_trigger; do
     printf '\\set id random(1, %s)\nUPDATE %s SET payload = payload + 1 WHERE id = :id;\n' \
         "$ROWS" "$t" > "$scripts/$t.sql"
 done
@@ -109,25 +136,42 @@ prepare_plain() {
     sql -c "VACUUM (FREEZE, ANALYZE) $1" -c "CHECKPOINT" >/dev/null || die "vacuum of $1 failed"
 }
 
-# run_pgbench SCRIPT CLIENTS: prints "tps transactions"
+# CPU time of the backends that have exited, in clock ticks: the
+# postmaster's cutime + cstime (fields 16 and 17 of /proc/PID/stat).  Read
+# before and after a run, it gives the server's CPU time for the run's
+# connections, which a busy machine disturbs far less than the throughput.
+postmaster=$(head -n 1 "$dir/cluster/data/postmaster.pid")
+ticks=$(getconf CLK_TCK)
+backend_ticks() { awk '{ print $16 + $17 }' "/proc/$postmaster/stat"; }
+
+# run_pgbench SCRIPT CLIENTS: prints "tps transactions cpu-us-per-transaction"
 run_pgbench() {
-    local script=$1 c=$2 threads out
+    local script=$1 c=$2 threads out t0 t1 tps n
     threads=$(( c < 2 ? c : 2 ))
-    out=$(as_pg pgbench -h "$dir" -p "$PORT" -n -M prepared -c "$c" -j "$threads" \
+    t0=$(backend_ticks)
+    out=$(as_pg pgbench -h "$dir/cluster" -p "$PORT" -n -M prepared -c "$c" -j "$threads" \
         -T "$DURATION" -D n=0 -D nc="$c" -D to=paid -D ver=0 \
         -f "$scripts/$script.sql" bench 2>&1) || { echo "$out" >&2; die "pgbench failed"; }
-    echo "$(echo "$out" | sed -n 's/^tps = \([0-9.]*\).*/\1/p') \
-$(echo "$out" | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')"
+    # the backends have gone once no connection but ours is left
+    for _ in $(seq 1 50); do
+        [ "$(sql -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")" = 1 ] && break
+        sleep 0.1
+    done
+    sleep 0.2
+    t1=$(backend_ticks)
+    tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+    n=$(echo "$out" | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
+    echo "$tps $n $(awk -v d=$((t1 - t0)) -v hz="$ticks" -v n="$n" 'BEGIN { printf "%.1f", (n > 0) ? d / hz / n * 1e6 : 0 }')"
 }
 
-declare -A tps
-record() { tps["$1,$2"]="${tps["$1,$2"]:-} $3"; }
+declare -A tps cpu
+record() { tps["$1,$2"]="${tps["$1,$2"]:-} $3"; cpu["$1,$2"]="${cpu["$1,$2"]:-} $4"; }
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {if (NR==0) print 0; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
 echo "== $(nproc) CPUs, $(sql -c 'SHOW server_version'), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== $REPEAT x $DURATION s per configuration, clients: $CLIENTS, synchronous_commit = $SYNC_COMMIT"
 # rotate: the variant that runs first changes from round to round
-rotate() { local k=$(( $1 % 3 )); shift; local a=("$@"); echo "${a[@]:k}" "${a[@]:0:k}"; }
+rotate() { local k=$(( $1 % ($# - 1) )); shift; local a=("$@"); echo "${a[@]:k}" "${a[@]:0:k}"; }
 for rep in $(seq 1 "$REPEAT"); do
     for c in $CLIENTS; do
         for v in $(rotate "$rep" hand hand_guarded idem); do
@@ -135,25 +179,27 @@ for rep in $(seq 1 "$REPEAT"); do
                 hand) t=t_hand ;; hand_guarded) t=t_hand_guarded ;; idem) t=t_idem ;;
             esac
             reset_moves "$t"
-            read -r r n <<<"$(run_pgbench "$v" "$c")"
+            read -r r n u <<<"$(run_pgbench "$v" "$c")"
             # every transaction must have moved one row of its own
             moved=$(sql -c "SELECT count(*) FROM $t WHERE status = 'paid' AND version = 1")
             if [ "$moved" != "$n" ]; then
                 echo "warning: $v with $c clients: $n transactions but $moved rows moved" >&2
             fi
-            record "$v" "$c" "$r"
-            printf '  run %d  %-16s %2d clients  %10.1f tps  (%s rows moved)\n' "$rep" "$v" "$c" "$r" "$moved"
+            record "$v" "$c" "$r" "$u"
+            printf '  run %d  %-16s %2d clients  %10.1f tps  %7.1f us CPU  (%s rows moved)\n' \
+                "$rep" "$v" "$c" "$r" "$u" "$moved"
         done
-        for v in $(rotate "$rep" u_plain u_guarded u_guarded_state); do
+        for v in $(rotate "$rep" u_plain u_guarded u_guarded_state u_empty_trigger); do
             prepare_plain "$v"
-            read -r r n <<<"$(run_pgbench "$v" "$c")"
-            record "$v" "$c" "$r"
-            printf '  run %d  %-16s %2d clients  %10.1f tps\n' "$rep" "$v" "$c" "$r"
+            read -r r n u <<<"$(run_pgbench "$v" "$c")"
+            record "$v" "$c" "$r" "$u"
+            printf '  run %d  %-16s %2d clients  %10.1f tps  %7.1f us CPU\n' "$rep" "$v" "$c" "$r" "$u"
         done
     done
 done
 
 med() { echo "${tps["$1,$2"]}" | median; }
+medcpu() { echo "${cpu["$1,$2"]}" | median; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f", a / b; else print "-" }'; }
 slower() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%+.1f%%", (a / b - 1) * 100; else print "-" }'; }
 
@@ -168,18 +214,33 @@ for c in $CLIENTS; do
     ok=$(awk -v r="$r" 'BEGIN { print (r >= 0.9) ? ">= 0.9 met" : ">= 0.9 MISSED" }')
     printf '%-8s %14.1f %14.1f %14.1f %12s %12s\n' "$c" "$h" "$hg" "$i" "$r" "$ok"
 done
+echo "   server CPU per transaction (us), median; ratio hand/idem (>= 0.9 wanted):"
+for c in $CLIENTS; do
+    h=$(medcpu hand "$c"); hg=$(medcpu hand_guarded "$c"); i=$(medcpu idem "$c")
+    printf '%-8s %14.1f %14.1f %14.1f %12s\n' "$c" "$h" "$hg" "$i" "$(ratio "$h" "$i")"
+done
 echo "  hand-written: UPDATE t SET status = \$2, version = version + 1 WHERE id = \$1 AND version = \$3"
 echo "                on an unguarded table; hand+guard: the same on a guarded table;"
 echo "  idem_trans.:  SELECT idem_transition('t', \$1, \$2, \$3) on a guarded table"
 
 echo
 echo "== 2. plain UPDATE of a random row (SET payload = payload + 1): median tps"
-printf '%-8s %14s %14s %14s %14s %14s %12s\n' clients "unguarded" "guard+version" "guard(state)" "slower(+ver)" "slower(state)" "target"
+printf '%-8s %12s %14s %13s %13s %14s %14s %14s %12s\n' clients "unguarded" "guard+version" "guard(state)" "empty trig." \
+    "slower(+ver)" "slower(state)" "slower(empty)" "target"
 for c in $CLIENTS; do
-    p=$(med u_plain "$c"); g=$(med u_guarded "$c"); s=$(med u_guarded_state "$c")
-    sv=$(slower "$p" "$g"); ss=$(slower "$p" "$s")
+    p=$(med u_plain "$c"); g=$(med u_guarded "$c"); s=$(med u_guarded_state "$c"); e=$(med u_empty_trigger "$c")
     ok=$(awk -v a="$p" -v b="$g" 'BEGIN { print (b > 0 && a / b - 1 <= 0.10) ? "<= 10% met" : "<= 10% MISSED" }')
-    printf '%-8s %14.1f %14.1f %14.1f %14s %14s %12s\n' "$c" "$p" "$g" "$s" "$sv" "$ss" "$ok"
+    printf '%-8s %12.1f %14.1f %13.1f %13.1f %14s %14s %14s %12s\n' "$c" "$p" "$g" "$s" "$e" \
+        "$(slower "$p" "$g")" "$(slower "$p" "$s")" "$(slower "$p" "$e")" "$ok"
+done
+echo "   server CPU per UPDATE (us), median, and how much more than unguarded:"
+for c in $CLIENTS; do
+    p=$(medcpu u_plain "$c"); g=$(medcpu u_guarded "$c"); s=$(medcpu u_guarded_state "$c"); e=$(medcpu u_empty_trigger "$c")
+    printf '%-8s %12.1f %14.1f %13.1f %13.1f %14s %14s %14s\n' "$c" "$p" "$g" "$s" "$e" \
+        "$(slower "$g" "$p")" "$(slower "$s" "$p")" "$(slower "$e" "$p")"
 done
 echo "  slower = how much more time an UPDATE takes than on the unguarded table"
-echo "  (guard+version also writes the version it bumps; the target is checked on it)"
+echo "  (guard+version also writes the version it bumps; the target is checked on it;"
+echo "  empty trig. is a PL/pgSQL BEFORE ROW trigger that returns NEW: in PostgreSQL 15"
+echo "  any BEFORE ROW UPDATE trigger locks the row before the update, which is part"
+echo "  of what the guard costs)"
