@@ -1543,6 +1543,20 @@ idem_transition(PG_FUNCTION_ARGS)
 	to_str = text_to_cstring(PG_GETARG_TEXT_PP(2));
 	idem_check_writable("idem_transition");
 
+	/*
+	 * Refuse a caller who may not update the table before taking any lock on
+	 * it: a lock request alone would let anyone queue on any relation.  The
+	 * UPDATE itself checks the exact column privileges later.
+	 */
+	{
+		Oid			relid = PG_GETARG_OID(0);
+
+		if (SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)) &&
+			pg_class_aclcheck(relid, GetUserId(), ACL_UPDATE) != ACLCHECK_OK &&
+			pg_attribute_aclcheck_all(relid, GetUserId(), ACL_UPDATE,
+									  ACLMASK_ANY) != ACLCHECK_OK)
+			check_privilege(relid, ACL_UPDATE);
+	}
 	rel = open_table_arg(fcinfo, RowExclusiveLock);
 	trigger = find_guard_trigger(rel, fcinfo->flinfo->fn_oid);
 	if (trigger == NULL)

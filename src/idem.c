@@ -14,6 +14,7 @@
 #include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
 
@@ -90,36 +91,72 @@ idem_check_writable(const char *fname)
 }
 
 /*
+ * Label OIDs of the enums idem returns, kept per backend: a prepared
+ * statement gets a fresh fn_extra at every execution, so fn_extra alone
+ * would look the labels up on every call.  Any change to pg_type drops them.
+ */
+#define ENUM_CACHE_SIZE		8
+#define ENUM_MAX_LABELS		8
+
+typedef struct EnumCacheEntry
+{
+	Oid			typoid;
+	int			nlabels;
+	Oid			oids[ENUM_MAX_LABELS];
+} EnumCacheEntry;
+
+static EnumCacheEntry enum_cache[ENUM_CACHE_SIZE];
+static int	enum_cache_used = 0;
+static bool enum_cache_registered = false;
+
+static void
+enum_cache_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	enum_cache_used = 0;
+}
+
+/*
  * Return the OID of label number "index" of the enum the function returns.
- * The OIDs are looked up once per call site and kept in fn_extra.
  */
 Oid
 idem_enum_label_oid(FunctionCallInfo fcinfo, int index,
 					const char *const *labels, int nlabels)
 {
-	Oid		   *oids = (Oid *) fcinfo->flinfo->fn_extra;
+	Oid			typoid = get_fn_expr_rettype(fcinfo->flinfo);
+	EnumCacheEntry entry;
+	int			i;
 
-	Assert(index >= 0 && index < nlabels);
-	if (oids == NULL)
+	Assert(index >= 0 && index < nlabels && nlabels <= ENUM_MAX_LABELS);
+	if (!OidIsValid(typoid))
+		elog(ERROR, "could not determine the result type of an idem function");
+
+	for (i = 0; i < enum_cache_used; i++)
 	{
-		Oid			typoid = get_fn_expr_rettype(fcinfo->flinfo);
-		int			i;
-
-		if (!OidIsValid(typoid))
-			elog(ERROR, "could not determine the result type of an idem function");
-		oids = MemoryContextAlloc(fcinfo->flinfo->fn_mcxt, nlabels * sizeof(Oid));
-		for (i = 0; i < nlabels; i++)
-		{
-			oids[i] = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
-									  ObjectIdGetDatum(typoid),
-									  CStringGetDatum(labels[i]));
-			if (!OidIsValid(oids[i]))
-				elog(ERROR, "enum label \"%s\" of type %u is missing",
-					 labels[i], typoid);
-		}
-		fcinfo->flinfo->fn_extra = oids;
+		if (enum_cache[i].typoid == typoid && enum_cache[i].nlabels == nlabels)
+			return enum_cache[i].oids[index];
 	}
-	return oids[index];
+
+	if (!enum_cache_registered)
+	{
+		CacheRegisterSyscacheCallback(TYPEOID, enum_cache_callback, (Datum) 0);
+		enum_cache_registered = true;
+	}
+	/* look up into a local entry: the lookups may reset the cache */
+	entry.typoid = typoid;
+	entry.nlabels = nlabels;
+	for (i = 0; i < nlabels; i++)
+	{
+		entry.oids[i] = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
+										ObjectIdGetDatum(typoid),
+										CStringGetDatum(labels[i]));
+		if (!OidIsValid(entry.oids[i]))
+			elog(ERROR, "enum label \"%s\" of type %u is missing",
+				 labels[i], typoid);
+	}
+	if (enum_cache_used >= ENUM_CACHE_SIZE)
+		enum_cache_used = 0;	/* more enums than expected: start over */
+	enum_cache[enum_cache_used++] = entry;
+	return entry.oids[index];
 }
 
 /*

@@ -55,6 +55,7 @@ struct IdemStore
 	bool		indexes_open;	/* ExecOpenIndices done on rri */
 	ResultRelInfo *rri;
 	EState	   *estate;
+	bool		own_estate;		/* estate made for this store, freed at close */
 	List	   *arbiters;		/* list of the unique index's OID */
 	TupleTableSlot *probe_slot; /* receives existing rows */
 	TupleTableSlot *ins_slot;	/* holds the row being inserted */
@@ -183,12 +184,18 @@ store_build_indexes(StoreCacheEntry *e, Relation rel)
 	bool		simple = true;
 
 	/*
-	 * Free the old definitions unless a store of an outer call still uses
-	 * them (none does today: stores are not nested); then they stay with
-	 * CacheMemoryContext.
+	 * Free the old definitions, unless a store may still use them: one of an
+	 * outer call, or one abandoned by an error earlier in this transaction
+	 * (its count is only reset at transaction end).  Those go with the
+	 * transaction.
 	 */
-	if (e->indexcxt != NULL && e->users == 0)
-		MemoryContextDelete(e->indexcxt);
+	if (e->indexcxt != NULL)
+	{
+		if (e->users == 0)
+			MemoryContextDelete(e->indexcxt);
+		else
+			MemoryContextSetParent(e->indexcxt, TopTransactionContext);
+	}
 	e->indexcxt = NULL;
 	e->indexes_valid = false;
 
@@ -244,7 +251,12 @@ store_open_indexes(IdemStore *store, StoreCacheEntry *e)
 		store_build_indexes(e, store->rel);
 	if (!e->indexes_simple)
 	{
+		/*
+		 * Expression or partial indexes (none of idem's own): their state is
+		 * built in the EState, so this store gets an EState of its own.
+		 */
 		ExecOpenIndices(rri, true);
+		store->own_estate = true;
 		return;
 	}
 
@@ -439,6 +451,8 @@ idem_store_close(IdemStore *store)
 		index_close(store->index, store->lockmode);
 	if (store->entry && store->entry->users > 0)
 		store->entry->users--;
+	if (store->own_estate && store->estate)
+		FreeExecutorState(store->estate);
 	table_close(store->rel, NoLock);
 	list_free(store->arbiters);
 	pfree(store->rri);
@@ -548,7 +562,7 @@ idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
 		/* callers may reset their context between rows: not ours */
 		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
 
-		store->estate = store_estate();
+		store->estate = store->own_estate ? CreateExecutorState() : store_estate();
 		store->ins_slot = MakeSingleTupleTableSlot(tupdesc, &TTSOpsVirtual);
 		MemoryContextSwitchTo(oldcxt);
 	}
@@ -712,7 +726,7 @@ idem_store_update(IdemStore *store, Datum ns, Datum key,
 	{
 		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
 
-		store->estate = store_estate();
+		store->estate = store->own_estate ? CreateExecutorState() : store_estate();
 		store->ins_slot = MakeSingleTupleTableSlot(tupdesc, &TTSOpsVirtual);
 		MemoryContextSwitchTo(oldcxt);
 	}
