@@ -13,7 +13,7 @@ need_root
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(regress isolation tap)
 
-install_packages
+install_packages sqlsmith
 work=$(copy_tree "$here")
 echo "== building in $work"
 build_and_install "$work"

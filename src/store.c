@@ -56,6 +56,8 @@ struct IdemStore
 	ResultRelInfo *rri;
 	EState	   *estate;
 	bool		own_estate;		/* estate made for this store, freed at close */
+	IndexScanDesc scan;			/* probes through the unique index */
+	SnapshotData dirty;			/* the probes' snapshot */
 	List	   *arbiters;		/* list of the unique index's OID */
 	TupleTableSlot *probe_slot; /* receives existing rows */
 	TupleTableSlot *ins_slot;	/* holds the row being inserted */
@@ -442,6 +444,8 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 void
 idem_store_close(IdemStore *store)
 {
+	if (store->scan)
+		index_endscan(store->scan);
 	ExecDropSingleTupleTableSlot(store->probe_slot);
 	if (store->ins_slot)
 		ExecDropSingleTupleTableSlot(store->ins_slot);
@@ -493,40 +497,74 @@ store_scankeys(IdemStore *store, ScanKey skeys, Datum ns, Datum key)
  * transaction in progress is waited for only with IDEM_WAIT.  On
  * PROBE_EXISTS and PROBE_IN_FLIGHT_DELETE the row is left in probe_slot.
  */
+/* Let go of the pages the probe scan keeps pinned, by restarting it. */
+static void
+store_release_pins(IdemStore *store)
+{
+	if (store->scan)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
+
+		index_rescan(store->scan, store->scan->keyData,
+					 store->scan->numberOfKeys, NULL, 0);
+		MemoryContextSwitchTo(oldcxt);
+	}
+}
+
 static ProbeResult
 store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
 {
-	SnapshotData dirty;
 	ScanKeyData skeys[2];
 	TupleTableSlot *slot = store->probe_slot;
 
-	InitDirtySnapshot(dirty);
 	store_scankeys(store, skeys, ns, key);
+
+	/*
+	 * One index scan serves every probe of the store: beginning a btree scan
+	 * allocates tens of kilobytes, which a batch would otherwise pay per key.
+	 */
+	if (store->scan == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
+
+		InitDirtySnapshot(store->dirty);
+		store->scan = index_beginscan(store->rel, store->index, &store->dirty,
+									  STORE_NKEYS, 0);
+		MemoryContextSwitchTo(oldcxt);
+	}
 
 	for (;;)
 	{
-		IndexScanDesc scan;
+		SnapshotData *dirty = &store->dirty;
 		TransactionId xwait;
 		bool		inserting;
 		ItemPointerData tid;
 
+		MemoryContext oldcxt;
+		bool		found;
+
 		CHECK_FOR_INTERRUPTS();
-		scan = index_beginscan(store->rel, store->index, &dirty, 2, 0);
-		index_rescan(scan, skeys, 2, NULL, 0);
-		if (!index_getnext_slot(scan, ForwardScanDirection, slot))
+
+		/*
+		 * The scan allocates some of its state lazily (the btree's list of
+		 * dead items, for one): it must outlive the caller's per-row context.
+		 */
+		oldcxt = MemoryContextSwitchTo(store->mcxt);
+		index_rescan(store->scan, skeys, STORE_NKEYS, NULL, 0);
+		found = index_getnext_slot(store->scan, ForwardScanDirection, slot);
+		MemoryContextSwitchTo(oldcxt);
+		if (!found)
 		{
-			index_endscan(scan);
 			ExecClearTuple(slot);
 			return PROBE_ABSENT;
 		}
-		index_endscan(scan);
 
-		inserting = TransactionIdIsValid(dirty.xmin);
-		xwait = inserting ? dirty.xmin : dirty.xmax;
+		inserting = TransactionIdIsValid(dirty->xmin);
+		xwait = inserting ? dirty->xmin : dirty->xmax;
 		if (!TransactionIdIsValid(xwait))
 			return PROBE_EXISTS;
 
-		if (!dirty.speculativeToken && wait == IDEM_NOWAIT)
+		if (!dirty->speculativeToken && wait == IDEM_NOWAIT)
 		{
 			if (!inserting)
 				return PROBE_IN_FLIGHT_DELETE;	/* row left in the slot */
@@ -534,11 +572,15 @@ store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
 			return PROBE_IN_FLIGHT_INSERT;
 		}
 
-		/* Never wait holding a page pin: the scan and the slot let go first. */
+		/*
+		 * Never wait holding a page pin: the slot and the scan (by a rescan)
+		 * let go of theirs first.
+		 */
 		tid = slot->tts_tid;
 		ExecClearTuple(slot);
-		if (dirty.speculativeToken)
-			SpeculativeInsertionWait(dirty.xmin, dirty.speculativeToken);
+		store_release_pins(store);
+		if (dirty->speculativeToken)
+			SpeculativeInsertionWait(dirty->xmin, dirty->speculativeToken);
 		else
 			XactLockTableWait(xwait, store->rel, &tid, XLTW_InsertIndex);
 	}
@@ -668,6 +710,7 @@ idem_store_delete(IdemStore *store, Datum ns, Datum key)
 		}
 		tid = store->probe_slot->tts_tid;
 		ExecClearTuple(store->probe_slot);
+		store_release_pins(store);
 
 		/*
 		 * The row may have been inserted by this very command (a claim and a
@@ -751,6 +794,7 @@ idem_store_update(IdemStore *store, Datum ns, Datum key,
 		ExecMaterializeSlot(slot);
 		tid = store->probe_slot->tts_tid;
 		ExecClearTuple(store->probe_slot);
+		store_release_pins(store);
 		slot_getallattrs(slot);
 		if (!fn(tupdesc, slot->tts_values, slot->tts_isnull, arg))
 		{
