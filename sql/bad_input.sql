@@ -103,6 +103,83 @@ INSERT INTO cases (fn, call, expected_sqlstate) VALUES
 ('idem_purge',         $$SELECT idem_purge('bi', 1e10::bigint)$$,                  '42883'),
 ('idem_purge',         $$SELECT idem_purge('bi_never_used')$$,                     '00000');
 
+--
+-- single-use tokens
+--
+INSERT INTO cases (fn, call, expected_sqlstate) VALUES
+('idem_token_issue',   $$SELECT idem_token_issue(NULL)$$,                          '22004'),
+('idem_token_issue',   $$SELECT idem_token_issue('', NULL)$$,                      '22004'),
+('idem_token_issue',   $$SELECT idem_token_issue('', '0 seconds')$$,               '22023'),
+('idem_token_issue',   $$SELECT idem_token_issue('', '-1 minute')$$,               '22023'),
+('idem_token_issue',   $$SELECT idem_token_issue('', '2 years')$$,                 '22023'),
+('idem_token_issue',   $$SELECT idem_token_issue('', '100000 years')$$,            '22023'),
+('idem_token_issue',   $$SELECT idem_token_issue(repeat('s', 64))$$,               '22001'),
+('idem_token_issue',   $$SELECT idem_token_issue(repeat('s', 1024 * 1024))$$,      '22001'),
+('idem_token_issue',   $$SELECT idem_token_issue('', 'soon')$$,                    '22007'),
+('idem_token_issue',   $$SELECT idem_token_issue(1)$$,                             '42883'),
+('idem_token_issue',   $$SELECT idem_token_issue('bi_''; DROP TABLE cases; --')$$, '00000'),
+('idem_token_consume', $$SELECT idem_token_consume(NULL)$$,                        '22004'),
+('idem_token_consume', $$SELECT idem_token_consume('x', NULL)$$,                   '22004'),
+('idem_token_consume', $$SELECT idem_token_consume('x', repeat('s', 64))$$,        '22001'),
+('idem_token_consume', $$SELECT idem_token_consume('')$$,                          '00000'),
+('idem_token_consume', $$SELECT idem_token_consume(repeat('A', 43))$$,             '00000'),
+('idem_token_consume', $$SELECT idem_token_consume(repeat('x', 1024 * 1024))$$,    '00000'),
+('idem_token_consume', $$SELECT idem_token_consume('é€😀')$$,                     '00000'),
+('idem_token_consume', $q$SELECT idem_token_consume('$$;DROP TABLE cases;--')$q$,  '00000'),
+('idem_token_consume', $$SELECT idem_token_consume(42)$$,                          '42883'),
+('idem_token_status',  $$SELECT idem_token_status(NULL)$$,                         '22004'),
+('idem_token_status',  $$SELECT idem_token_status('x', NULL)$$,                    '22004'),
+('idem_token_status',  $$SELECT idem_token_status('', '')$$,                       '00000'),
+('idem_token_purge',   $$SELECT idem_token_purge(NULL)$$,                          '22004'),
+('idem_token_purge',   $$SELECT idem_token_purge(0)$$,                             '22023'),
+('idem_token_purge',   $$SELECT idem_token_purge(-5)$$,                            '22023');
+
+--
+-- state-transition guard
+--
+SELECT idem_allow('bi_m', 'new', 'paid');
+CREATE TABLE bi_orders (id bigint PRIMARY KEY, status text NOT NULL,
+                        version bigint NOT NULL DEFAULT 0, payload text);
+CREATE TABLE bi_plain (id bigint PRIMARY KEY, status text NOT NULL);
+CREATE TABLE bi_nover (id bigint PRIMARY KEY, status text NOT NULL);
+CREATE VIEW bi_view AS SELECT * FROM bi_orders;
+INSERT INTO bi_orders VALUES (1, 'new', 0, 'p');
+INSERT INTO bi_nover VALUES (1, 'new');
+SELECT idem_guard('bi_orders', 'bi_m', 'status', 'version');
+SELECT idem_guard('bi_nover', 'bi_m', 'status');
+INSERT INTO cases (fn, call, expected_sqlstate) VALUES
+('idem_allow',         $$SELECT idem_allow(NULL, 'a', 'b')$$,                      '22004'),
+('idem_allow',         $$SELECT idem_allow('bi_m', NULL, 'b')$$,                   '22004'),
+('idem_allow',         $$SELECT idem_allow('bi_m', 'a', NULL)$$,                   '22004'),
+('idem_allow',         $$SELECT idem_allow('', 'a', 'b')$$,                        '22023'),
+('idem_allow',         $$SELECT idem_allow(repeat('m', 64), 'a', 'b')$$,           '22001'),
+('idem_disallow',      $$SELECT idem_disallow(NULL, 'a', 'b')$$,                   '22004'),
+('idem_disallow',      $$SELECT idem_disallow('', 'a', 'b')$$,                     '22023'),
+('idem_guard',         $$SELECT idem_guard(NULL, 'bi_m', 'status')$$,              '22004'),
+('idem_guard',         $$SELECT idem_guard('bi_plain', NULL, 'status')$$,          '22004'),
+('idem_guard',         $$SELECT idem_guard('bi_plain', 'bi_m', NULL)$$,            '22004'),
+('idem_guard',         $$SELECT idem_guard('bi_no_such_table', 'bi_m', 'status')$$, '42P01'),
+('idem_guard',         $$SELECT idem_guard('bi_plain"; DROP TABLE cases; --', 'bi_m', 'status')$$, '42602'),
+('idem_guard',         $$SELECT idem_guard('bi_plain', 'bi_m', 'nope')$$,          '42703'),
+('idem_guard',         $$SELECT idem_guard('bi_plain', 'bi_m', 'status"; --')$$,   '42703'),
+('idem_guard',         $$SELECT idem_guard('bi_plain', 'bi_m', 'status', 'status')$$, '22023'),
+('idem_guard',         $$SELECT idem_guard('bi_orders', 'bi_m', 'status', 'payload')$$, '42804'),
+('idem_guard',         $$SELECT idem_guard('bi_plain', 'bi_undefined', 'status')$$, '42704'),
+('idem_guard',         $$SELECT idem_guard('bi_view', 'bi_m', 'status')$$,         '42809'),
+('idem_guard',         $$SELECT idem_guard(0, 'bi_m', 'status')$$,                 '42P01'),
+('idem_unguard',       $$SELECT idem_unguard(NULL)$$,                              '22004'),
+('idem_transition',    $$SELECT idem_transition(NULL, '1', 'paid')$$,              '22004'),
+('idem_transition',    $$SELECT idem_transition('bi_orders', NULL, 'paid')$$,      '22004'),
+('idem_transition',    $$SELECT idem_transition('bi_orders', '1', NULL)$$,         '22004'),
+('idem_transition',    $$SELECT idem_transition('bi_orders', 'abc', 'paid')$$,     '22P02'),
+('idem_transition',    $$SELECT idem_transition('bi_orders', '1; DROP TABLE cases', 'paid')$$, '22P02'),
+('idem_transition',    $$SELECT idem_transition('bi_orders', '99999999999999999999', 'paid')$$, '22003'),
+('idem_transition',    $$SELECT idem_transition('bi_plain', '1', 'paid')$$,        '55000'),
+('idem_transition',    $$SELECT idem_transition('bi_nover', '1', 'paid', 0)$$,     '22023'),
+('idem_transition',    $$SELECT idem_transition('bi_no_such_table', '1', 'paid')$$, '42P01'),
+('idem_transition',    $$SELECT idem_transition('bi_orders', '99999', 'paid')$$,   '00000'),
+('idem_transition',    $$SELECT idem_transition('bi_orders', '1', 'paid''; --')$$, '00000');
+
 -- Run every case once, in order, and keep what it gave: got is the SQLSTATE
 -- ('00000' when the call succeeded).
 CREATE TEMP TABLE outcomes AS
@@ -128,3 +205,9 @@ SELECT to_json(left(ns, 20)) AS ns, to_json(left(msg_id, 20)) AS msg_id, octet_l
  ORDER BY c.ns, c.msg_id;
 SELECT idem_claim('bi_''; DROP TABLE cases; --') AS again,
        to_regclass('pg_temp.cases') IS NOT NULL AS cases_exists;
+
+-- the guarded tables go, so that the extension can be dropped by later files
+SELECT idem_unguard('bi_orders'), idem_unguard('bi_nover');
+DROP VIEW bi_view;
+DROP TABLE bi_orders, bi_plain, bi_nover;
+SELECT idem_disallow('bi_m', 'new', 'paid');
