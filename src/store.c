@@ -587,6 +587,26 @@ store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
 }
 
 /*
+ * The executor state and the slot that writing needs, made on first use in
+ * the store's own context (callers may reset theirs between rows).
+ */
+static TupleTableSlot *
+store_write_slot(IdemStore *store)
+{
+	Assert(store->indexes_open);
+	if (store->estate == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
+
+		store->estate = store->own_estate ? CreateExecutorState() : store_estate();
+		store->ins_slot = MakeSingleTupleTableSlot(RelationGetDescr(store->rel),
+												   &TTSOpsVirtual);
+		MemoryContextSwitchTo(oldcxt);
+	}
+	return store->ins_slot;
+}
+
+/*
  * Insert a row unless one with the same (ns, key) exists: the semantics of
  * INSERT ... ON CONFLICT DO NOTHING, with the outcome told to the caller.
  * values[0] and values[1] are the namespace and the key.
@@ -596,19 +616,7 @@ idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
 				  IdemStoreWait wait)
 {
 	TupleDesc	tupdesc = RelationGetDescr(store->rel);
-	TupleTableSlot *slot;
-
-	Assert(store->indexes_open);
-	if (store->estate == NULL)
-	{
-		/* callers may reset their context between rows: not ours */
-		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
-
-		store->estate = store->own_estate ? CreateExecutorState() : store_estate();
-		store->ins_slot = MakeSingleTupleTableSlot(tupdesc, &TTSOpsVirtual);
-		MemoryContextSwitchTo(oldcxt);
-	}
-	slot = store->ins_slot;
+	TupleTableSlot *slot = store_write_slot(store);
 
 	for (;;)
 	{
@@ -762,18 +770,7 @@ idem_store_update(IdemStore *store, Datum ns, Datum key,
 				  IdemStoreUpdateFn fn, void *arg)
 {
 	TupleDesc	tupdesc = RelationGetDescr(store->rel);
-	TupleTableSlot *slot;
-
-	Assert(store->indexes_open);
-	if (store->estate == NULL)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
-
-		store->estate = store->own_estate ? CreateExecutorState() : store_estate();
-		store->ins_slot = MakeSingleTupleTableSlot(tupdesc, &TTSOpsVirtual);
-		MemoryContextSwitchTo(oldcxt);
-	}
-	slot = store->ins_slot;
+	TupleTableSlot *slot = store_write_slot(store);
 
 	for (;;)
 	{
