@@ -111,6 +111,91 @@ my @kinds = (
 				'purge follows the restored retention'
 			],
 		],
+	},
+	{
+		name => 'single-use tokens',
+		# The token texts are kept in a table of the application, as a web
+		# page would hold them; idem keeps only their digests.
+		setup => q{
+			CREATE TABLE bk_tok (label text PRIMARY KEY, t text NOT NULL);
+			INSERT INTO bk_tok SELECT 'valid', idem_token_issue('u1');
+			INSERT INTO bk_tok SELECT 'consumed', idem_token_issue('u1');
+			INSERT INTO bk_tok SELECT 'other scope', idem_token_issue('u2');
+			SELECT idem_token_consume(t, 'u1') FROM bk_tok WHERE label = 'consumed';
+			SELECT count(*) FROM idem.tokens;},
+		setup_out => "t\n3",
+		check     => q{
+			SELECT label, idem_token_status(t, 'u1'), idem_token_status(t, 'u2')
+			  FROM bk_tok ORDER BY label;
+			SELECT scope, md5(string_agg(encode(digest, 'hex') || expires_at::text
+			                             || coalesce(consumed_at::text, '-'), ','
+			                             ORDER BY digest))
+			  FROM idem.tokens GROUP BY scope ORDER BY scope},
+		probes => [
+			[
+				q{SELECT idem_token_consume(t, 'u1') FROM bk_tok WHERE label = 'consumed'},
+				'f',
+				'a token consumed before the dump stays consumed'
+			],
+			[
+				q{SELECT idem_token_consume(t, 'u1') FROM bk_tok WHERE label = 'valid';
+				  SELECT idem_token_consume(t, 'u1') FROM bk_tok WHERE label = 'valid'},
+				"t\nf",
+				'a valid token is consumed exactly once after the restore'
+			],
+			[
+				q{SELECT idem_token_consume(t, 'u1') FROM bk_tok WHERE label = 'other scope';
+				  SELECT idem_token_consume(t, 'u2') FROM bk_tok WHERE label = 'other scope'},
+				"f\nt",
+				'a token keeps its scope'
+			],
+		],
+	},
+	{
+		name => 'machine definitions and guarded tables',
+		setup => q{
+			SELECT idem_allow('bk', 'new', 'paid');
+			SELECT idem_allow('bk', 'paid', 'shipped');
+			CREATE TABLE bk_orders (id int PRIMARY KEY, status text NOT NULL,
+			                        version bigint NOT NULL DEFAULT 0);
+			INSERT INTO bk_orders VALUES (1, 'new', 0), (2, 'new', 0);
+			SELECT idem_guard('bk_orders', 'bk', 'status', 'version');
+			SELECT idem_transition('bk_orders', '1', 'paid', 0);},
+		setup_out => "t\nt\n\napplied",
+		check     => q{
+			SELECT id, status, version FROM bk_orders ORDER BY id;
+			SELECT machine, from_state, to_state FROM idem.transitions
+			 WHERE machine = 'bk' ORDER BY from_state, to_state;
+			SELECT tgname, tgenabled FROM pg_trigger
+			 WHERE tgrelid = 'bk_orders'::regclass AND NOT tgisinternal},
+		probes => [
+			[
+				q{SELECT idem_transition('bk_orders', '1', 'paid', 0)},
+				'already',
+				'a retried transition is recognised'
+			],
+			[
+				q{SELECT idem_transition('bk_orders', '2', 'shipped')},
+				'illegal',
+				'the restored machine refuses an illegal move'
+			],
+			[
+				q{DO $$BEGIN
+				      UPDATE bk_orders SET status = 'new' WHERE id = 1;
+				      RAISE EXCEPTION 'the guard did not refuse';
+				  EXCEPTION WHEN check_violation THEN NULL;
+				  END$$;
+				  SELECT 'refused'},
+				'refused',
+				'the restored guard refuses an illegal UPDATE'
+			],
+			[
+				q{SELECT idem_transition('bk_orders', '2', 'paid', 0);
+				  SELECT version FROM bk_orders WHERE id = 2},
+				"applied\n1",
+				'a legal move applies and bumps the version'
+			],
+		],
 	},);
 
 my $node = idem_node('dump');
