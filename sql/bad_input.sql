@@ -132,7 +132,11 @@ INSERT INTO cases (fn, call, expected_sqlstate) VALUES
 ('idem_token_status',  $$SELECT idem_token_status('', '')$$,                       '00000'),
 ('idem_token_purge',   $$SELECT idem_token_purge(NULL)$$,                          '22004'),
 ('idem_token_purge',   $$SELECT idem_token_purge(0)$$,                             '22023'),
-('idem_token_purge',   $$SELECT idem_token_purge(-5)$$,                            '22023');
+('idem_token_purge',   $$SELECT idem_token_purge(-5)$$,                            '22023'),
+-- invalid UTF-8 never reaches idem: the server refuses it on the way in
+('idem_claim',         $$SELECT idem_claim(convert_from('\xc328'::bytea, 'UTF8'))$$, '22021'),
+('idem_claim',         $$SELECT idem_claim(E'bi_\xff')$$,                          '22021'),
+('idem_token_consume', $$SELECT idem_token_consume(convert_from('\xff'::bytea, 'UTF8'))$$, '22021');
 
 --
 -- state-transition guard
