@@ -449,8 +449,20 @@ idem_store_close(IdemStore *store)
 	ExecDropSingleTupleTableSlot(store->probe_slot);
 	if (store->ins_slot)
 		ExecDropSingleTupleTableSlot(store->ins_slot);
-	if (store->indexes_open)
+	if (store->indexes_open && store->own_estate)
 		ExecCloseIndices(store->rri);
+	else if (store->indexes_open)
+	{
+		int			i;
+
+		/*
+		 * The locks stay until the end of the transaction, like the table's:
+		 * releasing them only to take them again at the next call costs a
+		 * trip through the lock manager per call.
+		 */
+		for (i = 0; i < store->rri->ri_NumIndices; i++)
+			index_close(store->rri->ri_IndexRelationDescs[i], NoLock);
+	}
 	else
 		index_close(store->index, store->lockmode);
 	if (store->entry && store->entry->users > 0)
