@@ -672,6 +672,25 @@ idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
 	}
 }
 
+/* Copy the columns of the row in slot into the caller's memory. */
+static void
+store_copy_row(IdemStore *store, TupleTableSlot *slot, Datum *values,
+			   bool *isnull)
+{
+	TupleDesc	tupdesc = RelationGetDescr(store->rel);
+	int			i;
+
+	slot_getallattrs(slot);
+	for (i = 0; i < tupdesc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+
+		isnull[i] = slot->tts_isnull[i];
+		values[i] = isnull[i] ? (Datum) 0 :
+			datumCopy(slot->tts_values[i], att->attbyval, att->attlen);
+	}
+}
+
 /*
  * Find the row (ns, key).  With IDEM_NOWAIT an uncommitted insertion by
  * another transaction is reported as in flight; a row whose deletion is not
@@ -692,20 +711,7 @@ idem_store_lookup(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait,
 		return IDEM_STORE_IN_FLIGHT;
 	/* a row whose deletion is not committed yet still exists */
 	if (values != NULL)
-	{
-		TupleDesc	tupdesc = RelationGetDescr(store->rel);
-		int			i;
-
-		slot_getallattrs(slot);
-		for (i = 0; i < tupdesc->natts; i++)
-		{
-			Form_pg_attribute att = TupleDescAttr(tupdesc, i);
-
-			isnull[i] = slot->tts_isnull[i];
-			values[i] = isnull[i] ? (Datum) 0 :
-				datumCopy(slot->tts_values[i], att->attbyval, att->attlen);
-		}
-	}
+		store_copy_row(store, slot, values, isnull);
 	ExecClearTuple(slot);
 	return IDEM_STORE_EXISTS;
 }
@@ -873,20 +879,7 @@ idem_store_read(IdemStore *store, Datum ns, Datum key, Datum *values,
 	index_rescan(scan, skeys, 2, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	if (found)
-	{
-		TupleDesc	tupdesc = RelationGetDescr(store->rel);
-		int			i;
-
-		slot_getallattrs(slot);
-		for (i = 0; i < tupdesc->natts; i++)
-		{
-			Form_pg_attribute att = TupleDescAttr(tupdesc, i);
-
-			isnull[i] = slot->tts_isnull[i];
-			values[i] = isnull[i] ? (Datum) 0 :
-				datumCopy(slot->tts_values[i], att->attbyval, att->attlen);
-		}
-	}
+		store_copy_row(store, slot, values, isnull);
 	index_endscan(scan);
 	ExecClearTuple(slot);
 	return found;
