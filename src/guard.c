@@ -55,15 +55,21 @@
  * with cycles a late request without expected_version can look like a legal
  * transition and be applied: give expected_version there.
  *
- * idem_transition runs one UPDATE of the state column through SPI, with a
- * plan prepared once per table and kept.  The decision is made by the guard
- * trigger itself on the row the UPDATE locked (the latest version of it, as
- * with any UPDATE under READ COMMITTED), so concurrent calls on one row
- * serialise on the row lock and each sees what the previous one did; under
- * REPEATABLE READ or SERIALIZABLE a concurrent change is the usual 40001.
- * The UPDATE runs as the caller, who needs the privileges a hand-written
- * UPDATE of the state column by primary key needs (UPDATE on the state
- * column, SELECT on the key column); row-level security applies.
+ * idem_transition does what "UPDATE ONLY t SET state = $2 WHERE key = $1"
+ * does.  On most tables it does it itself, without a plan, as logical
+ * replication applies a change: a probe of the primary key, the row lock,
+ * then the row triggers, constraints and indexes of an UPDATE.  A table
+ * with row-level security, rules, statement-level UPDATE triggers or
+ * transition tables, or stored generated columns gets that UPDATE through
+ * SPI, with a plan prepared once per table and kept.  Either way the
+ * decision is made by the guard trigger itself on the locked row (the latest
+ * version of it, as with any UPDATE under READ COMMITTED), so concurrent
+ * calls on one row serialise on the row lock and each sees what the
+ * previous one did; under REPEATABLE READ or SERIALIZABLE a concurrent
+ * change is the usual 40001.  It runs as the caller, who needs the
+ * privileges a hand-written UPDATE of the state column by primary key needs
+ * (UPDATE on the state column, SELECT on the key column); row-level
+ * security applies.
  *
  * Errors of misuse (SQLSTATE):
  *	22004  a NULL tbl, key, to_state, machine, from_state or state_column
@@ -115,8 +121,10 @@
 #include "access/htup_details.h"
 #include "access/relation.h"
 #include "access/stratnum.h"
+#include "access/sysattr.h"
 #include "access/table.h"
 #include "access/tableam.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/objectaddress.h"
 #include "catalog/pg_enum.h"
@@ -139,6 +147,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/rls.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
@@ -217,20 +226,25 @@ typedef struct GuardEntry
 	AttrNumber	version_attnum; /* InvalidAttrNumber if none */
 	Oid			version_type;
 
-	/* idem_transition: valid only while plans != NULL and plans_valid */
-	bool		plans_valid;
-	int			busy;			/* idem_transition calls running the plans */
-	SPIPlanPtr	update_plan;
-	SPIPlanPtr	exists_plan;
+	/* idem_transition: the key, valid while key_valid */
+	bool		key_valid;
+	Oid			key_index;		/* the primary key */
 	AttrNumber	key_attnum;
 	Oid			key_type;
 	int32		key_typmod;
 	Oid			key_ioparam;
 	FmgrInfo	key_in;
+	Oid			key_eqop;
 	FmgrInfo	key_eq;
 	Oid			key_collation;
 	Oid			state_ioparam;
 	FmgrInfo	state_in;
+
+	/* the SPI path: valid only while plans != NULL and plans_valid */
+	bool		plans_valid;
+	int			busy;			/* idem_transition calls running the plans */
+	SPIPlanPtr	update_plan;
+	SPIPlanPtr	exists_plan;
 } GuardEntry;
 
 static HTAB *guard_htab = NULL;
@@ -280,6 +294,7 @@ guard_relcache_callback(Datum arg, Oid relid)
 		while ((entry = hash_seq_search(&status)) != NULL)
 		{
 			entry->valid = false;
+			entry->key_valid = false;
 			entry->plans_valid = false;
 		}
 	}
@@ -290,6 +305,7 @@ guard_relcache_callback(Datum arg, Oid relid)
 		if (entry != NULL)
 		{
 			entry->valid = false;
+			entry->key_valid = false;
 			entry->plans_valid = false;
 		}
 	}
@@ -694,6 +710,7 @@ guard_entry_get(Relation rel, Trigger *trigger)
 
 	/* Rebuild the guard part; the plans are prepared again when used. */
 	entry->valid = false;
+	entry->key_valid = false;
 	entry->plans_valid = false;
 	if (trigger->tgnargs < 2 || trigger->tgnargs > 3)
 		ereport(ERROR,
@@ -1316,37 +1333,24 @@ idem_unguard(PG_FUNCTION_ARGS)
  */
 
 /*
- * Prepare and keep the plans of a guarded table (once per table and
- * backend, again after the table changed):
- *
- *	UPDATE ONLY t SET state = $2 WHERE key = $1
- *	SELECT 1 FROM ONLY t WHERE key = $1
- *
- * with the equality operator of the primary key's operator class, as the
- * core RI triggers build theirs.  Must be called connected to SPI.
+ * What idem_transition needs to find a row by its key: the primary key
+ * index, its single column, the equality operator of its operator class (as
+ * the core RI triggers use) and the input functions of the key and the
+ * state.  Kept with the guard entry, read again after the table changed.
  */
 static void
-guard_prepare_plans(GuardEntry *entry, Relation rel)
+guard_prepare_key(GuardEntry *entry, Relation rel)
 {
-	Oid			pkoid = RelationGetPrimaryKeyIndex(rel);
+	Oid			pkoid;
 	Relation	index;
 	Oid			eqop;
-	HeapTuple	optup;
-	Form_pg_operator op;
-	char	   *opname;
 	Form_pg_attribute att;
-	char	   *relname;
-	char	   *keycol;
-	char	   *statecol;
-	Oid			argtypes[2];
 	Oid			infn;
-	StringInfoData sql;
-	SPIPlanPtr	update_plan;
-	SPIPlanPtr	exists_plan;
 
-	if (entry->plans_valid && entry->update_plan != NULL)
+	if (entry->key_valid)
 		return;
 
+	pkoid = RelationGetPrimaryKeyIndex(rel);
 	if (!OidIsValid(pkoid))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -1364,6 +1368,7 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 	entry->key_attnum = index->rd_index->indkey.values[0];
 	eqop = get_opfamily_member(index->rd_opfamily[0], index->rd_opcintype[0],
 							   index->rd_opcintype[0], BTEqualStrategyNumber);
+	entry->key_eqop = eqop;
 	entry->key_collation = index->rd_indcollation[0];
 	index_close(index, AccessShareLock);
 	if (!OidIsValid(eqop))
@@ -1374,18 +1379,51 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 	att = TupleDescAttr(RelationGetDescr(rel), entry->key_attnum - 1);
 	entry->key_type = att->atttypid;
 	entry->key_typmod = att->atttypmod;
-	keycol = pstrdup(quote_identifier(NameStr(att->attname)));
 	getTypeInputInfo(entry->key_type, &infn, &entry->key_ioparam);
 	fmgr_info_cxt(infn, &entry->key_in, CacheMemoryContext);
 
-	att = TupleDescAttr(RelationGetDescr(rel), entry->state_attnum - 1);
-	statecol = pstrdup(quote_identifier(NameStr(att->attname)));
 	getTypeInputInfo(entry->state_type, &infn, &entry->state_ioparam);
 	fmgr_info_cxt(infn, &entry->state_in, CacheMemoryContext);
 
-	optup = SearchSysCache1(OPEROID, ObjectIdGetDatum(eqop));
+	entry->key_index = pkoid;
+	entry->key_valid = true;
+}
+
+/*
+ * Prepare and keep the plans of the SPI path of a guarded table (once per
+ * table and backend, again after the table changed):
+ *
+ *	UPDATE ONLY t SET state = $2 WHERE key = $1
+ *	SELECT 1 FROM ONLY t WHERE key = $1
+ *
+ * with the equality operator of the primary key's operator class.  Must be
+ * called connected to SPI, after guard_prepare_key().
+ */
+static void
+guard_prepare_plans(GuardEntry *entry, Relation rel)
+{
+	HeapTuple	optup;
+	Form_pg_operator op;
+	char	   *opname;
+	char	   *relname;
+	char	   *keycol;
+	char	   *statecol;
+	Oid			argtypes[2];
+	StringInfoData sql;
+	SPIPlanPtr	update_plan;
+	SPIPlanPtr	exists_plan;
+
+	Assert(entry->key_valid);
+	if (entry->plans_valid && entry->update_plan != NULL)
+		return;
+
+	keycol = pstrdup(quote_identifier(NameStr(TupleDescAttr(RelationGetDescr(rel),
+															entry->key_attnum - 1)->attname)));
+	statecol = pstrdup(quote_identifier(NameStr(TupleDescAttr(RelationGetDescr(rel),
+															  entry->state_attnum - 1)->attname)));
+	optup = SearchSysCache1(OPEROID, ObjectIdGetDatum(entry->key_eqop));
 	if (!HeapTupleIsValid(optup))
-		elog(ERROR, "cache lookup failed for operator %u", eqop);
+		elog(ERROR, "cache lookup failed for operator %u", entry->key_eqop);
 	op = (Form_pg_operator) GETSTRUCT(optup);
 	opname = psprintf("OPERATOR(%s.%s)",
 					  quote_identifier(get_namespace_name(op->oprnamespace)),
@@ -1506,6 +1544,233 @@ run_request(GuardEntry *entry, Datum *values, TransitionRequest *req)
 }
 
 /*
+ * Whether idem_transition may update the row itself, as logical replication
+ * applies a change, instead of running its UPDATE through SPI.  What the
+ * direct path does not do, the SPI path keeps: row-level security, rules,
+ * statement-level triggers and transition tables, stored generated columns.
+ */
+static bool
+direct_path_ok(Relation rel)
+{
+	TriggerDesc *td = rel->trigdesc;
+
+	if (rel->rd_rules != NULL)
+		return false;
+	if (td != NULL &&
+		(td->trig_update_before_statement || td->trig_update_after_statement ||
+		 td->trig_update_instead_row ||
+		 td->trig_update_old_table || td->trig_update_new_table))
+		return false;
+	if (rel->rd_att->constr != NULL && rel->rd_att->constr->has_generated_stored)
+		return false;
+	if (rel->rd_rel->relrowsecurity &&
+		check_enable_rls(RelationGetRelid(rel), InvalidOid, false) == RLS_ENABLED)
+		return false;
+	return true;
+}
+
+/*
+ * The direct path of idem_transition: what "UPDATE ONLY t SET state = $2
+ * WHERE key = $1" does, without a plan.  The row is found through the
+ * primary key with the statement's snapshot (advanced past the commands of
+ * this transaction, as SPI does), locked in its latest version (under READ
+ * COMMITTED, after checking the key again, as EvalPlanQual would; under
+ * REPEATABLE READ a concurrent change is the usual 40001), and updated with
+ * the table's BEFORE ROW triggers (the guard deciding the request), its
+ * constraints, its indexes and its AFTER ROW triggers.  Returns whether the
+ * row was found; *updated says whether it was written.
+ */
+static bool
+run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
+				   TransitionRequest *req, bool *updated)
+{
+	EState	   *estate;
+	RangeTblEntry *rte;
+	ResultRelInfo *rri;
+	EPQState	epqstate;
+	Relation	index = NULL;
+	IndexScanDesc scan;
+	ScanKeyData skey;
+	TupleTableSlot *slot;
+	TupleTableSlot *newslot;
+	TM_FailureData tmfd;
+	TM_Result	res;
+	LockTupleMode lockmode;
+	Snapshot	snapshot;
+	ItemPointerData tid;
+	volatile bool found = false;
+	int			i;
+
+	*updated = false;
+
+	CommandCounterIncrement();
+	if (ActiveSnapshotSet())
+		PushCopiedSnapshot(GetActiveSnapshot());
+	else
+		PushActiveSnapshot(GetTransactionSnapshot());
+	UpdateActiveSnapshotCommandId();
+	snapshot = GetActiveSnapshot();
+
+	estate = CreateExecutorState();
+	rte = makeNode(RangeTblEntry);
+	rte->rtekind = RTE_RELATION;
+	rte->relid = RelationGetRelid(rel);
+	rte->relkind = rel->rd_rel->relkind;
+	rte->rellockmode = RowExclusiveLock;
+	rte->requiredPerms = ACL_SELECT | ACL_UPDATE;
+	rte->selectedCols = bms_make_singleton(entry->key_attnum -
+										   FirstLowInvalidHeapAttributeNumber);
+	rte->updatedCols = bms_make_singleton(entry->state_attnum -
+										  FirstLowInvalidHeapAttributeNumber);
+	ExecInitRangeTable(estate, list_make1(rte));
+	/* the privileges of the UPDATE it stands for, and the hooks' say */
+	ExecCheckRTPerms(estate->es_range_table, true);
+
+	rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	estate->es_opened_result_relations = list_make1(rri);
+	estate->es_output_cid = GetCurrentCommandId(true);
+	estate->es_snapshot = snapshot;
+	CheckCmdReplicaIdentity(rel, CMD_UPDATE);
+	ExecOpenIndices(rri, false);
+	for (i = 0; i < rri->ri_NumIndices; i++)
+		if (RelationGetRelid(rri->ri_IndexRelationDescs[i]) == entry->key_index)
+			index = rri->ri_IndexRelationDescs[i];
+	if (index == NULL)
+		elog(ERROR, "primary key of table \"%s\" was not opened",
+			 RelationGetRelationName(rel));
+	EvalPlanQualInit(&epqstate, estate, NULL, NIL, -1);
+	AfterTriggerBeginQuery();
+
+	slot = table_slot_create(rel, &estate->es_tupleTable);
+	ScanKeyEntryInitializeWithInfo(&skey, 0, 1, BTEqualStrategyNumber,
+								   InvalidOid, entry->key_collation,
+								   &entry->key_eq, values[0]);
+	scan = index_beginscan(rel, index, snapshot, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		found = true;
+		tid = slot->tts_tid;
+	}
+	index_endscan(scan);
+
+	if (found)
+	{
+		lockmode = ExecUpdateLockMode(estate, rri);
+		res = table_tuple_lock(rel, &tid, snapshot, slot,
+							   estate->es_output_cid, lockmode, LockWaitBlock,
+							   IsolationUsesXactSnapshot() ? 0 :
+							   TUPLE_LOCK_FLAG_FIND_LAST_VERSION,
+							   &tmfd);
+		switch (res)
+		{
+			case TM_Ok:
+				/* a newer version of the row must still have the key */
+				if (tmfd.traversed)
+				{
+					bool		should_free;
+					HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false,
+															   &should_free);
+
+					found = request_matches(req, tuple, RelationGetDescr(rel));
+					if (should_free)
+						heap_freetuple(tuple);
+				}
+				break;
+			case TM_SelfModified:
+				if (tmfd.cmax != estate->es_output_cid)
+					ereport(ERROR,
+							(errcode(ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION),
+							 errmsg("tuple to be updated was already modified by an operation triggered by the current command"),
+							 errhint("Consider using an AFTER trigger instead of a BEFORE trigger to propagate changes to other rows.")));
+				found = false;
+				break;
+			case TM_Updated:
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent update")));
+				break;
+			case TM_Deleted:
+				if (IsolationUsesXactSnapshot())
+					ereport(ERROR,
+							(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+							 errmsg("could not serialize access due to concurrent delete")));
+				found = false;
+				break;
+			default:
+				elog(ERROR, "unexpected table_tuple_lock status: %u", res);
+				break;
+		}
+	}
+
+	if (found)
+	{
+		TupleDesc	desc = RelationGetDescr(rel);
+		bool		skip = false;
+
+		/* the new row: the old one with the state set, as the UPDATE builds it */
+		slot_getallattrs(slot);
+		newslot = table_slot_create(rel, &estate->es_tupleTable);
+		memcpy(newslot->tts_values, slot->tts_values,
+			   desc->natts * sizeof(Datum));
+		memcpy(newslot->tts_isnull, slot->tts_isnull,
+			   desc->natts * sizeof(bool));
+		newslot->tts_values[entry->state_attnum - 1] = values[1];
+		newslot->tts_isnull[entry->state_attnum - 1] = false;
+		ExecStoreVirtualTuple(newslot);
+		tid = slot->tts_tid;
+
+		/* the guard decides on the row the triggers before it left */
+		active_request = req;
+		PG_TRY();
+		{
+			if (rri->ri_TrigDesc != NULL &&
+				rri->ri_TrigDesc->trig_update_before_row &&
+				!ExecBRUpdateTriggers(estate, &epqstate, rri, &tid, NULL,
+									  newslot, NULL))
+				skip = true;
+			if (!skip)
+			{
+				List	   *recheck = NIL;
+				bool		update_indexes;
+
+				if (rel->rd_att->constr)
+					ExecConstraints(rri, newslot, estate);
+				if (rel->rd_rel->relispartition)
+					ExecPartitionCheck(rri, newslot, estate, true);
+				simple_table_tuple_update(rel, &tid, newslot, snapshot,
+										  &update_indexes);
+				if (rri->ri_NumIndices > 0 && update_indexes)
+					recheck = ExecInsertIndexTuples(rri, newslot, estate,
+													true, false, NULL, NIL);
+				ExecARUpdateTriggers(estate, rri, NULL, NULL, &tid, NULL,
+									 newslot, recheck, NULL, false);
+				list_free(recheck);
+				*updated = true;
+			}
+			AfterTriggerEndQuery(estate);
+		}
+		PG_FINALLY();
+		{
+			active_request = req->outer;
+		}
+		PG_END_TRY();
+	}
+	else
+		AfterTriggerEndQuery(estate);
+
+	EvalPlanQualEnd(&epqstate);
+	ExecCloseTrigTargetRelations(estate);
+	ExecCloseIndices(rri);
+	ExecResetTupleTable(estate->es_tupleTable, false);
+	FreeExecutorState(estate);
+	PopActiveSnapshot();
+	CommandCounterIncrement();
+	return found;
+}
+
+/*
  * idem_transition(tbl regclass, key text, to_state text,
  *				   expected_version bigint DEFAULT NULL)
  * RETURNS idem_transition_result
@@ -1524,6 +1789,7 @@ idem_transition(PG_FUNCTION_ARGS)
 	SPIPlanPtr	exists_plan;
 	int			ret;
 	uint64		processed;
+	bool		found;
 	TransitionOutcome outcome;
 	char		tgname[NAMEDATALEN];
 
@@ -1580,9 +1846,7 @@ idem_transition(PG_FUNCTION_ARGS)
 						RelationGetRelationName(rel)),
 				 errhint("Call idem_transition() without expected_version, or guard the table with a version column.")));
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	guard_prepare_plans(entry, rel);
+	guard_prepare_key(entry, rel);
 
 	/* The key and the state as the column types read them. */
 	values[0] = InputFunctionCall(&entry->key_in, key_str, entry->key_ioparam,
@@ -1602,8 +1866,40 @@ idem_transition(PG_FUNCTION_ARGS)
 	req.outcome = OUTCOME_NOT_FOUND;
 	req.outer = active_request;
 
-	exists_plan = entry->exists_plan;
-	processed = run_request(entry, values, &req);
+	if (direct_path_ok(rel))
+	{
+		bool		updated;
+
+		ereport(DEBUG1,
+				(errmsg_internal("idem_transition updates a row of \"%s\" directly",
+								 RelationGetRelationName(rel))));
+
+		found = run_request_direct(rel, entry, values, &req, &updated);
+		processed = updated ? 1 : 0;
+	}
+	else
+	{
+		ereport(DEBUG1,
+				(errmsg_internal("idem_transition updates a row of \"%s\" through SPI",
+								 RelationGetRelationName(rel))));
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		guard_prepare_plans(entry, rel);
+		exists_plan = entry->exists_plan;
+		processed = run_request(entry, values, &req);
+		found = (processed > 0 || req.fired);
+		if (!found)
+		{
+			ret = SPI_execute_snapshot(exists_plan, values, NULL,
+									   statement_snapshot(), InvalidSnapshot,
+									   false, true, 1);
+			if (ret != SPI_OK_SELECT)
+				elog(ERROR, "SPI_execute_plan of the lookup failed: %s",
+					 SPI_result_code_string(ret));
+			found = (SPI_processed > 0);
+		}
+		SPI_finish();
+	}
 
 	if (!req.fired)
 	{
@@ -1614,13 +1910,7 @@ idem_transition(PG_FUNCTION_ARGS)
 							RelationGetRelationName(rel)),
 					 errdetail("Trigger \"%s\" is not enabled in this session, for example because session_replication_role is \"replica\".",
 							   tgname)));
-		ret = SPI_execute_snapshot(exists_plan, values, NULL,
-								   statement_snapshot(), InvalidSnapshot,
-								   false, true, 1);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "SPI_execute_plan of the lookup failed: %s",
-				 SPI_result_code_string(ret));
-		if (SPI_processed > 0)
+		if (found)
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("the transition of a row of table \"%s\" was skipped by another trigger",
@@ -1641,7 +1931,6 @@ idem_transition(PG_FUNCTION_ARGS)
 							   tgname)));
 	}
 
-	SPI_finish();
 	relation_close(rel, NoLock);
 	PG_RETURN_OID(outcome_label(fcinfo, outcome));
 }
