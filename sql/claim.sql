@@ -196,6 +196,8 @@ COMMIT;
 --
 SELECT idem_claim_batch(ARRAY['c_b1', 'c_b2', 'c_b1', 'c_b3', 'c_b2', 'c_b1']);
 SELECT idem_claim_batch(ARRAY['c_b1', 'c_b4', 'c_b4', 'c_m1']);
+-- claimed in key order, answered in the array's: the first occurrence wins
+SELECT idem_claim_batch(ARRAY['c_o9', 'c_o10', 'c_o1', 'c_o10', 'c_o', 'c_o1']);
 SELECT idem_claim_batch(ARRAY['c_b1', 'c_b4'], 'claim_batch');
 SELECT idem_claim_batch(ARRAY['c_b1', 'c_b4'], 'claim_batch');
 SELECT idem_claim_batch('{}');

@@ -125,6 +125,33 @@ idem_try_claim(PG_FUNCTION_ARGS)
  * takes no lock that outlives the element, so the size of a batch is bounded
  * by the array, not by the lock table.
  */
+/* An element of a batch, with its place in the array. */
+typedef struct BatchItem
+{
+	const char *data;
+	int			len;
+	int			pos;
+} BatchItem;
+
+/*
+ * The order a batch is claimed in: the order of the primary key (msg_id is
+ * of collation "C": bytes, then length), then the place in the array, so
+ * that a repeated id is claimed by its first occurrence.
+ */
+static int
+batch_item_cmp(const void *a, const void *b)
+{
+	const BatchItem *x = (const BatchItem *) a;
+	const BatchItem *y = (const BatchItem *) b;
+	int			r = memcmp(x->data, y->data, Min(x->len, y->len));
+
+	if (r != 0)
+		return r;
+	if (x->len != y->len)
+		return x->len < y->len ? -1 : 1;
+	return x->pos < y->pos ? -1 : (x->pos > y->pos ? 1 : 0);
+}
+
 PG_FUNCTION_INFO_V1(idem_claim_batch);
 Datum
 idem_claim_batch(PG_FUNCTION_ARGS)
@@ -136,6 +163,7 @@ idem_claim_batch(PG_FUNCTION_ARGS)
 	int			n;
 	int			i;
 	Datum	   *results;
+	BatchItem  *items;
 	IdemStore  *store;
 	MemoryContext elemcxt;
 	MemoryContext oldcxt;
@@ -170,6 +198,22 @@ idem_claim_batch(PG_FUNCTION_ARGS)
 	results = palloc(Max(n, 1) * sizeof(Datum));
 	if (n > 0)
 	{
+		/*
+		 * Claim in key order: two batches that share ids then wait for each
+		 * other in one direction only and cannot deadlock, and neighbouring
+		 * claims touch neighbouring index pages.
+		 */
+		items = palloc(n * sizeof(BatchItem));
+		for (i = 0; i < n; i++)
+		{
+			text	   *t = (text *) DatumGetPointer(elems[i]);
+
+			items[i].data = VARDATA_ANY(t);
+			items[i].len = VARSIZE_ANY_EXHDR(t);
+			items[i].pos = i;
+		}
+		qsort(items, n, sizeof(BatchItem), batch_item_cmp);
+
 		store = claims_open_for_write("idem_claim_batch()");
 		elemcxt = AllocSetContextCreate(CurrentMemoryContext,
 										"idem_claim_batch element",
@@ -177,13 +221,14 @@ idem_claim_batch(PG_FUNCTION_ARGS)
 		for (i = 0; i < n; i++)
 		{
 			IdemStoreResult r;
+			int			pos = items[i].pos;
 
 			oldcxt = MemoryContextSwitchTo(elemcxt);
-			r = claim_one(store, ns, (text *) DatumGetPointer(elems[i]),
+			r = claim_one(store, ns, (text *) DatumGetPointer(elems[pos]),
 						  IDEM_WAIT);
 			MemoryContextSwitchTo(oldcxt);
 			MemoryContextReset(elemcxt);
-			results[i] = BoolGetDatum(r == IDEM_STORE_INSERTED);
+			results[pos] = BoolGetDatum(r == IDEM_STORE_INSERTED);
 		}
 		MemoryContextDelete(elemcxt);
 		idem_store_close(store);
