@@ -93,7 +93,16 @@ typedef struct StoreCacheEntry
 	MemoryContext indexcxt;
 	int			inval_count;	/* invalidations seen while building */
 	int			users;			/* stores open on it, reset at xact end */
+
+	/* new keys inserted in a row by this backend, up to STORE_NEW_STREAK */
+	int			new_streak;
 } StoreCacheEntry;
+
+/*
+ * idem_store_insert skips its pre-check while the last STORE_NEW_STREAK keys
+ * this backend inserted into the table were all new; see there.
+ */
+#define STORE_NEW_STREAK 16
 
 #define STORE_CACHE_SIZE 8
 static StoreCacheEntry store_cache[STORE_CACHE_SIZE];
@@ -629,6 +638,19 @@ idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
 {
 	TupleDesc	tupdesc = RelationGetDescr(store->rel);
 	TupleTableSlot *slot = store_write_slot(store);
+	StoreCacheEntry *e = store->entry;
+
+	/*
+	 * The pre-check descends the index once more than the insertion itself,
+	 * which a stream of new keys never needs: the speculative insertion
+	 * finds a conflicting key by itself, and is then backed out and followed
+	 * by the pre-check, as when another session wins a race.  So the
+	 * pre-check is skipped while this backend's last STORE_NEW_STREAK keys
+	 * were all new, and made again from the first duplicate on, which keeps
+	 * the cost of a run of duplicates (a redelivered batch) at one
+	 * backed-out insertion.
+	 */
+	bool		precheck = (e->new_streak < STORE_NEW_STREAK);
 
 	for (;;)
 	{
@@ -637,12 +659,17 @@ idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
 		bool		specConflict = false;
 		List	   *recheck;
 
-		found = store_probe(store, values[0], values[1], wait);
-		ExecClearTuple(store->probe_slot);
-		if (found == PROBE_EXISTS)
-			return IDEM_STORE_EXISTS;
-		if (found != PROBE_ABSENT)
-			return IDEM_STORE_IN_FLIGHT;
+		if (precheck)
+		{
+			found = store_probe(store, values[0], values[1], wait);
+			ExecClearTuple(store->probe_slot);
+			if (found != PROBE_ABSENT)
+			{
+				e->new_streak = 0;
+				return found == PROBE_EXISTS ? IDEM_STORE_EXISTS :
+					IDEM_STORE_IN_FLIGHT;
+			}
+		}
 
 		ExecClearTuple(slot);
 		memcpy(slot->tts_values, values, tupdesc->natts * sizeof(Datum));
@@ -667,8 +694,14 @@ idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
 		ResetPerTupleExprContext(store->estate);
 
 		if (!specConflict)
+		{
+			if (e->new_streak < STORE_NEW_STREAK)
+				e->new_streak++;
 			return IDEM_STORE_INSERTED;
-		/* A concurrent inserter won the race: the pre-check will find it. */
+		}
+		/* The key exists or a concurrent inserter won: the pre-check finds it. */
+		e->new_streak = 0;
+		precheck = true;
 	}
 }
 
