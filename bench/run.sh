@@ -137,11 +137,33 @@ wrote() {
 }
 
 # measure SCRIPT CLIENTS: one pgbench run from the reset tables, its TPS
-# left in $tps.
+# left in $tps and the server's CPU time per transaction (microseconds, all
+# the run's backends together) in $cpu.
 measure() {
+    local t0 t1 out ntx
     reset_tables
-    tps=$(pgbench_tps "$1" "$2") || exit 1
+    t0=$(backend_ticks)
+    out=$(pgbench_tps "$1" "$2") || exit 1
+    backends_gone
+    t1=$(backend_ticks)
+    read -r tps ntx <<<"$out"
+    cpu=$(awk -v d=$((t1 - t0)) -v hz="$TICKS" -v n="$ntx" 'BEGIN { printf "%.2f", (n > 0) ? d / hz / n * 1e6 : 0 }')
     wrote "$1"
+}
+
+# CPU time of the server's exited backends, in clock ticks: the postmaster's
+# cutime + cstime (fields 16 and 17 of /proc/PID/stat).  Read before and
+# after a run, it gives the CPU the run's connections used, which a busy
+# machine disturbs far less than their throughput.
+TICKS=$(getconf CLK_TCK)
+backend_ticks() { awk '{ print $16 + $17 }' "/proc/$(head -n 1 "$DIR/data/postmaster.pid")/stat"; }
+backends_gone() {
+    local i
+    for i in $(seq 1 100); do
+        [ "$(sql -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")" = 1 ] && break
+        sleep 0.1
+    done
+    sleep 0.2
 }
 
 checkpoint() { sql -c 'CHECKPOINT' || die "checkpoint failed"; }
@@ -173,9 +195,10 @@ EOF
 # the rolled-back rows out of both tables
 sql -c 'VACUUM idem.claims, bench.dedup' || die "vacuum failed"
 
-# pgbench SCRIPT CLIENTS: prints the TPS without connection time.
+# pgbench_tps SCRIPT CLIENTS: prints the TPS without connection time and
+# the number of transactions.
 pgbench_tps() {
-    local script=$1 clients=$2 jobs out tps failed
+    local script=$1 clients=$2 jobs out tps failed ntx
     jobs=$(( clients < NPROC ? clients : NPROC ))
     checkpoint
     out=$(as_pg pgbench -h "$DIR" -p "$PORT" -n -M prepared -T "$SECS" \
@@ -186,8 +209,9 @@ pgbench_tps() {
     failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' <<<"$out")
     [ -n "$tps" ] || { echo "$out" >&2; die "no TPS in the output of pgbench $script"; }
     [ "${failed:-0}" = 0 ] || { echo "$out" >&2; die "pgbench $script: failed transactions"; }
+    ntx=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
     echo "   $script, $clients client(s): $tps TPS" >&2
-    echo "$tps"
+    echo "$tps $ntx"
 }
 
 # timed SQL: runs one statement in its own transaction, prints its seconds
@@ -224,6 +248,15 @@ row() {
     ROWS_OUT+=("| $scen | $clients | $idem | $base | $ratio | $target | $verdict |")
 }
 
+CPU_ROWS=()
+# cpu_row SCENARIO CLIENTS IDEM_US BASELINE_US: server CPU per unit of work;
+# ratio = baseline / idem, so that above 1 means idem does it for less
+cpu_row() {
+    local r
+    r=$(awk -v a="$3" -v b="$4" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print "-" }')
+    CPU_ROWS+=("| $1 | $2 | $3 | $4 | $r |")
+}
+
 DETAILS=()
 # detail LABEL VALUES...: the single measurements behind a median
 detail() {
@@ -238,19 +271,21 @@ detail() {
 echo "== one claim per transaction, pgbench -M prepared, ${SECS} s per run, $ROUNDS rounds"
 for c in 1 8; do
     for scen in dup new; do
-        A=(); B=()
+        A=(); B=(); AC=(); BC=()
         for ((r = 1; r <= ROUNDS; r++)); do
             if ((r % 2)); then
-                measure "idem_$scen.sql" "$c"; A+=("$tps")
-                measure "sql_$scen.sql" "$c"; B+=("$tps")
+                measure "idem_$scen.sql" "$c"; A+=("$tps"); AC+=("$cpu")
+                measure "sql_$scen.sql" "$c"; B+=("$tps"); BC+=("$cpu")
             else
-                measure "sql_$scen.sql" "$c"; B+=("$tps")
-                measure "idem_$scen.sql" "$c"; A+=("$tps")
+                measure "sql_$scen.sql" "$c"; B+=("$tps"); BC+=("$cpu")
+                measure "idem_$scen.sql" "$c"; A+=("$tps"); AC+=("$cpu")
             fi
         done
         [ "$scen" = new ] && what="new ids" || what="duplicate ids"
         row "$what (TPS): idem_claim vs INSERT ON CONFLICT DO NOTHING" "$c" \
             "$(median "${A[@]}")" "$(median "${B[@]}")" HIGHER 1.0
+        cpu_row "$what: idem_claim vs INSERT ON CONFLICT DO NOTHING, per transaction" "$c" \
+            "$(median "${AC[@]}")" "$(median "${BC[@]}")"
         detail "$what, $c client(s), idem_claim TPS" "${A[@]}"
         detail "$what, $c client(s), INSERT ON CONFLICT DO NOTHING TPS" "${B[@]}"
     done
@@ -294,19 +329,22 @@ done
 #    one idem_claim per call, alternating as in 1.
 echo "== claims per second, batches of $BATCH against single claims, ${SECS} s per run, $ROUNDS rounds"
 for c in 1 8; do
-    A=(); B=()
+    A=(); B=(); AC=(); BC=()
     for ((r = 1; r <= ROUNDS; r++)); do
         for side in $( ((r % 2)) && echo "batch single" || echo "single batch"); do
             if [ "$side" = batch ]; then
                 measure idem_batch.sql "$c"
                 A+=("$(awk -v t="$tps" -v n="$BATCH" 'BEGIN { print t * n }')")
+                AC+=("$(awk -v u="$cpu" -v n="$BATCH" 'BEGIN { printf "%.2f", u / n }')")
             else
-                measure idem_new.sql "$c"; B+=("$tps")
+                measure idem_new.sql "$c"; B+=("$tps"); BC+=("$cpu")
             fi
         done
     done
     row "new ids (claims/s): idem_claim_batch of $BATCH vs single idem_claim" "$c" \
         "$(median "${A[@]}")" "$(median "${B[@]}")" HIGHER 5
+    cpu_row "new ids: idem_claim_batch of $BATCH vs single idem_claim, per claim" "$c" \
+        "$(median "${AC[@]}")" "$(median "${BC[@]}")"
     detail "claims/s, $c client(s), idem_claim_batch of $BATCH" "${A[@]}"
     detail "claims/s, $c client(s), single idem_claim" "${B[@]}"
 done
@@ -336,6 +374,13 @@ report=$(
     echo "| scenario | clients | idem | baseline | ratio | target | result |"
     echo "|---|---:|---:|---:|---:|---|---|"
     printf '%s\n' "${ROWS_OUT[@]}"
+    echo
+    echo "Server CPU time (microseconds, every backend of the run together), median;"
+    echo "ratio = baseline / idem, above 1 when idem uses less:"
+    echo
+    echo "| scenario | clients | idem us | baseline us | ratio |"
+    echo "|---|---:|---:|---:|---:|"
+    printf '%s\n' "${CPU_ROWS[@]}"
     echo
     echo "Medians of $ROUNDS runs; the runs, in order:"
     echo

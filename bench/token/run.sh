@@ -28,7 +28,7 @@
 # Settings (environment): TX_SYNC (transactions of a run at synchronous
 # commit, default 20000), TX_ASYNC (the others, default 100000), BACKGROUND
 # (tokens in each table that no run consumes, default 200000), ROUNDS (runs
-# of each measurement, default 1; medians are reported), KEEP (keep the
+# of each measurement, default 3; medians are reported), KEEP (keep the
 # servers' files).  Ports: 5631 for PostgreSQL, 6391 and 6392 (127.0.0.1)
 # for Redis.  Run as root on Debian 12.
 set -u
@@ -42,7 +42,7 @@ REDIS_AOF_PORT=6392
 TX_SYNC=${TX_SYNC:-20000}
 TX_ASYNC=${TX_ASYNC:-100000}
 BACKGROUND=${BACKGROUND:-200000}
-ROUNDS=${ROUNDS:-1}
+ROUNDS=${ROUNDS:-3}
 CLIENT_COUNTS=(1 8)
 [ "$ROUNDS" -ge 1 ] && [ "$ROUNDS" -le 8 ] || die "ROUNDS must be between 1 and 8"
 for tx in "$TX_SYNC" "$TX_ASYNC"; do
@@ -134,6 +134,7 @@ chown postgres:postgres "$dir"/*.sql
 configs=("logged_on logged on $TX_SYNC" "logged_off logged off $TX_ASYNC" "unlogged unlogged on $TX_ASYNC")
 
 declare -A rate        # rate[method,config,clients] = list of tx/s, one per round
+declare -A cpu         # cpu[method,config,clients] = list of server CPU us per tx
 base_of() {            # base_of round config_index clients
     echo $(( ( ($1 * 3 + $2) * 2 + ($3 == 1 ? 0 : 1) + 1) * 10000000 ))
 }
@@ -145,22 +146,39 @@ count_done() {          # what each method has done so far in the table
     esac
 }
 
-run_pgbench() {         # method sync clients tx base -> prints tx/s
-    local method=$1 sync=$2 clients=$3 tx=$4 b=$5 per before after done jobs out tps
+# CPU time of the server's exited backends, in clock ticks (the postmaster's
+# cutime + cstime): read before and after a run, the CPU its connections
+# used, which a busy machine disturbs far less than their rate.
+ticks_hz=$(getconf CLK_TCK)
+backend_ticks() { awk '{ print $16 + $17 }' "/proc/$(head -n 1 "$dir/pg/data/postmaster.pid")/stat"; }
+backends_gone() {
+    local i
+    for i in $(seq 1 100); do
+        [ "$(psql_v "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")" = 1 ] && break
+        sleep 0.1
+    done
+    sleep 0.2
+}
+
+run_pgbench() {         # method sync clients tx base -> prints tx/s and CPU us per tx
+    local method=$1 sync=$2 clients=$3 tx=$4 b=$5 per before after done jobs out tps t0 t1
     per=$((tx / clients))
     jobs=$(( clients < 2 ? clients : 2 ))
     psql_v "CHECKPOINT" >/dev/null
     before=$(count_done "$method")
+    t0=$(backend_ticks)
     out=$(runuser -u postgres -- env PGOPTIONS="-c synchronous_commit=$sync" \
         pgbench -n -M prepared -h "$dir/pg" -p "$PG_PORT" -c "$clients" -j "$jobs" -t "$per" \
         -D n=0 -D base="$b" -f "$dir/$method.sql" postgres 2>&1) || { echo "$out" >&2; die "pgbench failed"; }
+    backends_gone
+    t1=$(backend_ticks)
     after=$(count_done "$method")
     if [ "$method" = idem ]; then done=$((after - before)); else done=$((before - after)); fi
     [ "$done" = $((per * clients)) ] ||
         die "$method: $((per * clients)) transactions but $done tokens consumed"
     tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\) .*/\1/p' | head -1)
     [ -n "$tps" ] || { echo "$out" >&2; die "no tps in the output of pgbench"; }
-    echo "$tps"
+    echo "$tps $(awk -v d=$((t1 - t0)) -v hz="$ticks_hz" -v n="$done" 'BEGIN { printf "%.1f", d / hz / n * 1e6 }')"
 }
 
 load_tables() {         # persistence
@@ -228,10 +246,12 @@ for persistence in logged unlogged; do
                 # alternate which method goes first
                 if (( (round + ci + clients) % 2 == 0 )); then order="idem delete"; else order="delete idem"; fi
                 for method in $order; do
-                    r=$(run_pgbench "$method" "$sync" "$clients" "$tx" "$b") || exit 1
+                    out=$(run_pgbench "$method" "$sync" "$clients" "$tx" "$b") || exit 1
+                    read -r r u <<<"$out"
                     rate[$method,$name,$clients]="${rate[$method,$name,$clients]:-} $r"
-                    printf '   %-8s %-9s sync=%-3s clients=%s tx=%-7s %10.0f tx/s\n' \
-                        "$method" "$p" "$sync" "$clients" "$tx" "$r"
+                    cpu[$method,$name,$clients]="${cpu[$method,$name,$clients]:-} $u"
+                    printf '   %-8s %-9s sync=%-3s clients=%s tx=%-7s %10.0f tx/s %8.1f us CPU\n' \
+                        "$method" "$p" "$sync" "$clients" "$tx" "$r" "$u"
                 done
                 # Redis right after, so that it meets the same load
                 if [ "$sync" = on ] && [ "$p" = logged ]; then kind=aof port=$REDIS_AOF_PORT
@@ -284,6 +304,19 @@ mkdir -p "$results"
     for clients in "${CLIENT_COUNTS[@]}"; do
         row "Redis GETDEL, no persistence; idem unlogged" "$clients" "idem,unlogged,$clients" "redis,unlogged,$clients"
     done
+    echo
+    echo "server CPU time per consumption (microseconds, every backend of the run together), median;"
+    echo "ratio: DELETE / idem, above 1 when idem uses less"
+    printf '%-52s %7s %10s %10s %7s\n' "" clients "idem" "DELETE" ratio
+    cpu_row() {         # label clients config
+        local i o
+        i=$(echo "${cpu[idem,$3,$2]}" | median)
+        o=$(echo "${cpu[delete,$3,$2]}" | median)
+        printf '%-52s %7s %10.1f %10.1f %7.2f\n' "$1" "$2" "$i" "$o" "$(awk -v a="$i" -v b="$o" 'BEGIN { print (a > 0) ? b / a : 0 }')"
+    }
+    for clients in "${CLIENT_COUNTS[@]}"; do cpu_row "logged, sync commit on" "$clients" logged_on; done
+    for clients in "${CLIENT_COUNTS[@]}"; do cpu_row "logged, sync commit off" "$clients" logged_off; done
+    for clients in "${CLIENT_COUNTS[@]}"; do cpu_row "unlogged" "$clients" unlogged; done
     echo
     echo "every run, in tx/s (one value per round):"
     for k in $(printf '%s\n' "${!rate[@]}" | sort); do
