@@ -73,6 +73,11 @@ BEGIN
 END;
 $$;
 SELECT make_table('t_direct');
+-- the guard alone among the BEFORE ROW triggers: a move that applies to the
+-- row the snapshot sees is written without locking the row first
+SELECT make_table('t_alone');
+DROP TRIGGER b_of_status ON t_alone;
+DROP TRIGGER b_of_note ON t_alone;
 -- through SPI: a statement-level trigger, a rule, a stored generated column
 SELECT make_table('t_statement');
 CREATE TRIGGER after_statement AFTER UPDATE ON t_statement
@@ -118,6 +123,7 @@ $$;
 
 CREATE TABLE outcomes (t text, n serial, request text, outcome text);
 INSERT INTO outcomes (t, request, outcome) SELECT 't_direct', * FROM scenario('t_direct');
+INSERT INTO outcomes (t, request, outcome) SELECT 't_alone', * FROM scenario('t_alone');
 INSERT INTO outcomes (t, request, outcome) SELECT 't_statement', * FROM scenario('t_statement');
 INSERT INTO outcomes (t, request, outcome) SELECT 't_rule', * FROM scenario('t_rule');
 INSERT INTO outcomes (t, request, outcome) SELECT 't_generated', * FROM scenario('t_generated');
@@ -134,12 +140,13 @@ SELECT o.t, o.request, o.outcome, d.outcome AS direct
  WHERE o.outcome IS DISTINCT FROM d.outcome;
 SELECT t, count(*) FROM outcomes GROUP BY t ORDER BY t;
 -- ...the same rows...
-(SELECT 't_statement' AS t, id, status, version, customer, note FROM t_statement
+(SELECT 't_alone' AS t, id, status, version, customer, note FROM t_alone
+ UNION ALL SELECT 't_statement', id, status, version, customer, note FROM t_statement
  UNION ALL SELECT 't_rule', id, status, version, customer, note FROM t_rule
  UNION ALL SELECT 't_generated', id, status, version, customer, note FROM t_generated)
 EXCEPT
 SELECT t, id, status, version, customer, note
-  FROM t_direct, unnest(ARRAY['t_statement', 't_rule', 't_generated']) t;
+  FROM t_direct, unnest(ARRAY['t_alone', 't_statement', 't_rule', 't_generated']) t;
 -- ...the same row triggers, in the same order
 CREATE FUNCTION row_triggers(t text) RETURNS text[] LANGUAGE sql AS $$
     SELECT array_agg(format('%s %s>%s %s>%s', what, old_state, new_state,
@@ -148,6 +155,10 @@ CREATE FUNCTION row_triggers(t text) RETURNS text[] LANGUAGE sql AS $$
 $$;
 SELECT t, row_triggers(t) = row_triggers('t_direct') AS same
   FROM unnest(ARRAY['t_statement', 't_rule', 't_generated']) t;
+-- (t_alone has the AFTER trigger only)
+SELECT row_triggers('t_alone') =
+       (SELECT array_agg(x ORDER BY i) FROM unnest(row_triggers('t_direct')) WITH ORDINALITY u(x, i)
+         WHERE x LIKE 'AFTER%') AS same_after_triggers;
 -- and what sent them through SPI did its part: the statement trigger fired
 -- once per call (that was not rolled back), the rule once per call that
 -- found the row, the generated column follows the state
@@ -158,6 +169,13 @@ SELECT id, status, shout FROM t_generated ORDER BY id;
 SET client_min_messages = debug1;
 SELECT idem_transition(t::regclass, '9', 'paid')
   FROM unnest(ARRAY['t_direct', 't_statement', 't_rule', 't_generated']) t;
+INSERT INTO t_alone (id, status) VALUES (10, 'new');
+INSERT INTO t_direct (id, status) VALUES (10, 'new');
+-- a move that applies: without a lock first only where the guard is alone
+SELECT idem_transition('t_alone', '10', 'paid');
+SELECT idem_transition('t_direct', '10', 'paid');
+-- one that does not apply is decided on the locked row
+SELECT idem_transition('t_alone', '10', 'new');
 RESET client_min_messages;
 
 -- as a role that is not the owner: row-level security (through SPI) and
@@ -192,7 +210,7 @@ SELECT id, status, version FROM t_direct ORDER BY id;
 DROP OWNED BY regress_idem_paths;
 DROP ROLE regress_idem_paths;
 
-DROP TABLE t_direct, t_statement, t_rule, t_generated, t_rls, customers, seen,
+DROP TABLE t_direct, t_alone, t_statement, t_rule, t_generated, t_rls, customers, seen,
            outcomes;
 DROP FUNCTION make_table(text), scenario(regclass), row_triggers(text),
               see_row(), see_statement(), err(text);

@@ -1570,10 +1570,122 @@ direct_path_ok(Relation rel)
 }
 
 /*
+ * Whether the guard is the only BEFORE ROW UPDATE trigger of the table that
+ * may fire, and fires in this session, without a WHEN condition.  Then
+ * idem_transition can run the guard's checks itself.
+ */
+static bool
+guard_alone(TriggerDesc *td, GuardEntry *entry)
+{
+	bool		guard_fires = false;
+	int			i;
+
+	if (td == NULL)
+		return false;
+	for (i = 0; i < td->numtriggers; i++)
+	{
+		Trigger    *t = &td->triggers[i];
+		bool		fires;
+
+		if (!TRIGGER_TYPE_MATCHES(t->tgtype, TRIGGER_TYPE_ROW,
+								  TRIGGER_TYPE_BEFORE, TRIGGER_TYPE_UPDATE))
+			continue;
+		if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA)
+			fires = (t->tgenabled == TRIGGER_FIRES_ON_REPLICA ||
+					 t->tgenabled == TRIGGER_FIRES_ALWAYS);
+		else
+			fires = (t->tgenabled == TRIGGER_FIRES_ON_ORIGIN ||
+					 t->tgenabled == TRIGGER_FIRES_ALWAYS);
+		if (t->tgoid == entry->tgoid && t->tgqual == NULL && t->tgnattr == 0)
+			guard_fires = fires;
+		else if (t->tgenabled != TRIGGER_DISABLED)
+			return false;
+	}
+	return guard_fires;
+}
+
+/*
+ * The common case of the direct path, without a row lock: the row as the
+ * snapshot sees it allows the move, and the update finds it unchanged.  The
+ * guard's checks run here rather than through the trigger manager (the guard
+ * being the only BEFORE ROW UPDATE trigger), and the update itself says
+ * whether another transaction changed the row since the snapshot (it waits
+ * for one still running, as an UPDATE does).  Returns false, having written
+ * nothing, when the request is not applied on this version or the row
+ * changed: the caller then locks the latest version and decides again, as
+ * an UPDATE checks its condition again on it.
+ */
+static bool
+apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
+			   EState *estate, TupleTableSlot *slot, Datum *values,
+			   TransitionRequest *req)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	bool		should_free;
+	HeapTuple	oldtup = ExecFetchSlotHeapTuple(slot, false, &should_free);
+	HeapTuple	newtup;
+	TupleTableSlot *newslot;
+	Datum	   *vals;
+	bool	   *nulls;
+	TM_FailureData tmfd;
+	TM_Result	res;
+	LockTupleMode lockmode;
+	bool		update_indexes;
+	List	   *recheck = NIL;
+
+	if (decide(entry, req, oldtup, desc) != OUTCOME_APPLIED)
+		return false;
+
+	/* SET state = $2, then what the guard makes of it (the version) */
+	vals = palloc(desc->natts * sizeof(Datum));
+	nulls = palloc(desc->natts * sizeof(bool));
+	heap_deform_tuple(oldtup, desc, vals, nulls);
+	vals[entry->state_attnum - 1] = values[1];
+	nulls[entry->state_attnum - 1] = false;
+	newtup = guard_update(rel, entry, oldtup, heap_form_tuple(desc, vals, nulls));
+	newslot = table_slot_create(rel, &estate->es_tupleTable);
+	ExecForceStoreHeapTuple(newtup, newslot, false);
+
+	if (rel->rd_att->constr)
+		ExecConstraints(rri, newslot, estate);
+	if (rel->rd_rel->relispartition)
+		ExecPartitionCheck(rri, newslot, estate, true);
+	res = table_tuple_update(rel, &slot->tts_tid, newslot,
+							 estate->es_output_cid, estate->es_snapshot,
+							 InvalidSnapshot, true, &tmfd, &lockmode,
+							 &update_indexes);
+	switch (res)
+	{
+		case TM_Ok:
+			break;
+		case TM_Updated:
+		case TM_Deleted:
+		case TM_SelfModified:
+			/* changed since the snapshot: the locking path sorts it out */
+			return false;
+		default:
+			elog(ERROR, "unexpected table_tuple_update status: %u", res);
+	}
+
+	req->fired = true;
+	req->outcome = OUTCOME_APPLIED;
+	if (rri->ri_NumIndices > 0 && update_indexes)
+		recheck = ExecInsertIndexTuples(rri, newslot, estate, true, false,
+										NULL, NIL);
+	ExecARUpdateTriggers(estate, rri, NULL, NULL, &slot->tts_tid, NULL,
+						 newslot, recheck, NULL, false);
+	list_free(recheck);
+	return true;
+}
+
+/*
  * The direct path of idem_transition: what "UPDATE ONLY t SET state = $2
  * WHERE key = $1" does, without a plan.  The row is found through the
  * primary key with the statement's snapshot (advanced past the commands of
- * this transaction, as SPI does), locked in its latest version (under READ
+ * this transaction, as SPI does).  When the guard is the table's only BEFORE
+ * ROW UPDATE trigger and the move applies to that version, the row is
+ * updated at once (apply_unlocked).  Otherwise, or when the row changed
+ * since the snapshot, it is locked in its latest version (under READ
  * COMMITTED, after checking the key again, as EvalPlanQual would; under
  * REPEATABLE READ a concurrent change is the usual 40001), and updated with
  * the table's BEFORE ROW triggers (the guard deciding the request), its
@@ -1599,6 +1711,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 	Snapshot	snapshot;
 	ItemPointerData tid;
 	volatile bool found = false;
+	bool		applied_unlocked = false;
 	int			i;
 
 	*updated = false;
@@ -1655,7 +1768,15 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 	}
 	index_endscan(scan);
 
-	if (found)
+	if (found && guard_alone(rri->ri_TrigDesc, entry) &&
+		apply_unlocked(rel, entry, rri, estate, slot, values, req))
+	{
+		applied_unlocked = true;
+		ereport(DEBUG1,
+				(errmsg_internal("idem_transition moved the row without locking it first")));
+	}
+
+	if (found && !applied_unlocked)
 	{
 		lockmode = ExecUpdateLockMode(estate, rri);
 		res = table_tuple_lock(rel, &tid, snapshot, slot,
@@ -1704,7 +1825,12 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 		}
 	}
 
-	if (found)
+	if (applied_unlocked)
+	{
+		*updated = true;
+		AfterTriggerEndQuery(estate);
+	}
+	else if (found)
 	{
 		TupleDesc	desc = RelationGetDescr(rel);
 		bool		skip = false;

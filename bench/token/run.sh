@@ -166,6 +166,7 @@ run_pgbench() {         # method sync clients tx base -> prints tx/s and CPU us 
     jobs=$(( clients < 2 ? clients : 2 ))
     psql_v "CHECKPOINT" >/dev/null
     before=$(count_done "$method")
+    backends_gone       # the count's backend too, so that its CPU stays out
     t0=$(backend_ticks)
     out=$(runuser -u postgres -- env PGOPTIONS="-c synchronous_commit=$sync" \
         pgbench -n -M prepared -h "$dir/pg" -p "$PG_PORT" -c "$clients" -j "$jobs" -t "$per" \
