@@ -142,28 +142,13 @@ wrote() {
 measure() {
     local t0 t1 out ntx
     reset_tables
-    t0=$(backend_ticks)
+    t0=$(server_cpu_us "$DIR")
     out=$(pgbench_tps "$1" "$2") || exit 1
-    backends_gone
-    t1=$(backend_ticks)
+    wait_backends_gone "$DIR" "$PORT" "$DB"
+    t1=$(server_cpu_us "$DIR")
     read -r tps ntx <<<"$out"
-    cpu=$(awk -v d=$((t1 - t0)) -v hz="$TICKS" -v n="$ntx" 'BEGIN { printf "%.2f", (n > 0) ? d / hz / n * 1e6 : 0 }')
+    cpu=$(awk -v d=$((t1 - t0)) -v n="$ntx" 'BEGIN { printf "%.2f", (n > 0) ? d / n : 0 }')
     wrote "$1"
-}
-
-# CPU time of the server's exited backends, in clock ticks: the postmaster's
-# cutime + cstime (fields 16 and 17 of /proc/PID/stat).  Read before and
-# after a run, it gives the CPU the run's connections used, which a busy
-# machine disturbs far less than their throughput.
-TICKS=$(getconf CLK_TCK)
-backend_ticks() { awk '{ print $16 + $17 }' "/proc/$(head -n 1 "$DIR/data/postmaster.pid")/stat"; }
-backends_gone() {
-    local i
-    for i in $(seq 1 100); do
-        [ "$(sql -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")" = 1 ] && break
-        sleep 0.1
-    done
-    sleep 0.2
 }
 
 checkpoint() { sql -c 'CHECKPOINT' || die "checkpoint failed"; }

@@ -80,6 +80,28 @@ start_cluster() {
         || { cat "$dir/server.log"; die "server did not start"; }
 }
 
+# server_cpu_us DIR: the CPU time, in microseconds, of the exited backends of
+# the cluster started in DIR: the postmaster's cutime + cstime (fields 16 and
+# 17 of /proc/PID/stat).  Read before and after a benchmark run, it gives the
+# CPU the run's connections used, which a busy machine disturbs far less than
+# their throughput.
+server_cpu_us() {
+    awk -v hz="$(getconf CLK_TCK)" '{ printf "%.0f\n", ($16 + $17) / hz * 1e6 }' \
+        "/proc/$(head -n 1 "$1/data/postmaster.pid")/stat"
+}
+
+# wait_backends_gone DIR PORT DB: waits until no client backend but the one
+# asking is left, so that the CPU of those that exited has been counted.
+wait_backends_gone() {
+    local i
+    for i in $(seq 1 100); do
+        [ "$(runuser -u postgres -- env PATH="$PATH" psql -h "$1" -p "$2" -d "$3" -X -At -c \
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")" = 1 ] && break
+        sleep 0.1
+    done
+    sleep 0.2
+}
+
 stop_cluster() {
     local dir=$1
     [ -d "$dir/data" ] && runuser -u postgres -- pg_ctl -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true

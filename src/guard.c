@@ -101,6 +101,10 @@
  *	25006  a read-only transaction
  *	The key and to_state are read by the input functions of the key and
  *	state column types, whose errors (such as 22P02) come through.
+ *	idem_transition raises what the UPDATE it stands for would: 40001 when
+ *	the row changed since a REPEATABLE READ snapshot, 27000 when a trigger
+ *	of the same command already changed it, and the errors of the table's
+ *	own constraints and triggers.
  *
  * Caches.  Every backend keeps the machines in memory, and for every guarded
  * table the columns and types the trigger needs and the plans of
@@ -1636,12 +1640,24 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
 	if (decide(entry, req, oldtup, desc) != OUTCOME_APPLIED)
 		return false;
 
-	/* SET state = $2, then what the guard makes of it (the version) */
+	/*
+	 * SET state = $2, with the version the guard would write (so that the
+	 * row is formed once); guard_update still checks both, and refuses a
+	 * version that is NULL or cannot go up.
+	 */
 	vals = palloc(desc->natts * sizeof(Datum));
 	nulls = palloc(desc->natts * sizeof(bool));
 	heap_deform_tuple(oldtup, desc, vals, nulls);
 	vals[entry->state_attnum - 1] = values[1];
 	nulls[entry->state_attnum - 1] = false;
+	if (entry->version_attnum != InvalidAttrNumber &&
+		!nulls[entry->version_attnum - 1])
+	{
+		int64		v = version_value(entry, vals[entry->version_attnum - 1]);
+
+		if (v < version_max(entry))
+			vals[entry->version_attnum - 1] = version_datum(entry, v + 1);
+	}
 	newtup = guard_update(rel, entry, oldtup, heap_form_tuple(desc, vals, nulls));
 	newslot = table_slot_create(rel, &estate->es_tupleTable);
 	ExecForceStoreHeapTuple(newtup, newslot, false);

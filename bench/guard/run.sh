@@ -136,32 +136,20 @@ prepare_plain() {
     sql -c "VACUUM (FREEZE, ANALYZE) $1" -c "CHECKPOINT" >/dev/null || die "vacuum of $1 failed"
 }
 
-# CPU time of the backends that have exited, in clock ticks: the
-# postmaster's cutime + cstime (fields 16 and 17 of /proc/PID/stat).  Read
-# before and after a run, it gives the server's CPU time for the run's
-# connections, which a busy machine disturbs far less than the throughput.
-postmaster=$(head -n 1 "$dir/cluster/data/postmaster.pid")
-ticks=$(getconf CLK_TCK)
-backend_ticks() { awk '{ print $16 + $17 }' "/proc/$postmaster/stat"; }
-
 # run_pgbench SCRIPT CLIENTS: prints "tps transactions cpu-us-per-transaction"
+# (the server's CPU: scripts/common.sh, server_cpu_us)
 run_pgbench() {
     local script=$1 c=$2 threads out t0 t1 tps n
     threads=$(( c < 2 ? c : 2 ))
-    t0=$(backend_ticks)
+    t0=$(server_cpu_us "$dir/cluster")
     out=$(as_pg pgbench -h "$dir/cluster" -p "$PORT" -n -M prepared -c "$c" -j "$threads" \
         -T "$DURATION" -D n=0 -D nc="$c" -D to=paid -D ver=0 \
         -f "$scripts/$script.sql" bench 2>&1) || { echo "$out" >&2; die "pgbench failed"; }
-    # the backends have gone once no connection but ours is left
-    for _ in $(seq 1 50); do
-        [ "$(sql -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")" = 1 ] && break
-        sleep 0.1
-    done
-    sleep 0.2
-    t1=$(backend_ticks)
+    wait_backends_gone "$dir/cluster" "$PORT" bench
+    t1=$(server_cpu_us "$dir/cluster")
     tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
     n=$(echo "$out" | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
-    echo "$tps $n $(awk -v d=$((t1 - t0)) -v hz="$ticks" -v n="$n" 'BEGIN { printf "%.1f", (n > 0) ? d / hz / n * 1e6 : 0 }')"
+    echo "$tps $n $(awk -v d=$((t1 - t0)) -v n="$n" 'BEGIN { printf "%.1f", (n > 0) ? d / n : 0 }')"
 }
 
 declare -A tps cpu

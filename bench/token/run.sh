@@ -146,19 +146,8 @@ count_done() {          # what each method has done so far in the table
     esac
 }
 
-# CPU time of the server's exited backends, in clock ticks (the postmaster's
-# cutime + cstime): read before and after a run, the CPU its connections
-# used, which a busy machine disturbs far less than their rate.
-ticks_hz=$(getconf CLK_TCK)
-backend_ticks() { awk '{ print $16 + $17 }' "/proc/$(head -n 1 "$dir/pg/data/postmaster.pid")/stat"; }
-backends_gone() {
-    local i
-    for i in $(seq 1 100); do
-        [ "$(psql_v "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")" = 1 ] && break
-        sleep 0.1
-    done
-    sleep 0.2
-}
+# the server's CPU per transaction (scripts/common.sh: server_cpu_us)
+backends_gone() { wait_backends_gone "$dir/pg" "$PG_PORT" postgres; }
 
 run_pgbench() {         # method sync clients tx base -> prints tx/s and CPU us per tx
     local method=$1 sync=$2 clients=$3 tx=$4 b=$5 per before after done jobs out tps t0 t1
@@ -167,19 +156,19 @@ run_pgbench() {         # method sync clients tx base -> prints tx/s and CPU us 
     psql_v "CHECKPOINT" >/dev/null
     before=$(count_done "$method")
     backends_gone       # the count's backend too, so that its CPU stays out
-    t0=$(backend_ticks)
+    t0=$(server_cpu_us "$dir/pg")
     out=$(runuser -u postgres -- env PGOPTIONS="-c synchronous_commit=$sync" \
         pgbench -n -M prepared -h "$dir/pg" -p "$PG_PORT" -c "$clients" -j "$jobs" -t "$per" \
         -D n=0 -D base="$b" -f "$dir/$method.sql" postgres 2>&1) || { echo "$out" >&2; die "pgbench failed"; }
     backends_gone
-    t1=$(backend_ticks)
+    t1=$(server_cpu_us "$dir/pg")
     after=$(count_done "$method")
     if [ "$method" = idem ]; then done=$((after - before)); else done=$((before - after)); fi
     [ "$done" = $((per * clients)) ] ||
         die "$method: $((per * clients)) transactions but $done tokens consumed"
     tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\) .*/\1/p' | head -1)
     [ -n "$tps" ] || { echo "$out" >&2; die "no tps in the output of pgbench"; }
-    echo "$tps $(awk -v d=$((t1 - t0)) -v hz="$ticks_hz" -v n="$done" 'BEGIN { printf "%.1f", d / hz / n * 1e6 }')"
+    echo "$tps $(awk -v d=$((t1 - t0)) -v n="$done" 'BEGIN { printf "%.1f", d / n }')"
 }
 
 load_tables() {         # persistence
