@@ -212,6 +212,23 @@ COMMENT ON TABLE idem.tokens IS
 REVOKE ALL ON TABLE idem.tokens FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('idem.tokens', '');
 
+-- The key that hides, in each token, where its row is (the last 8 of the
+-- token's 51 characters).  Made here from the server's strong random source;
+-- not dumped, so that a restored database makes its own: hints of tokens
+-- issued before then no longer decode, which costs their consumption an
+-- index look-up and never changes an answer.  Sessions read it once.
+CREATE TABLE idem.token_key (
+    only_row pg_catalog.bool PRIMARY KEY DEFAULT true CHECK (only_row),
+    key      pg_catalog.bytea NOT NULL CHECK (pg_catalog.octet_length(key) = 32)
+);
+INSERT INTO idem.token_key (key)
+    SELECT pg_catalog.decode(pg_catalog.replace(pg_catalog.gen_random_uuid()::pg_catalog.text
+                                                OPERATOR(pg_catalog.||) pg_catalog.gen_random_uuid()::pg_catalog.text,
+                                                '-', ''), 'hex');
+COMMENT ON TABLE idem.token_key IS
+    'key hiding the row address carried by each token; changing it slows the consumption of outstanding tokens, never changes an answer';
+REVOKE ALL ON TABLE idem.token_key FROM PUBLIC;
+
 CREATE TYPE idem_token_state AS ENUM ('valid', 'consumed', 'expired', 'unknown');
 COMMENT ON TYPE idem_token_state IS 'state of a single-use token, as told by idem_token_status';
 

@@ -56,7 +56,8 @@ SELECT u.relid::regclass AS config_table, e.extcondition[u.i] AS condition
   FROM pg_extension e, unnest(e.extconfig) WITH ORDINALITY AS u(relid, i)
  WHERE e.extname = 'idem' AND u.relid IN ('idem.claims'::regclass, 'idem.namespaces'::regclass)
  ORDER BY u.relid::regclass::text COLLATE "C";
--- and so is every other table of the schema idem: none is listed here
+-- and so is every other table of the schema idem but idem.token_key: a
+-- restored database makes its own key when the extension is created
 SELECT c.oid::regclass AS not_dumped FROM pg_class c
  WHERE c.relnamespace = 'idem'::regnamespace AND c.relkind IN ('r', 'p')
    AND c.oid <> ALL ((SELECT extconfig FROM pg_extension WHERE extname = 'idem')::oid[])

@@ -12,11 +12,13 @@ EXCEPTION WHEN OTHERS THEN
 END;
 $$;
 
--- a token is 43 characters of unpadded base64url: 32 random bytes
+-- a token is 51 characters of unpadded base64url: 32 random bytes (the
+-- secret), then 6 bytes (the hint: where its row is, hidden by a key)
 SELECT idem_token_issue() AS t \gset
 SELECT length(:'t') AS len,
-       :'t' ~ '^[A-Za-z0-9_-]{43}$' AS url_safe,
-       length(decode(translate(:'t', '-_', '+/') || '=', 'base64')) AS random_bytes;
+       :'t' ~ '^[A-Za-z0-9_-]{51}$' AS url_safe,
+       length(decode(translate(left(:'t', 43), '-_', '+/') || '=', 'base64')) AS random_bytes,
+       length(decode(translate(right(:'t', 8), '-_', '+/'), 'base64')) AS hint_bytes;
 
 -- every outcome of one token of the default scope
 SELECT idem_token_status(:'t');
@@ -46,17 +48,19 @@ SELECT idem_token_consume(:'long_scope', repeat('s', 63)),
        idem_token_status(:'long_scope', repeat('s', 63));
 
 -- well-formed but never issued: unknown
-SELECT idem_token_consume(repeat('A', 43)), idem_token_status(repeat('A', 43));
+SELECT idem_token_consume(repeat('A', 51)), idem_token_status(repeat('A', 51));
 
 -- malformed tokens are answers, not errors: the transaction goes on
 BEGIN;
 SELECT idem_token_consume(''), idem_token_status('');
 SELECT idem_token_consume('x'), idem_token_status('x');
 SELECT idem_token_consume(:'t' || 'A'), idem_token_status(:'t' || 'A');
-SELECT idem_token_consume(left(:'t', 42)), idem_token_status(left(:'t', 42));
-SELECT idem_token_consume(repeat('+', 43)), idem_token_status(repeat('/', 43));
-SELECT idem_token_consume(repeat('=', 43)), idem_token_status(repeat('.', 43));
-SELECT idem_token_consume(left(:'t', 41) || 'é'), idem_token_status(left(:'t', 41) || 'é');
+SELECT idem_token_consume(left(:'t', 50)), idem_token_status(left(:'t', 50));
+SELECT idem_token_consume(left(:'t', 43)), idem_token_status(left(:'t', 43));
+SELECT idem_token_consume(repeat('+', 51)), idem_token_status(repeat('/', 51));
+SELECT idem_token_consume(repeat('=', 51)), idem_token_status(repeat('.', 51));
+SELECT idem_token_consume(left(:'t', 49) || 'é'), idem_token_status(left(:'t', 49) || 'é');
+SELECT idem_token_consume(left(:'t', 43) || '=======A'), idem_token_status(left(:'t', 43) || '.......A');
 SELECT idem_token_consume(repeat('A', 1000000)), idem_token_status(repeat('A', 1000000));
 SELECT 'still in the transaction' AS went_on;
 COMMIT;
@@ -67,18 +71,18 @@ SELECT idem_token_issue('ttl', '10 minutes') AS ttl_token \gset
 SELECT expires_at = now() + interval '10 minutes' AS expires_at_now_plus_ttl,
        consumed_at IS NULL AS not_consumed
   FROM idem.tokens
- WHERE scope = 'ttl' AND digest = sha256(convert_to(:'ttl_token', 'UTF8'));
+ WHERE scope = 'ttl' AND digest = sha256(convert_to(left(:'ttl_token', 43), 'UTF8'));
 SELECT idem_token_consume(:'ttl_token', 'ttl');
 SELECT consumed_at = now() AS consumed_at_now
   FROM idem.tokens
- WHERE scope = 'ttl' AND digest = sha256(convert_to(:'ttl_token', 'UTF8'));
+ WHERE scope = 'ttl' AND digest = sha256(convert_to(left(:'ttl_token', 43), 'UTF8'));
 COMMIT;
 -- the default ttl is 30 minutes
 BEGIN;
 SELECT idem_token_issue('ttl') AS ttl_default \gset
 SELECT expires_at = now() + interval '30 minutes' AS default_ttl
   FROM idem.tokens
- WHERE scope = 'ttl' AND digest = sha256(convert_to(:'ttl_default', 'UTF8'));
+ WHERE scope = 'ttl' AND digest = sha256(convert_to(left(:'ttl_default', 43), 'UTF8'));
 COMMIT;
 
 -- expiry: a token of two seconds is expired after a pause
@@ -144,7 +148,7 @@ SELECT idem_token_consume(:'s', 'stmt') AS first,
 CREATE TEMP TABLE many AS
     SELECT idem_token_issue('many') AS t FROM generate_series(1, 2000);
 SELECT count(*) AS issued, count(DISTINCT t) AS distinct_tokens,
-       count(*) FILTER (WHERE t ~ '^[A-Za-z0-9_-]{43}$') AS url_safe
+       count(*) FILTER (WHERE t ~ '^[A-Za-z0-9_-]{51}$') AS url_safe
   FROM many;
 SELECT count(*) FILTER (WHERE idem_token_consume(t, 'many')) AS consumed
   FROM many;

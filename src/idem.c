@@ -23,6 +23,7 @@
 PG_MODULE_MAGIC;
 
 extern void idem_store_init(void);
+extern void idem_token_init(void);
 
 void		_PG_init(void);
 
@@ -31,6 +32,7 @@ _PG_init(void)
 {
 	MarkGUCPrefixReserved("idem");
 	idem_store_init();
+	idem_token_init();
 }
 
 /*

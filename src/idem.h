@@ -61,6 +61,8 @@ typedef struct IdemStore IdemStore;
 extern IdemStore *idem_store_open(const char *relname, LOCKMODE lockmode);
 extern void idem_store_close(IdemStore *store);
 extern TupleDesc idem_store_tupdesc(IdemStore *store);
+extern ItemPointerData idem_store_inserted_tid(IdemStore *store);
+extern void idem_store_hint(IdemStore *store, ItemPointer tid);
 extern IdemStoreResult idem_store_insert(IdemStore *store, Datum *values,
 										 bool *isnull, IdemStoreWait wait);
 extern IdemStoreResult idem_store_lookup(IdemStore *store, Datum ns, Datum key,

@@ -20,6 +20,7 @@
 #include "postgres.h"
 
 #include "access/genam.h"
+#include "access/heapam.h"
 #include "access/relscan.h"
 #include "access/stratnum.h"
 #include "access/table.h"
@@ -30,6 +31,8 @@
 #include "catalog/pg_am.h"
 #include "executor/executor.h"
 #include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
@@ -57,6 +60,10 @@ struct IdemStore
 	EState	   *estate;
 	bool		own_estate;		/* estate made for this store, freed at close */
 	IndexScanDesc scan;			/* probes through the unique index */
+	bool		heap;			/* the table is a heap: see store_fetch */
+	Buffer		hbuf;			/* heap page pinned by store_fetch */
+	ItemPointerData hint;		/* where the next probe looks first */
+	ItemPointerData last_tid;	/* where the last insertion put its row */
 	SnapshotData dirty;			/* the probes' snapshot */
 	List	   *arbiters;		/* list of the unique index's OID */
 	TupleTableSlot *probe_slot; /* receives existing rows */
@@ -447,15 +454,23 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 	}
 	store->arbiters = list_make1_oid(indexid);
 	store->probe_slot = table_slot_create(rel, NULL);
+	store->heap = (rel->rd_tableam == GetHeapamTableAmRoutine() &&
+				   TTS_IS_BUFFERTUPLE(store->probe_slot));
+	store->hbuf = InvalidBuffer;
+	InitDirtySnapshot(store->dirty);
+	ItemPointerSetInvalid(&store->hint);
+	ItemPointerSetInvalid(&store->last_tid);
 	return store;
 }
 
 void
 idem_store_close(IdemStore *store)
 {
+	ExecDropSingleTupleTableSlot(store->probe_slot);
+	if (BufferIsValid(store->hbuf))
+		ReleaseBuffer(store->hbuf);
 	if (store->scan)
 		index_endscan(store->scan);
-	ExecDropSingleTupleTableSlot(store->probe_slot);
 	if (store->ins_slot)
 		ExecDropSingleTupleTableSlot(store->ins_slot);
 	if (store->indexes_open && store->own_estate)
@@ -482,6 +497,33 @@ idem_store_close(IdemStore *store)
 	list_free(store->arbiters);
 	pfree(store->rri);
 	pfree(store);
+}
+
+/*
+ * Where the row that the last successful idem_store_insert made is: the root
+ * of the row's chain of versions, which HOT updates and pruning keep where
+ * it is.
+ */
+ItemPointerData
+idem_store_inserted_tid(IdemStore *store)
+{
+	Assert(ItemPointerIsValid(&store->last_tid));
+	return store->last_tid;
+}
+
+/*
+ * Where the next probe looks for its row before descending the index: a
+ * caller that remembers where a row was inserted saves the descent while the
+ * row stays there.  The hint is checked (the row found must have the key
+ * sought) and may point anywhere; an invalid one is ignored.
+ */
+void
+idem_store_hint(IdemStore *store, ItemPointer tid)
+{
+	if (tid != NULL && ItemPointerIsValid(tid))
+		store->hint = *tid;
+	else
+		ItemPointerSetInvalid(&store->hint);
 }
 
 TupleDesc
@@ -512,16 +554,87 @@ store_scankeys(IdemStore *store, ScanKey skeys, Datum ns, Datum key)
 }
 
 /*
- * Look for the row (ns, key) in the unique index with a dirty snapshot, so
- * that uncommitted rows of other transactions are seen too.  A speculative
- * insertion in progress is always waited for: it is decided in moments.  A
- * transaction in progress is waited for only with IDEM_WAIT.  On
- * PROBE_EXISTS and PROBE_IN_FLIGHT_DELETE the row is left in probe_slot.
+ * When the heap pages the probes visit are pruned.  The executor's index
+ * fetch prunes a page on every visit once its free space is under the
+ * fillfactor's reserve (10% at least), and pruning reads every tuple of the
+ * page.  A token's consumption, a HOT update, takes some of that free space
+ * on every call, so each later visit of the page would prune it again to
+ * reclaim one row version.  The store prunes when the free space left would
+ * hold only a few more versions: still before an update has to leave the
+ * page, far less often.
  */
+#define STORE_PRUNE_FREE (BLCKSZ / 32)
+
+/*
+ * Pin the heap page blkno in store->hbuf, pruning it as store_fetch says.
+ */
+static Page
+store_pin_page(IdemStore *store, BlockNumber blkno)
+{
+	if (!BufferIsValid(store->hbuf) ||
+		BufferGetBlockNumber(store->hbuf) != blkno)
+	{
+		store->hbuf = ReleaseAndReadBuffer(store->hbuf, store->rel, blkno);
+		if (PageGetHeapFreeSpace(BufferGetPage(store->hbuf)) < STORE_PRUNE_FREE)
+			heap_page_prune_opt(store->rel, store->hbuf);
+	}
+	return BufferGetPage(store->hbuf);
+}
+
+/*
+ * The next row of the probe scan visible to its snapshot, into slot: what
+ * index_getnext_slot does, with pruning as above on a heap.  Other table
+ * access methods take the common path.
+ */
+static bool
+store_fetch(IdemStore *store, TupleTableSlot *slot)
+{
+	IndexScanDesc scan = store->scan;
+	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+
+	if (!store->heap)
+		return index_getnext_slot(scan, ForwardScanDirection, slot);
+
+	for (;;)
+	{
+		ItemPointer tid = index_getnext_tid(scan, ForwardScanDirection);
+		BlockNumber blkno;
+		bool		all_dead = false;
+		bool		found;
+
+		if (tid == NULL)
+			return false;
+		blkno = ItemPointerGetBlockNumber(tid);
+		store_pin_page(store, blkno);
+
+		LockBuffer(store->hbuf, BUFFER_LOCK_SHARE);
+		found = heap_hot_search_buffer(tid, store->rel, store->hbuf,
+									   scan->xs_snapshot, &bslot->base.tupdata,
+									   &all_dead, true);
+		bslot->base.tupdata.t_self = *tid;
+		LockBuffer(store->hbuf, BUFFER_LOCK_UNLOCK);
+		if (found)
+		{
+			pgstat_count_heap_fetch(scan->indexRelation);
+			slot->tts_tableOid = RelationGetRelid(store->rel);
+			ExecStoreBufferHeapTuple(&bslot->base.tupdata, slot, store->hbuf);
+			return true;
+		}
+		/* a dead chain: let the index mark its entry, as the executor does */
+		if (!scan->xactStartedInRecovery)
+			scan->kill_prior_tuple = all_dead;
+	}
+}
+
 /* Let go of the pages the probe scan keeps pinned, by restarting it. */
 static void
 store_release_pins(IdemStore *store)
 {
+	if (BufferIsValid(store->hbuf))
+	{
+		ReleaseBuffer(store->hbuf);
+		store->hbuf = InvalidBuffer;
+	}
 	if (store->scan)
 	{
 		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
@@ -532,6 +645,58 @@ store_release_pins(IdemStore *store)
 	}
 }
 
+/*
+ * The row at the store's hint, into slot, if it is visible to the probe's
+ * snapshot and is the row (ns, key) sought: one page read instead of a
+ * descent of the index.  A hint comes from outside (a client may forge it):
+ * any block and offset must be harmless.
+ */
+static bool
+store_fetch_hint(IdemStore *store, Snapshot snapshot, ScanKey skeys,
+				 TupleTableSlot *slot)
+{
+	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+	ItemPointerData tid = store->hint;
+	bool		all_dead;
+	bool		found;
+	int			i;
+
+	if (!store->heap ||
+		ItemPointerGetBlockNumber(&tid) >= RelationGetNumberOfBlocks(store->rel))
+		return false;
+	store_pin_page(store, ItemPointerGetBlockNumber(&tid));
+	LockBuffer(store->hbuf, BUFFER_LOCK_SHARE);
+	found = heap_hot_search_buffer(&tid, store->rel, store->hbuf, snapshot,
+								   &bslot->base.tupdata, &all_dead, true);
+	bslot->base.tupdata.t_self = tid;
+	LockBuffer(store->hbuf, BUFFER_LOCK_UNLOCK);
+	if (!found)
+		return false;
+	slot->tts_tableOid = RelationGetRelid(store->rel);
+	ExecStoreBufferHeapTuple(&bslot->base.tupdata, slot, store->hbuf);
+	slot_getsomeattrs(slot, STORE_NKEYS);
+	for (i = 0; i < STORE_NKEYS; i++)
+	{
+		if (slot->tts_isnull[i] ||
+			!DatumGetBool(FunctionCall2Coll(&skeys[i].sk_func,
+											skeys[i].sk_collation,
+											slot->tts_values[i],
+											skeys[i].sk_argument)))
+		{
+			ExecClearTuple(slot);
+			return false;
+		}
+	}
+	return true;
+}
+
+/*
+ * Look for the row (ns, key) in the unique index with a dirty snapshot, so
+ * that uncommitted rows of other transactions are seen too.  A speculative
+ * insertion in progress is always waited for: it is decided in moments.  A
+ * transaction in progress is waited for only with IDEM_WAIT.  On
+ * PROBE_EXISTS and PROBE_IN_FLIGHT_DELETE the row is left in probe_slot.
+ */
 static ProbeResult
 store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
 {
@@ -540,43 +705,45 @@ store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
 
 	store_scankeys(store, skeys, ns, key);
 
-	/*
-	 * One index scan serves every probe of the store: beginning a btree scan
-	 * allocates tens of kilobytes, which a batch would otherwise pay per key.
-	 */
-	if (store->scan == NULL)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
-
-		InitDirtySnapshot(store->dirty);
-		store->scan = index_beginscan(store->rel, store->index, &store->dirty,
-									  STORE_NKEYS, 0);
-		MemoryContextSwitchTo(oldcxt);
-	}
-
 	for (;;)
 	{
 		SnapshotData *dirty = &store->dirty;
 		TransactionId xwait;
 		bool		inserting;
 		ItemPointerData tid;
-
-		MemoryContext oldcxt;
 		bool		found;
 
 		CHECK_FOR_INTERRUPTS();
 
-		/*
-		 * The scan allocates some of its state lazily (the btree's list of
-		 * dead items, for one): it must outlive the caller's per-row context.
-		 */
-		oldcxt = MemoryContextSwitchTo(store->mcxt);
-		index_rescan(store->scan, skeys, STORE_NKEYS, NULL, 0);
-		found = index_getnext_slot(store->scan, ForwardScanDirection, slot);
-		MemoryContextSwitchTo(oldcxt);
+		found = ItemPointerIsValid(&store->hint) &&
+			store_fetch_hint(store, &store->dirty, skeys, slot);
 		if (!found)
 		{
+			/*
+			 * One index scan serves every probe of the store: beginning a
+			 * btree scan allocates tens of kilobytes, which a batch would
+			 * otherwise pay per key.  The scan allocates some of its state
+			 * lazily (the btree's list of dead items, for one): it must
+			 * outlive the caller's per-row context.
+			 */
+			MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
+
+			if (store->scan == NULL)
+				store->scan = index_beginscan(store->rel, store->index,
+											  &store->dirty, STORE_NKEYS, 0);
+			index_rescan(store->scan, skeys, STORE_NKEYS, NULL, 0);
+			found = store_fetch(store, slot);
+			MemoryContextSwitchTo(oldcxt);
+		}
+		if (!found)
+		{
+			/* what comes next (an insertion) may wait: keep no page pinned */
 			ExecClearTuple(slot);
+			if (BufferIsValid(store->hbuf))
+			{
+				ReleaseBuffer(store->hbuf);
+				store->hbuf = InvalidBuffer;
+			}
 			return PROBE_ABSENT;
 		}
 
@@ -697,6 +864,7 @@ idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
 		{
 			if (e->new_streak < STORE_NEW_STREAK)
 				e->new_streak++;
+			store->last_tid = slot->tts_tid;
 			return IDEM_STORE_INSERTED;
 		}
 		/* The key exists or a concurrent inserter won: the pre-check finds it. */
@@ -908,6 +1076,13 @@ idem_store_read(IdemStore *store, Datum ns, Datum key, Datum *values,
 	bool		found;
 
 	store_scankeys(store, skeys, ns, key);
+	if (ItemPointerIsValid(&store->hint) &&
+		store_fetch_hint(store, SnapshotSelf, skeys, slot))
+	{
+		store_copy_row(store, slot, values, isnull);
+		ExecClearTuple(slot);
+		return true;
+	}
 	scan = index_beginscan(store->rel, store->index, SnapshotSelf, 2, 0);
 	index_rescan(scan, skeys, 2, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);

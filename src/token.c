@@ -4,11 +4,22 @@
  *	  Single-use tokens against double submission.
  *
  * A token is 32 bytes from pg_strong_random, given to the caller as 43
- * characters of unpadded base64url.  The table idem.tokens keeps only the
- * SHA-256 digest of the token's text, under the scope the token was issued
+ * characters of unpadded base64url (the secret), followed by 8 characters
+ * that say where its row is (the hint).  The table idem.tokens keeps only the
+ * SHA-256 digest of the secret's text, under the scope the token was issued
  * for: (scope, digest, expires_at, consumed_at).  Reading the table, a
  * backup or a replica yields no token that could be consumed.  Looking the
  * digest up in the primary key tells nothing about how close a guess was.
+ *
+ * The hint is the row's address (block and offset), which lets consumption
+ * read one heap page instead of descending the primary key.  It is never
+ * trusted: the row found there must carry the token's scope and digest, and
+ * when it does not (the row moved, the hint was altered, the table was
+ * restored from a dump) the primary key is searched as without a hint.  So
+ * the hint changes how fast an answer comes, never the answer.  It is
+ * XORed with the first 6 bytes of SHA-256(key || digest), where the key is
+ * 32 random bytes made at CREATE EXTENSION (idem.token_key): a token does
+ * not tell where its row is, nor how many tokens came before it.
  *
  * Consumption sets consumed_at on the latest version of the row, through
  * the table access method's update (a HOT update, as consumed_at is not
@@ -26,15 +37,23 @@
 #include "postgres.h"
 
 #include "access/detoast.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
 #include "common/sha2.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "idem.h"
+
+void		idem_token_init(void);
 
 #define TOKENS_TABLE		"tokens"
 #define TOKENS_NATTS		4
@@ -45,7 +64,18 @@
 
 /* 256 random bits, as 43 characters of unpadded base64url */
 #define TOKEN_RANDOM_BYTES	32
-#define TOKEN_LEN			((TOKEN_RANDOM_BYTES * 4 + 2) / 3)
+#define TOKEN_SECRET_LEN	((TOKEN_RANDOM_BYTES * 4 + 2) / 3)
+/* then where the row is: block (4 bytes) and offset (2), as 8 characters */
+#define TOKEN_HINT_BYTES	6
+#define TOKEN_HINT_LEN		((TOKEN_HINT_BYTES * 4 + 2) / 3)
+#define TOKEN_LEN			(TOKEN_SECRET_LEN + TOKEN_HINT_LEN)
+
+/* the key that hides hints, read once per session from idem.token_key */
+#define TOKEN_KEY_TABLE		"token_key"
+#define TOKEN_KEY_BYTES		32
+static uint8 token_key[TOKEN_KEY_BYTES];
+static bool token_key_loaded = false;
+static Oid	token_key_relid = InvalidOid;
 
 /* the longest ttl, one calendar year */
 #define TOKEN_MAX_TTL_MONTHS 12
@@ -86,34 +116,163 @@ base64url_encode(const uint8 *src, int len, char *dst)
 		*dst++ = base64url_chars[(buf << (6 - bits)) & 0x3F];
 }
 
-static inline bool
-is_base64url_char(unsigned char c)
+/* the value of a base64url character, or -1 */
+static inline int
+base64url_value(unsigned char c)
 {
-	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-		(c >= '0' && c <= '9') || c == '-' || c == '_';
+	if (c >= 'A' && c <= 'Z')
+		return c - 'A';
+	if (c >= 'a' && c <= 'z')
+		return c - 'a' + 26;
+	if (c >= '0' && c <= '9')
+		return c - '0' + 52;
+	if (c == '-')
+		return 62;
+	if (c == '_')
+		return 63;
+	return -1;
 }
 
+/* SHA-256 of a, followed by b when b is not NULL */
 static void
-token_sha256(const char *data, size_t len, uint8 *dest)
+token_sha256(const uint8 *a, size_t alen, const uint8 *b, size_t blen,
+			 uint8 *dest)
 {
 	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
 
 	if (pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) data, len) < 0 ||
+		pg_cryptohash_update(ctx, a, alen) < 0 ||
+		(b != NULL && pg_cryptohash_update(ctx, b, blen) < 0) ||
 		pg_cryptohash_final(ctx, dest, PG_SHA256_DIGEST_LENGTH) < 0)
 		elog(ERROR, "could not compute %s hash: %s", "SHA256",
 			 pg_cryptohash_error(ctx));
 	pg_cryptohash_free(ctx);
 }
 
+static void
+token_key_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == token_key_relid)
+		token_key_loaded = false;
+}
+
+void
+idem_token_init(void)
+{
+	CacheRegisterRelcacheCallback(token_key_callback, (Datum) 0);
+}
+
+/*
+ * Read the hint key.  Without a usable key (the row was deleted or
+ * changed shape) hints are hidden with a key of zeros: they still work,
+ * they only stop hiding where rows are.  A key changed while sessions run
+ * is seen by new sessions only; hints then fail to decode in old ones,
+ * which costs them the index descent the hint saves, never an answer.
+ */
+static void
+token_load_key(void)
+{
+	Oid			nspid = get_namespace_oid(IDEM_SCHEMA, true);
+	Oid			relid = InvalidOid;
+
+	memset(token_key, 0, sizeof(token_key));
+	if (OidIsValid(nspid))
+		relid = get_relname_relid(TOKEN_KEY_TABLE, nspid);
+	if (OidIsValid(relid))
+	{
+		Relation	rel = table_open(relid, AccessShareLock);
+		TupleDesc	tupdesc = RelationGetDescr(rel);
+		/* the query's snapshot: parallel workers may not take new ones */
+		Snapshot	snapshot = RegisterSnapshot(ActiveSnapshotSet() ?
+												GetActiveSnapshot() :
+												GetTransactionSnapshot());
+		TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
+		TupleTableSlot *slot = table_slot_create(rel, NULL);
+
+		if (tupdesc->natts == 2 &&
+			TupleDescAttr(tupdesc, 1)->atttypid == BYTEAOID &&
+			!TupleDescAttr(tupdesc, 1)->attisdropped &&
+			table_scan_getnextslot(scan, ForwardScanDirection, slot))
+		{
+			bool		isnull;
+			Datum		d = slot_getattr(slot, 2, &isnull);
+
+			if (!isnull)
+			{
+				bytea	   *key = DatumGetByteaPP(d);
+
+				if (VARSIZE_ANY_EXHDR(key) == TOKEN_KEY_BYTES)
+					memcpy(token_key, VARDATA_ANY(key), TOKEN_KEY_BYTES);
+			}
+		}
+		ExecDropSingleTupleTableSlot(slot);
+		table_endscan(scan);
+		UnregisterSnapshot(snapshot);
+		table_close(rel, AccessShareLock);
+	}
+	token_key_relid = relid;
+	token_key_loaded = true;
+}
+
+/* the 6 bytes that hide the hint of the token whose digest is given */
+static void
+token_hint_pad(const bytea *digest, uint8 *pad)
+{
+	uint8		h[PG_SHA256_DIGEST_LENGTH];
+
+	if (!token_key_loaded)
+		token_load_key();
+	token_sha256(token_key, TOKEN_KEY_BYTES,
+				 (const uint8 *) VARDATA(digest), PG_SHA256_DIGEST_LENGTH, h);
+	memcpy(pad, h, TOKEN_HINT_BYTES);
+}
+
+static void
+token_encode_hint(ItemPointerData tid, const bytea *digest, char *dst)
+{
+	BlockNumber blkno = ItemPointerGetBlockNumber(&tid);
+	OffsetNumber off = ItemPointerGetOffsetNumber(&tid);
+	uint8		raw[TOKEN_HINT_BYTES];
+	uint8		pad[TOKEN_HINT_BYTES];
+	int			i;
+
+	raw[0] = blkno >> 24;
+	raw[1] = blkno >> 16;
+	raw[2] = blkno >> 8;
+	raw[3] = blkno;
+	raw[4] = off >> 8;
+	raw[5] = off;
+	token_hint_pad(digest, pad);
+	for (i = 0; i < TOKEN_HINT_BYTES; i++)
+		raw[i] ^= pad[i];
+	base64url_encode(raw, sizeof(raw), dst);
+}
+
+/* 8 characters of base64url are exactly 6 bytes */
+static void
+token_decode_hint(const char *src, const bytea *digest, ItemPointer tid)
+{
+	uint8		pad[TOKEN_HINT_BYTES];
+	uint64		v = 0;
+	int			i;
+
+	token_hint_pad(digest, pad);
+	for (i = 0; i < TOKEN_HINT_LEN; i++)
+		v = (v << 6) | (uint64) base64url_value((unsigned char) src[i]);
+	for (i = 0; i < TOKEN_HINT_BYTES; i++)
+		v ^= (uint64) pad[i] << (8 * (TOKEN_HINT_BYTES - 1 - i));
+	ItemPointerSet(tid, (BlockNumber) (v >> 16), (OffsetNumber) (v & 0xFFFF));
+}
+
 /*
  * The token argument as the digest stored for it, or NULL when the string
  * cannot be a token (empty, too long, or not base64url): such a string,
  * coming from a client, is an answer ("unknown"), not an error.  The length
- * is checked before the value is detoasted.
+ * is checked before the value is detoasted.  *hint is where the token says
+ * its row is.
  */
 static bytea *
-token_arg_digest(FunctionCallInfo fcinfo, int argno)
+token_arg_digest(FunctionCallInfo fcinfo, int argno, ItemPointer hint)
 {
 	text	   *token;
 	const char *p;
@@ -132,12 +291,14 @@ token_arg_digest(FunctionCallInfo fcinfo, int argno)
 	p = VARDATA_ANY(token);
 	for (i = 0; i < TOKEN_LEN; i++)
 	{
-		if (!is_base64url_char((unsigned char) p[i]))
+		if (base64url_value((unsigned char) p[i]) < 0)
 			return NULL;
 	}
 	digest = palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
 	SET_VARSIZE(digest, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
-	token_sha256(p, TOKEN_LEN, (uint8 *) VARDATA(digest));
+	token_sha256((const uint8 *) p, TOKEN_SECRET_LEN, NULL, 0,
+				 (uint8 *) VARDATA(digest));
+	token_decode_hint(p + TOKEN_SECRET_LEN, digest, hint);
 	return digest;
 }
 
@@ -296,7 +457,8 @@ idem_token_issue(PG_FUNCTION_ARGS)
 
 	digest = palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
 	SET_VARSIZE(digest, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
-	token_sha256(VARDATA(token), TOKEN_LEN, (uint8 *) VARDATA(digest));
+	token_sha256((const uint8 *) VARDATA(token), TOKEN_SECRET_LEN, NULL, 0,
+				 (uint8 *) VARDATA(digest));
 
 	values[TOKENS_SCOPE] = PointerGetDatum(scope);
 	values[TOKENS_DIGEST] = PointerGetDatum(digest);
@@ -305,10 +467,12 @@ idem_token_issue(PG_FUNCTION_ARGS)
 
 	store = tokens_open(RowExclusiveLock);
 	r = idem_store_insert(store, values, isnull, IDEM_NOWAIT);
-	idem_store_close(store);
 	/* 256 random bits do not repeat */
 	if (r != IDEM_STORE_INSERTED)
 		elog(ERROR, "digest of a fresh token is already stored");
+	token_encode_hint(idem_store_inserted_tid(store), digest,
+					  VARDATA(token) + TOKEN_SECRET_LEN);
+	idem_store_close(store);
 
 	PG_RETURN_TEXT_P(token);
 }
@@ -344,7 +508,8 @@ PG_FUNCTION_INFO_V1(idem_token_consume);
 Datum
 idem_token_consume(PG_FUNCTION_ARGS)
 {
-	bytea	   *digest = token_arg_digest(fcinfo, 0);
+	ItemPointerData hint;
+	bytea	   *digest = token_arg_digest(fcinfo, 0, &hint);
 	text	   *scope = token_arg_scope(fcinfo, 1);
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 	IdemStore  *store;
@@ -355,6 +520,7 @@ idem_token_consume(PG_FUNCTION_ARGS)
 		PG_RETURN_BOOL(false);
 
 	store = tokens_open(RowExclusiveLock);
+	idem_store_hint(store, &hint);
 	r = idem_store_update(store, PointerGetDatum(scope),
 						  PointerGetDatum(digest), token_consume_row, &now);
 	idem_store_close(store);
@@ -372,7 +538,8 @@ PG_FUNCTION_INFO_V1(idem_token_status);
 Datum
 idem_token_status(PG_FUNCTION_ARGS)
 {
-	bytea	   *digest = token_arg_digest(fcinfo, 0);
+	ItemPointerData hint;
+	bytea	   *digest = token_arg_digest(fcinfo, 0, &hint);
 	text	   *scope = token_arg_scope(fcinfo, 1);
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 	TokenState	state = TOKEN_UNKNOWN;
@@ -384,6 +551,7 @@ idem_token_status(PG_FUNCTION_ARGS)
 		bool		isnull[TOKENS_NATTS];
 		bool		found;
 
+		idem_store_hint(store, &hint);
 		found = idem_store_read(store, PointerGetDatum(scope),
 								PointerGetDatum(digest), values, isnull);
 		idem_store_close(store);

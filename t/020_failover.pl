@@ -217,7 +217,7 @@ my @kinds = (
 			],
 			[
 				q{SELECT length(idem_token_issue('fo'))},
-				'43',
+				'51',
 				'the promoted standby issues tokens'
 			],
 		],

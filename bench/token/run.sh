@@ -11,19 +11,24 @@
 #   RETURNING 1
 #
 # with the tables logged (synchronous_commit on and off) and unlogged, with 1
-# and 8 clients (pgbench -M prepared, one token per transaction); and Redis
-# GETDEL on the same machine, each Redis run right after the PostgreSQL runs
-# it is compared with: a server with appendfsync always against idem at
-# synchronous_commit = on, a server without persistence against idem at
-# synchronous_commit = off and against idem on an unlogged table.  Ends with
-# a table of rates and ratios (idem / other; above 1 means idem is faster),
-# also saved in bench/results/token.txt.
+# and 8 clients (one token per transaction); and Redis GETDEL on the same
+# machine, each Redis run right after the PostgreSQL runs it is compared
+# with: a server with appendfsync always against idem at synchronous_commit
+# = on, a server without persistence against idem at synchronous_commit =
+# off and against idem on an unlogged table.  Ends with a table of rates and
+# ratios (idem / other; above 1 means idem is faster), also saved in
+# bench/results/token.txt.
 #
-# Tokens are made deterministically: token number i is the text of i padded
-# with 'A' to 43 characters (a well-formed token), stored as its SHA-256
-# digest in both tables and as the key "bench:<token>" in Redis.  Each run
-# consumes tokens of its own, and checks afterwards that every transaction
-# consumed one.
+# The tokens are issued by idem_token_issue and kept in bench.issued; the
+# hand-written table is then filled with a copy of idem.tokens in its
+# physical order (the SHA-256 digests of the tokens' random parts, their
+# first 43 characters, which is what a hand-written scheme gives out), so
+# that both tables have the same rows in the same places.  Both sides are driven by one libpq client
+# (bench/token/consume.c: one connection per client, a prepared statement,
+# each consumption in its own transaction), which reads its tokens from a
+# file before the clock starts; each run consumes tokens of its own, and
+# every consumption must succeed.  Redis GETDEL runs through
+# bench/token/getdel.c, a client of the same shape.
 #
 # Settings (environment): TX_SYNC (transactions of a run at synchronous
 # commit, default 20000), TX_ASYNC (the others, default 100000), BACKGROUND
@@ -49,7 +54,7 @@ for tx in "$TX_SYNC" "$TX_ASYNC"; do
     [ $((tx / 8)) -ge 1 ] && [ $((tx)) -lt 1000000 ] || die "TX_SYNC and TX_ASYNC must be between 8 and 999999"
 done
 
-install_packages redis-server redis-tools
+install_packages redis-server redis-tools libpq-dev
 command -v redis-server >/dev/null || die "redis-server is not installed"
 
 dir=$(mktemp -d /tmp/idem-bench-token.XXXXXX)
@@ -78,6 +83,9 @@ cp -a "/usr/share/postgresql/$PG_MAJOR" "$inst/usr/share/postgresql/" || die "co
 runuser -u postgres -- make -C "$work" -s clean >/dev/null 2>&1 || true
 runuser -u postgres -- make -C "$work" -s with_llvm=no PG_CFLAGS="$BUILD_FLAGS" || die "build failed"
 make -C "$work" -s with_llvm=no install DESTDIR="$inst" >/dev/null || die "install failed"
+# the client, against the system's libpq
+gcc -O2 -pthread -I"$(pg_config --includedir)" -o "$dir/consume" "$here/bench/token/consume.c" \
+    -L"$(pg_config --libdir)" -lpq || die "could not build consume"
 export PATH="$inst/usr/lib/postgresql/$PG_MAJOR/bin:$PATH"
 [ "$(command -v pg_ctl)" = "$inst/usr/lib/postgresql/$PG_MAJOR/bin/pg_ctl" ] || die "private installation not on PATH"
 gcc -O2 -pthread -o "$dir/getdel" "$here/bench/token/getdel.c" || die "could not build getdel"
@@ -101,35 +109,23 @@ CREATE TABLE bench.tokens (
     CONSTRAINT tokens_pkey PRIMARY KEY (scope, digest)
 ) WITH (fillfactor = 90);
 CREATE INDEX tokens_expires_at_idx ON bench.tokens (expires_at);
--- load(table, base, clients, per_client): the tokens of one run
-CREATE FUNCTION bench.load(tab regclass, base bigint, clients int, per_client int)
+-- background(table, n): tokens no run consumes, of the same layout
+CREATE FUNCTION bench.background(tab regclass, n int)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE format($q$
         INSERT INTO %s (scope, digest, expires_at)
-        SELECT 'bench',
-               sha256(convert_to(lpad((%s + c * 1000000 + n)::text, 43, 'A'), 'UTF8')),
+        SELECT 'bench', sha256(convert_to(lpad(g::text, 43, 'A'), 'UTF8')),
                now() + interval '1 day'
-          FROM generate_series(0, %s - 1) c, generate_series(1, %s) n$q$,
-        tab, base, clients, per_client);
+          FROM generate_series(1, %s) g$q$, tab, n);
 END;
 $$;
+-- the tokens of every run, as issued
+CREATE TABLE bench.issued (run bigint, client int, n int, t text,
+                           PRIMARY KEY (run, client, n));
 SQL
 
-# The pgbench scripts: a per-client counter n, and the token number
-# base + client_id * 1000000 + n.
-cat > "$dir/idem.sql" <<'EOF'
-\set n :n + 1
-\set i :base + :client_id * 1000000 + :n
-SELECT idem_token_consume(lpad(:i, 43, 'A'), 'bench');
-EOF
-cat > "$dir/delete.sql" <<'EOF'
-\set n :n + 1
-\set i :base + :client_id * 1000000 + :n
-DELETE FROM bench.tokens WHERE scope = 'bench' AND digest = sha256(convert_to(lpad(:i, 43, 'A'), 'UTF8')) AND expires_at > now() RETURNING 1;
-EOF
-chown postgres:postgres "$dir"/*.sql
-
+# The measurements of PostgreSQL: name persistence synchronous_commit tx.
 # The measurements of PostgreSQL: name persistence synchronous_commit tx.
 configs=("logged_on logged on $TX_SYNC" "logged_off logged off $TX_ASYNC" "unlogged unlogged on $TX_ASYNC")
 
@@ -149,48 +145,58 @@ count_done() {          # what each method has done so far in the table
 # the server's CPU per transaction (scripts/common.sh: server_cpu_us)
 backends_gone() { wait_backends_gone "$dir/pg" "$PG_PORT" postgres; }
 
-run_pgbench() {         # method sync clients tx base -> prints tx/s and CPU us per tx
-    local method=$1 sync=$2 clients=$3 tx=$4 b=$5 per before after done jobs out tps t0 t1
+run_client() {          # method sync clients tx run -> prints tx/s and CPU us per tx
+    local method=$1 sync=$2 clients=$3 tx=$4 run=$5 per before after done out tps t0 t1
     per=$((tx / clients))
-    jobs=$(( clients < 2 ? clients : 2 ))
+    psql_q -c "COPY (SELECT client, t FROM bench.issued WHERE run = $run ORDER BY client, n) TO STDOUT" \
+        > "$dir/tokens" || die "could not read the tokens of run $run"
+    chmod 644 "$dir/tokens"
     psql_v "CHECKPOINT" >/dev/null
     before=$(count_done "$method")
     backends_gone       # the count's backend too, so that its CPU stays out
     t0=$(server_cpu_us "$dir/pg")
     out=$(runuser -u postgres -- env PGOPTIONS="-c synchronous_commit=$sync" \
-        pgbench -n -M prepared -h "$dir/pg" -p "$PG_PORT" -c "$clients" -j "$jobs" -t "$per" \
-        -D n=0 -D base="$b" -f "$dir/$method.sql" postgres 2>&1) || { echo "$out" >&2; die "pgbench failed"; }
+        "$dir/consume" "$method" "host=$dir/pg port=$PG_PORT dbname=postgres" "$clients" "$dir/tokens" 2>&1) ||
+        { echo "$out" >&2; die "the $method client failed"; }
     backends_gone
     t1=$(server_cpu_us "$dir/pg")
     after=$(count_done "$method")
     if [ "$method" = idem ]; then done=$((after - before)); else done=$((before - after)); fi
+    echo "$out" | grep -q ' misses=0$' || { echo "$out" >&2; die "$method: consumptions failed"; }
     [ "$done" = $((per * clients)) ] ||
         die "$method: $((per * clients)) transactions but $done tokens consumed"
-    tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\) .*/\1/p' | head -1)
-    [ -n "$tps" ] || { echo "$out" >&2; die "no tps in the output of pgbench"; }
+    tps=$(echo "$out" | sed -n 's/.*ops_per_sec=\([0-9.]*\).*/\1/p')
+    [ -n "$tps" ] || { echo "$out" >&2; die "no rate in the output of the client"; }
     echo "$tps $(awk -v d=$((t1 - t0)) -v n="$done" 'BEGIN { printf "%.1f", d / n }')"
 }
 
 load_tables() {         # persistence
-    local persistence=$1 ci round clients c name p sync tx per b
-    echo "== loading the tables ($persistence)"
-    psql_q -c "TRUNCATE idem.tokens, bench.tokens" \
+    local persistence=$1 ci round clients name p sync tx b
+    echo "== issuing the tokens ($persistence)"
+    psql_q -c "TRUNCATE idem.tokens, bench.tokens, bench.issued" \
            -c "ALTER TABLE idem.tokens SET $(echo "$persistence" | tr a-z A-Z)" \
-           -c "ALTER TABLE bench.tokens SET $(echo "$persistence" | tr a-z A-Z)" >/dev/null
-    for tab in idem.tokens bench.tokens; do
-        psql_v "SELECT bench.load('$tab', 900000000, 1, $BACKGROUND)" >/dev/null
-        for ci in "${!configs[@]}"; do
-            read -r name p sync tx <<< "${configs[$ci]}"
-            [ "$p" = "$persistence" ] || continue
-            for ((round = 0; round < ROUNDS; round++)); do
-                for clients in "${CLIENT_COUNTS[@]}"; do
-                    b=$(base_of "$round" "$ci" "$clients")
-                    psql_v "SELECT bench.load('$tab', $b, $clients, $((tx / clients)))" >/dev/null
-                done
+           -c "ALTER TABLE bench.tokens SET $(echo "$persistence" | tr a-z A-Z)" \
+           -c "SELECT bench.background('idem.tokens', $BACKGROUND)" >/dev/null
+    for ci in "${!configs[@]}"; do
+        read -r name p sync tx <<< "${configs[$ci]}"
+        [ "$p" = "$persistence" ] || continue
+        for ((round = 0; round < ROUNDS; round++)); do
+            for clients in "${CLIENT_COUNTS[@]}"; do
+                b=$(base_of "$round" "$ci" "$clients")
+                psql_v "INSERT INTO bench.issued
+                        SELECT $b, c, n, idem_token_issue('bench', '1 day')
+                          FROM (SELECT c, n
+                                  FROM generate_series(0, $clients - 1) c,
+                                       generate_series(1, $((tx / clients))) n
+                                 ORDER BY c, n OFFSET 0) s" >/dev/null
             done
         done
     done
-    psql_q -c "VACUUM (ANALYZE) idem.tokens" -c "VACUUM (ANALYZE) bench.tokens" >/dev/null
+    # the same rows, in the same order, in the hand-written table: the
+    # digests of the tokens' random parts, which the DELETE looks up
+    psql_q -c "INSERT INTO bench.tokens (scope, digest, expires_at)
+               SELECT scope, digest, expires_at FROM idem.tokens ORDER BY ctid" \
+           -c "VACUUM (ANALYZE) idem.tokens" -c "VACUUM (ANALYZE) bench.tokens" >/dev/null
     echo "   $(psql_v "SELECT format('idem.tokens: %s rows, %s; bench.tokens: %s rows, %s',
         (SELECT count(*) FROM idem.tokens), pg_size_pretty(pg_total_relation_size('idem.tokens')),
         (SELECT count(*) FROM bench.tokens), pg_size_pretty(pg_total_relation_size('bench.tokens')))")"
@@ -236,7 +242,7 @@ for persistence in logged unlogged; do
                 # alternate which method goes first
                 if (( (round + ci + clients) % 2 == 0 )); then order="idem delete"; else order="delete idem"; fi
                 for method in $order; do
-                    out=$(run_pgbench "$method" "$sync" "$clients" "$tx" "$b") || exit 1
+                    out=$(run_client "$method" "$sync" "$clients" "$tx" "$b") || exit 1
                     read -r r u <<<"$out"
                     rate[$method,$name,$clients]="${rate[$method,$name,$clients]:-} $r"
                     cpu[$method,$name,$clients]="${cpu[$method,$name,$clients]:-} $u"

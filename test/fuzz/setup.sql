@@ -91,6 +91,17 @@ INSERT INTO fuzz.pool (arg, v)
     SELECT 'token', idem_token_issue('b', '1 second') FROM generate_series(1, 3);
 UPDATE idem.tokens SET expires_at = now() - interval '1 minute'
  WHERE scope = 'b' AND expires_at < now() + interval '1 minute';
+-- the same tokens with the hint (last 8 characters) of another one, or
+-- with hints pointing nowhere: found through the primary key instead
+INSERT INTO fuzz.pool (arg, v)
+    SELECT 'token', left(a.v, 43) || right(b.v, 8)
+      FROM (SELECT v, row_number() OVER () AS n FROM fuzz.pool WHERE arg = 'token') a
+      JOIN (SELECT v, row_number() OVER () AS n FROM fuzz.pool WHERE arg = 'token') b
+        ON b.n = a.n % 12 + 1;
+INSERT INTO fuzz.pool (arg, v)
+    SELECT 'token', left(v, 43) || h
+      FROM (SELECT v FROM fuzz.pool WHERE arg = 'token' LIMIT 3) s,
+           unnest(ARRAY['AAAAAAAA', '________', 'AAAAAAAB']) h;
 INSERT INTO fuzz.pool (arg, v) VALUES
     ('token', 'not-a-token'), ('scope', ''), ('scope', 'a'), ('scope', 'b'),
     ('type:regclass', 'idem.tokens');
