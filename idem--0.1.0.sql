@@ -191,15 +191,18 @@ REVOKE ALL ON FUNCTION idem_purge(pg_catalog.text, pg_catalog.int4) FROM PUBLIC;
 -- token is stored: the table, a backup or a replica yields no usable token.
 -- A consumed row is kept until its expiry so that its status stays
 -- 'consumed'; idem_token_purge removes rows whose expiry has passed.
--- fillfactor leaves room on each page for the new version that consumption
--- writes, so that it is a HOT update.
+-- fillfactor leaves room on each page for what consumption adds: the
+-- consumed version is 8 bytes longer and takes a line pointer of its own
+-- (about 12 bytes a row for good, 15% of a page of small rows), plus the old
+-- versions not yet pruned.  With that room every consumption is a HOT
+-- update, even of the last token of a page.
 CREATE TABLE idem.tokens (
     scope       pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
     digest      pg_catalog.bytea NOT NULL,
     expires_at  pg_catalog.timestamptz NOT NULL,
     consumed_at pg_catalog.timestamptz,
     CONSTRAINT tokens_pkey PRIMARY KEY (scope, digest)
-) WITH (fillfactor = 90);
+) WITH (fillfactor = 80);
 -- purge finds expired rows through this index, oldest first
 CREATE INDEX tokens_expires_at_idx ON idem.tokens (expires_at);
 COMMENT ON TABLE idem.tokens IS

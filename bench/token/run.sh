@@ -107,7 +107,7 @@ CREATE TABLE bench.tokens (
     expires_at  timestamptz NOT NULL,
     consumed_at timestamptz,
     CONSTRAINT tokens_pkey PRIMARY KEY (scope, digest)
-) WITH (fillfactor = 90);
+) WITH (fillfactor = 80);
 CREATE INDEX tokens_expires_at_idx ON bench.tokens (expires_at);
 -- background(table, n): tokens no run consumes, of the same layout
 CREATE FUNCTION bench.background(tab regclass, n int)
@@ -131,6 +131,7 @@ configs=("logged_on logged on $TX_SYNC" "logged_off logged off $TX_ASYNC" "unlog
 
 declare -A rate        # rate[method,config,clients] = list of tx/s, one per round
 declare -A cpu         # cpu[method,config,clients] = list of server CPU us per tx
+declare -A wal         # wal[method,config,clients] = list of WAL bytes per tx
 base_of() {            # base_of round config_index clients
     echo $(( ( ($1 * 3 + $2) * 2 + ($3 == 1 ? 0 : 1) + 1) * 10000000 ))
 }
@@ -145,14 +146,15 @@ count_done() {          # what each method has done so far in the table
 # the server's CPU per transaction (scripts/common.sh: server_cpu_us)
 backends_gone() { wait_backends_gone "$dir/pg" "$PG_PORT" postgres; }
 
-run_client() {          # method sync clients tx run -> prints tx/s and CPU us per tx
-    local method=$1 sync=$2 clients=$3 tx=$4 run=$5 per before after done out tps t0 t1
+run_client() {          # method sync clients tx run -> prints tx/s, CPU us and WAL bytes per tx
+    local method=$1 sync=$2 clients=$3 tx=$4 run=$5 per before after done out tps t0 t1 l0 l1
     per=$((tx / clients))
     psql_q -c "COPY (SELECT client, t FROM bench.issued WHERE run = $run ORDER BY client, n) TO STDOUT" \
         > "$dir/tokens" || die "could not read the tokens of run $run"
     chmod 644 "$dir/tokens"
     psql_v "CHECKPOINT" >/dev/null
     before=$(count_done "$method")
+    l0=$(psql_v "SELECT pg_current_wal_insert_lsn()")
     backends_gone       # the count's backend too, so that its CPU stays out
     t0=$(server_cpu_us "$dir/pg")
     out=$(runuser -u postgres -- env PGOPTIONS="-c synchronous_commit=$sync" \
@@ -160,6 +162,7 @@ run_client() {          # method sync clients tx run -> prints tx/s and CPU us p
         { echo "$out" >&2; die "the $method client failed"; }
     backends_gone
     t1=$(server_cpu_us "$dir/pg")
+    l1=$(psql_v "SELECT pg_current_wal_insert_lsn()")
     after=$(count_done "$method")
     if [ "$method" = idem ]; then done=$((after - before)); else done=$((before - after)); fi
     echo "$out" | grep -q ' misses=0$' || { echo "$out" >&2; die "$method: consumptions failed"; }
@@ -167,7 +170,8 @@ run_client() {          # method sync clients tx run -> prints tx/s and CPU us p
         die "$method: $((per * clients)) transactions but $done tokens consumed"
     tps=$(echo "$out" | sed -n 's/.*ops_per_sec=\([0-9.]*\).*/\1/p')
     [ -n "$tps" ] || { echo "$out" >&2; die "no rate in the output of the client"; }
-    echo "$tps $(awk -v d=$((t1 - t0)) -v n="$done" 'BEGIN { printf "%.1f", d / n }')"
+    echo "$tps $(awk -v d=$((t1 - t0)) -v n="$done" 'BEGIN { printf "%.1f", d / n }')" \
+        "$(psql_v "SELECT round(pg_wal_lsn_diff('$l1', '$l0') / $done)")"
 }
 
 load_tables() {         # persistence
@@ -243,11 +247,12 @@ for persistence in logged unlogged; do
                 if (( (round + ci + clients) % 2 == 0 )); then order="idem delete"; else order="delete idem"; fi
                 for method in $order; do
                     out=$(run_client "$method" "$sync" "$clients" "$tx" "$b") || exit 1
-                    read -r r u <<<"$out"
+                    read -r r u w <<<"$out"
                     rate[$method,$name,$clients]="${rate[$method,$name,$clients]:-} $r"
                     cpu[$method,$name,$clients]="${cpu[$method,$name,$clients]:-} $u"
-                    printf '   %-8s %-9s sync=%-3s clients=%s tx=%-7s %10.0f tx/s %8.1f us CPU\n' \
-                        "$method" "$p" "$sync" "$clients" "$tx" "$r" "$u"
+                    wal[$method,$name,$clients]="${wal[$method,$name,$clients]:-} $w"
+                    printf '   %-8s %-9s sync=%-3s clients=%s tx=%-7s %10.0f tx/s %8.1f us CPU %6s B WAL\n' \
+                        "$method" "$p" "$sync" "$clients" "$tx" "$r" "$u" "$w"
                 done
                 # Redis right after, so that it meets the same load
                 if [ "$sync" = on ] && [ "$p" = logged ]; then kind=aof port=$REDIS_AOF_PORT
@@ -313,6 +318,15 @@ mkdir -p "$results"
     for clients in "${CLIENT_COUNTS[@]}"; do cpu_row "logged, sync commit on" "$clients" logged_on; done
     for clients in "${CLIENT_COUNTS[@]}"; do cpu_row "logged, sync commit off" "$clients" logged_off; done
     for clients in "${CLIENT_COUNTS[@]}"; do cpu_row "unlogged" "$clients" unlogged; done
+    echo
+    echo "WAL per consumption (bytes, with the full-page images after each run's checkpoint), median"
+    printf '%-52s %7s %10s %10s\n' "" clients "idem" "DELETE"
+    for name in logged_on logged_off unlogged; do
+        for clients in "${CLIENT_COUNTS[@]}"; do
+            printf '%-52s %7s %10.0f %10.0f\n' "$name" "$clients" \
+                "$(echo "${wal[idem,$name,$clients]}" | median)" "$(echo "${wal[delete,$name,$clients]}" | median)"
+        done
+    done
     echo
     echo "every run, in tx/s (one value per round):"
     for k in $(printf '%s\n' "${!rate[@]}" | sort); do
