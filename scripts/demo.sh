@@ -113,5 +113,51 @@ sql -e -c "SELECT idem_try_claim('order-47') AS while_another_worker_holds_it"
 wait "$holder"
 sql -e -c "SELECT idem_try_claim('order-47') AS after_it_committed"
 
-echo "== done: every message applied exactly once"
+echo "== single-use tokens: a double-clicked \"pay\""
+sql -e <<'EOF'
+CREATE TABLE payments (token text PRIMARY KEY, amount numeric NOT NULL);
+-- the server issues a token with the form (51 URL-safe characters, valid 30 minutes)
+SELECT idem_token_issue('user:42') AS token \gset
+-- the first submission consumes it in the transaction of the payment
+BEGIN;
+SELECT idem_token_consume(:'token', 'user:42') AS first_click;
+INSERT INTO payments VALUES (:'token', 19.99);
+COMMIT;
+-- the second click finds it consumed: answer "already done"
+SELECT idem_token_consume(:'token', 'user:42') AS second_click,
+       idem_token_status(:'token', 'user:42') AS status;
+-- a token is valid in its scope only
+SELECT idem_token_status(:'token', 'user:43') AS in_another_scope;
+-- a payment that fails gives the token back: the honest retry succeeds
+SELECT idem_token_issue('user:42') AS retry_token \gset
+BEGIN;
+SELECT idem_token_consume(:'retry_token', 'user:42') AS first_try;
+ROLLBACK;
+SELECT idem_token_consume(:'retry_token', 'user:42') AS retry;
+-- what the table keeps: the SHA-256 digest of each token's random part, not the token
+SELECT scope, encode(digest, 'hex') AS digest, consumed_at IS NOT NULL AS consumed
+  FROM idem.tokens WHERE scope = 'user:42' ORDER BY consumed;
+SELECT count(*) AS payments FROM payments;
+EOF
+[ $? = 0 ] || die "psql failed"
+
+echo "== state-transition guard: an order's states"
+sql -e <<'EOF'
+SELECT idem_allow('order', 'new', 'paid'), idem_allow('order', 'paid', 'shipped'),
+       idem_allow('order', 'new', 'cancelled');
+CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, version bigint NOT NULL DEFAULT 0);
+INSERT INTO orders VALUES (4711, 'new');
+SELECT idem_guard('orders', 'order', 'status', 'version');
+-- a move, its retry, a move the machine does not have, and a late request
+SELECT idem_transition('orders', '4711', 'paid', 0) AS pay;
+SELECT idem_transition('orders', '4711', 'paid', 0) AS pay_again;
+SELECT idem_transition('orders', '4711', 'cancelled') AS cancel_after_payment;
+SELECT idem_transition('orders', '4711', 'new') AS late_request_for_new;
+SELECT * FROM orders;
+EOF
+[ $? = 0 ] || die "psql failed"
+# any UPDATE, from any code path, is checked too
+sql -e -c "UPDATE orders SET status = 'new' WHERE id = 4711" 2>&1 | sed 's/^/   /'
+
+echo "== done: every message applied exactly once; tokens and transitions shown above"
 exit 0
