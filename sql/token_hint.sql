@@ -149,3 +149,15 @@ SELECT idem_token_status(:'k4', 'key') AS k4, idem_token_status(:'k5', 'key') AS
 RESET force_parallel_mode;
 RESET parallel_setup_cost;
 RESET parallel_tuple_cost;
+
+-- without the key table at all, tokens still work
+ALTER EXTENSION idem DROP TABLE idem.token_key;
+ALTER TABLE idem.token_key RENAME TO token_key_away;
+\c
+SELECT idem_token_issue('nokey') AS n1 \gset
+SELECT idem_token_status(:'n1', 'nokey'), idem_token_consume(:'n1', 'nokey'),
+       idem_token_consume(:'n1', 'nokey');
+ALTER TABLE idem.token_key_away RENAME TO token_key;
+ALTER EXTENSION idem ADD TABLE idem.token_key;
+\c
+SELECT idem_token_status(:'n1', 'nokey') AS n1_with_the_key_back;

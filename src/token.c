@@ -174,13 +174,15 @@ token_load_key(void)
 {
 	Oid			nspid = get_namespace_oid(IDEM_SCHEMA, true);
 	Oid			relid = InvalidOid;
+	Relation	rel;
 
 	memset(token_key, 0, sizeof(token_key));
 	if (OidIsValid(nspid))
 		relid = get_relname_relid(TOKEN_KEY_TABLE, nspid);
-	if (OidIsValid(relid))
+	/* dropped since the look-up: no key */
+	rel = OidIsValid(relid) ? try_table_open(relid, AccessShareLock) : NULL;
+	if (rel != NULL)
 	{
-		Relation	rel = table_open(relid, AccessShareLock);
 		TupleDesc	tupdesc = RelationGetDescr(rel);
 		/* the query's snapshot: parallel workers may not take new ones */
 		Snapshot	snapshot = RegisterSnapshot(ActiveSnapshotSet() ?
