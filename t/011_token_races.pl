@@ -6,7 +6,8 @@
 # row found at the hint), with a hint pointing nowhere, or with another
 # token's hint (both found through the primary key); a quarter of the
 # transactions roll back.  Meanwhile the table is vacuumed, and rewritten by
-# VACUUM FULL, which moves the rows and leaves every hint stale.  Afterwards
+# VACUUM FULL, which moves the rows and leaves every hint stale (6,000
+# transactions, a fixed number rather than a time).  Afterwards
 # every token consumed by a committed transaction was consumed by exactly
 # one, its status says so, and every other token is still valid, including
 # those whose consumption was rolled back.
@@ -37,7 +38,7 @@ $node->safe_psql(
 });
 
 $node->pgbench(
-	'--no-vacuum --client=6 --jobs=2 --time=8',
+	'--no-vacuum --client=6 --jobs=2 --transactions=1000',
 	0,
 	[qr{processed: [1-9]}],
 	[qr{^$}],
