@@ -117,14 +117,6 @@ idem_try_claim(PG_FUNCTION_ARGS)
 									  lengthof(claim_result_labels)));
 }
 
-/*
- * idem_claim_batch(msg_ids text[], ns) returns boolean[]
- *
- * One result per element, in order.  Every element is checked before
- * anything is written.  Per-element memory is reset as we go, and claiming
- * takes no lock that outlives the element, so the size of a batch is bounded
- * by the array, not by the lock table.
- */
 /* An element of a batch, with its place in the array. */
 typedef struct BatchItem
 {
@@ -152,6 +144,14 @@ batch_item_cmp(const void *a, const void *b)
 	return x->pos < y->pos ? -1 : (x->pos > y->pos ? 1 : 0);
 }
 
+/*
+ * idem_claim_batch(msg_ids text[], ns) returns boolean[]
+ *
+ * One result per element, in order.  Every element is checked before
+ * anything is written.  Per-element memory is reset as we go, and claiming
+ * takes no lock that outlives the element, so the size of a batch is bounded
+ * by the array, not by the lock table.
+ */
 PG_FUNCTION_INFO_V1(idem_claim_batch);
 Datum
 idem_claim_batch(PG_FUNCTION_ARGS)

@@ -22,9 +22,6 @@
 
 PG_MODULE_MAGIC;
 
-extern void idem_store_init(void);
-extern void idem_token_init(void);
-
 void		_PG_init(void);
 
 void

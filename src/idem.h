@@ -58,6 +58,9 @@ typedef enum IdemStoreResult
 
 typedef struct IdemStore IdemStore;
 
+extern void idem_store_init(void);
+extern void idem_token_init(void);
+
 extern IdemStore *idem_store_open(const char *relname, LOCKMODE lockmode);
 extern void idem_store_close(IdemStore *store);
 extern TupleDesc idem_store_tupdesc(IdemStore *store);

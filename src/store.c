@@ -44,8 +44,6 @@
 
 #include "idem.h"
 
-void		idem_store_init(void);
-
 /* A keyed table's unique index has two key columns: namespace and key. */
 #define STORE_NKEYS 2
 
@@ -463,12 +461,22 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 	return store;
 }
 
+/* Let go of the heap page the probes keep pinned. */
+static void
+store_unpin_page(IdemStore *store)
+{
+	if (BufferIsValid(store->hbuf))
+	{
+		ReleaseBuffer(store->hbuf);
+		store->hbuf = InvalidBuffer;
+	}
+}
+
 void
 idem_store_close(IdemStore *store)
 {
 	ExecDropSingleTupleTableSlot(store->probe_slot);
-	if (BufferIsValid(store->hbuf))
-		ReleaseBuffer(store->hbuf);
+	store_unpin_page(store);
 	if (store->scan)
 		index_endscan(store->scan);
 	if (store->ins_slot)
@@ -626,15 +634,11 @@ store_fetch(IdemStore *store, TupleTableSlot *slot)
 	}
 }
 
-/* Let go of the pages the probe scan keeps pinned, by restarting it. */
+/* Let go of every page the probes keep pinned, restarting the index scan. */
 static void
 store_release_pins(IdemStore *store)
 {
-	if (BufferIsValid(store->hbuf))
-	{
-		ReleaseBuffer(store->hbuf);
-		store->hbuf = InvalidBuffer;
-	}
+	store_unpin_page(store);
 	if (store->scan)
 	{
 		MemoryContext oldcxt = MemoryContextSwitchTo(store->mcxt);
@@ -739,11 +743,7 @@ store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
 		{
 			/* what comes next (an insertion) may wait: keep no page pinned */
 			ExecClearTuple(slot);
-			if (BufferIsValid(store->hbuf))
-			{
-				ReleaseBuffer(store->hbuf);
-				store->hbuf = InvalidBuffer;
-			}
+			store_unpin_page(store);
 			return PROBE_ABSENT;
 		}
 

@@ -53,8 +53,6 @@
 
 #include "idem.h"
 
-void		idem_token_init(void);
-
 #define TOKENS_TABLE		"tokens"
 #define TOKENS_NATTS		4
 #define TOKENS_SCOPE		0

@@ -23,12 +23,12 @@
 # hand-written table is then filled with a copy of idem.tokens in its
 # physical order (the SHA-256 digests of the tokens' random parts, their
 # first 43 characters, which is what a hand-written scheme gives out), so
-# that both tables have the same rows in the same places.  Both sides are driven by one libpq client
-# (bench/token/consume.c: one connection per client, a prepared statement,
-# each consumption in its own transaction), which reads its tokens from a
-# file before the clock starts; each run consumes tokens of its own, and
-# every consumption must succeed.  Redis GETDEL runs through
-# bench/token/getdel.c, a client of the same shape.
+# that both tables have the same rows in the same places.  Both sides are
+# driven by one libpq client (bench/token/consume.c: one connection per
+# client, a prepared statement, each consumption in its own transaction),
+# which reads its tokens from a file before the clock starts; each run
+# consumes tokens of its own, and every consumption must succeed.  Redis
+# GETDEL runs through bench/token/getdel.c, a client of the same shape.
 #
 # Settings (environment): TX_SYNC (transactions of a run at synchronous
 # commit, default 20000), TX_ASYNC (the others, default 100000), BACKGROUND
