@@ -84,17 +84,6 @@ stop_cluster "$DIR"
 rm -rf "$DIR"
 echo "== starting a cluster in $DIR on port $PORT"
 start_cluster "$DIR" "$PORT" "${SETTINGS[@]}"
-# The install directory is shared: make sure that the library the server
-# loaded is the one built here.
-libdir=$(pg_config --pkglibdir)
-for try in 1 2 3; do
-    cmp -s "$work/idem.so" "$libdir/idem.so" && break
-    [ "$try" = 3 ] && die "$libdir/idem.so keeps being replaced by another build"
-    echo "   $libdir/idem.so was replaced by another build: installing again"
-    make -C "$work" -s with_llvm=no install >/dev/null || die "install failed"
-    runuser -u postgres -- pg_ctl -D "$DIR/data" -l "$DIR/server.log" -w restart >/dev/null ||
-        die "server did not restart"
-done
 
 as_pg() { runuser -u postgres -- env PATH="$PATH" "$@"; }
 sql() { as_pg psql -h "$DIR" -p "$PORT" -d "$DB" -X -q -At -v ON_ERROR_STOP=1 "$@"; }

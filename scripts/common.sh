@@ -4,6 +4,10 @@
 PG_MAJOR=15
 PG_BIN=/usr/lib/postgresql/$PG_MAJOR/bin
 export PATH="$PG_BIN:$PATH"
+# Every server the scripts start and every client they run speaks UTF-8,
+# whatever the caller's environment (a fresh machine may have no locale).
+export LANG=C.UTF-8 LC_ALL=C.UTF-8 PGCLIENTENCODING=UTF8
+unset LANGUAGE
 BUILD_FLAGS='-Wall -Wextra -Wno-unused-parameter -Werror'
 
 die() { echo "error: $*" >&2; exit 1; }
@@ -54,13 +58,33 @@ copy_tree() {
     echo "$dst"
 }
 
-# build_and_install DIR: compile warning-free as postgres, install as root.
+# build_and_install DIR: compile warning-free as postgres, then install into
+# a private copy of the PostgreSQL installation in DIR/pg, whose binaries
+# come first in PATH from then on.  "make install" into the shared
+# directories would rewrite idem.so under every other server that has it
+# loaded (another test run, a benchmark), and crash their backends.
 build_and_install() {
-    local dir=$1
+    local dir=$1 pg=$1/pg
     runuser -u postgres -- make -C "$dir" -s clean >/dev/null 2>&1 || true
     runuser -u postgres -- make -C "$dir" -s with_llvm=no PG_CFLAGS="$BUILD_FLAGS" \
         || die "build failed"
-    make -C "$dir" -s with_llvm=no install >/dev/null || die "install failed"
+    rm -rf "$pg"
+    mkdir -p "$pg/lib/postgresql" "$pg/share/postgresql"
+    cp -a "/usr/lib/postgresql/$PG_MAJOR" "$pg/lib/postgresql/" &&
+        cp -a "/usr/share/postgresql/$PG_MAJOR" "$pg/share/postgresql/" ||
+        die "could not copy the PostgreSQL installation"
+    # headers and libpq stay the system's, where the copy's pg_config says
+    ln -s /usr/include "$pg/include" &&
+        ln -s "$(/usr/lib/postgresql/$PG_MAJOR/bin/pg_config --libdir)" "$pg/lib/$(basename \
+            "$(/usr/lib/postgresql/$PG_MAJOR/bin/pg_config --libdir)")" ||
+        die "could not link the headers and libraries"
+    PG_BIN="$pg/lib/postgresql/$PG_MAJOR/bin"
+    export PATH="$PG_BIN:$PATH"
+    [ "$("$PG_BIN/pg_config" --pkglibdir)" = "$pg/lib/postgresql/$PG_MAJOR/lib" ] ||
+        die "the copy of PostgreSQL does not find its own files"
+    make -C "$dir" -s with_llvm=no PG_CONFIG="$PG_BIN/pg_config" install >/dev/null ||
+        die "install failed"
+    chown -R postgres:postgres "$pg"
 }
 
 # start_cluster DIR PORT [SETTINGS...]: a throwaway cluster owned by

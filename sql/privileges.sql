@@ -2,7 +2,9 @@
 -- grant of a stricter setup
 --
 -- idem's user functions keep PostgreSQL's default EXECUTE for PUBLIC; its
--- administration functions are revoked from PUBLIC; the schema idem and its
+-- administration functions (idem_release among them: it makes a message be
+-- processed again) and its internal functions are revoked from PUBLIC; the
+-- schema idem and its
 -- tables are reachable by no one but their owner.  An application role
 -- therefore needs no grant at all (idem_transition also needs UPDATE and
 -- SELECT on the table it moves a row of, as a plain UPDATE would).
@@ -16,7 +18,6 @@
 --   GRANT EXECUTE ON FUNCTION
 --       idem_claim(text, text), idem_try_claim(text, text),
 --       idem_claim_batch(text[], text), idem_claim_info(text, text),
---       idem_release(text, text),
 --       idem_token_issue(text, interval), idem_token_consume(text, text),
 --       idem_token_status(text, text),
 --       idem_transition(regclass, text, text, bigint)
@@ -25,6 +26,7 @@
 -- and an administration role the rest with:
 --
 --   GRANT EXECUTE ON FUNCTION
+--       idem_release(text, text),
 --       idem_purge(text, integer), idem_set_retention(text, interval),
 --       idem_token_purge(integer),
 --       idem_allow(text, text, text), idem_disallow(text, text, text),
@@ -115,6 +117,7 @@ INSERT INTO forbidden (stmt) VALUES
     ('DELETE FROM idem.namespaces'),
     ('SELECT idem.retention_of(''priv'')'),
     ('CREATE TABLE idem.planted (x int)'),
+    ('SELECT idem_release(''p-1'', ''priv'')'),
     ('SELECT idem_purge()'),
     ('SELECT idem_purge(''priv'', 10)'),
     ('SELECT idem_set_retention(''priv'', ''1 day'')');
@@ -148,8 +151,6 @@ SELECT idem_try_claim('p-2', 'priv'), idem_try_claim('p-2', 'priv');
 SELECT idem_claim_batch(ARRAY['p-1', 'p-3', 'p-3'], 'priv');
 SELECT idem_claim_info('p-1', 'priv') IS NOT NULL AS claimed,
        idem_claim_info('p-9', 'priv') IS NULL AS unclaimed;
-SELECT idem_release('p-1', 'priv'), idem_release('p-1', 'priv'),
-       idem_claim('p-1', 'priv');
 -- ==== single-use tokens ====
 SELECT idem_token_issue('priv') AS token \gset
 SELECT idem_token_status(:'token', 'priv'), idem_token_consume(:'token', 'priv'),
@@ -175,6 +176,7 @@ RESET ROLE;
 -- The administration role, with the administration grant
 --
 GRANT EXECUTE ON FUNCTION
+    idem_release(text, text),
     idem_purge(text, integer), idem_set_retention(text, interval),
     idem_token_purge(integer),
     idem_allow(text, text, text), idem_disallow(text, text, text),
@@ -183,6 +185,7 @@ GRANT EXECUTE ON FUNCTION
   TO regress_idem_admin;
 INSERT INTO idem.claims VALUES ('priv', 'aged', now() - interval '2 days');
 SET ROLE regress_idem_admin;
+SELECT idem_release('p-1', 'priv'), idem_release('p-1', 'priv');
 SELECT idem_set_retention('priv', '1 day');
 SELECT idem_purge('priv');
 SELECT idem_claim_info('aged', 'priv') IS NULL AS purged,

@@ -161,6 +161,7 @@ TRUNCATE hostile.calls;
 -- Every function of idem, called from the hostile search_path
 --
 GRANT EXECUTE ON FUNCTION
+    idem_release(text, text),
     idem_purge(text, integer), idem_set_retention(text, interval),
     idem_token_purge(integer),
     idem_allow(text, text, text), idem_disallow(text, text, text)

@@ -39,24 +39,10 @@ cleanup() { stop_cluster "$dir/cluster"; rm -rf "$dir" "$work"; }
 trap cleanup EXIT
 
 # The server runs from a private copy of the PostgreSQL installation with
-# this build of idem in it: "make install" into the shared directories
-# rewrites idem.so in place, which crashes the backends of a server that
-# has it loaded, and other test runs may do that at any time.
+# this build of idem in it (scripts/common.sh).
 echo "== building in $work"
-runuser -u postgres -- make -C "$work" -s clean >/dev/null 2>&1 || true
-runuser -u postgres -- make -C "$work" -s with_llvm=no PG_CFLAGS="$BUILD_FLAGS" || die "build failed"
-pg="$dir/pg"
-mkdir -p "$pg/lib/postgresql" "$pg/share/postgresql"
-cp -a "/usr/lib/postgresql/$PG_MAJOR" "$pg/lib/postgresql/" &&
-    cp -a "/usr/share/postgresql/$PG_MAJOR" "$pg/share/postgresql/" ||
-    die "could not copy the PostgreSQL installation"
-install -m 755 "$work/idem.so" "$pg/lib/postgresql/$PG_MAJOR/lib/" &&
-    install -m 644 "$work/idem.control" "$work"/idem--*.sql \
-        "$pg/share/postgresql/$PG_MAJOR/extension/" || die "install failed"
-PG_BIN="$pg/lib/postgresql/$PG_MAJOR/bin"
-export PATH="$PG_BIN:$PATH"
-[ "$("$PG_BIN/pg_config" --pkglibdir)" = "$pg/lib/postgresql/$PG_MAJOR/lib" ] ||
-    die "the copy of PostgreSQL does not find its own files"
+build_and_install "$work"
+pg="$work/pg"
 # autovacuum is off so that runs are alike; each run starts from a vacuumed
 # table and a checkpoint.
 start_cluster "$dir/cluster" "$PORT" \

@@ -1,0 +1,127 @@
+# Upgrades: a database that installed an older release of idem and runs
+# ALTER EXTENSION idem UPDATE ends with the same objects as a fresh install
+# of the newest version, keeps every row, and answers as before; every
+# update script can run a second time without changing anything (Citus
+# runs an extension's update script on every node).
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = PostgreSQL::Test::Cluster->new('upgrade');
+$node->init(extra => [ '--locale=C.UTF-8', '--encoding=UTF8' ]);
+$node->start;
+
+my $describe = slurp_file("$FindBin::RealBin/../test/upgrade/describe.sql");
+sub describe { return $node->safe_psql($_[0], $describe); }
+
+my $sharedir = `pg_config --sharedir`;
+chomp $sharedir;
+my ($default) = slurp_file("$sharedir/extension/idem.control") =~ /^default_version = '([^']+)'/m;
+my @updates = sort glob("$sharedir/extension/idem--*--*.sql");
+ok(scalar(@updates) >= 1, 'at least one update script is installed');
+
+# What a description has that it should not, and what it lacks.
+sub difference
+{
+	my ($got, $want) = @_;
+	my %in_got = map { $_ => 1 } split /\n/, $got;
+	my %in_want = map { $_ => 1 } split /\n/, $want;
+	return join("\n",
+		(map { "missing: $_" } grep { !$in_got{$_} } sort keys %in_want),
+		(map { "extra: $_" } grep { !$in_want{$_} } sort keys %in_got));
+}
+
+$node->safe_psql('postgres', 'CREATE DATABASE fresh');
+$node->safe_psql('postgres', 'CREATE DATABASE up');
+$node->safe_psql('postgres', 'CREATE DATABASE broken');
+$node->safe_psql('fresh', 'CREATE EXTENSION idem');
+is($node->safe_psql('fresh', "SELECT extversion FROM pg_extension WHERE extname = 'idem'"),
+	$default, "a fresh install is at the default version $default");
+
+# The first release, with data of every kind.
+$node->safe_psql('up', q{
+CREATE EXTENSION idem VERSION '0.1.0';
+SELECT idem_claim('u-' || i, 'up') FROM generate_series(1, 100) i;
+SELECT idem_set_retention('up', '3 days');
+CREATE TABLE kept_token (token text);
+INSERT INTO kept_token SELECT idem_token_issue('up', '1 day');
+SELECT idem_allow('order', 'new', 'paid'), idem_allow('order', 'paid', 'shipped');
+CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, version bigint NOT NULL DEFAULT 0);
+INSERT INTO orders (id, status) VALUES (1, 'new'), (2, 'new');
+SELECT idem_guard('orders', 'order', 'status', 'version');
+SELECT idem_transition('orders', '1', 'paid');
+});
+my $rows_before = $node->safe_psql('up', q{
+SELECT (SELECT count(*) FROM idem.claims), (SELECT count(*) FROM idem.tokens),
+       (SELECT count(*) FROM idem.transitions), (SELECT string_agg(n.ns || ' ' || n.retention, ',') FROM idem.namespaces n),
+       (SELECT string_agg(id || ' ' || status || ' ' || version, ',' ORDER BY id) FROM orders)});
+
+$node->safe_psql('up', 'ALTER EXTENSION idem UPDATE');
+is($node->safe_psql('up', "SELECT extversion FROM pg_extension WHERE extname = 'idem'"),
+	$default, "ALTER EXTENSION idem UPDATE reaches $default");
+
+# (a) the same objects as a fresh install
+my $fresh = describe('fresh');
+my $diff = difference(describe('up'), $fresh);
+is($diff, '', 'the upgraded database has the objects of a fresh install');
+
+# (b) every row is kept, and every function answers as before
+is($node->safe_psql('up', q{
+SELECT (SELECT count(*) FROM idem.claims), (SELECT count(*) FROM idem.tokens),
+       (SELECT count(*) FROM idem.transitions), (SELECT string_agg(n.ns || ' ' || n.retention, ',') FROM idem.namespaces n),
+       (SELECT string_agg(id || ' ' || status || ' ' || version, ',' ORDER BY id) FROM orders)}),
+	$rows_before, 'every row is kept');
+is($node->safe_psql('up', q{
+SELECT idem_claim('u-1', 'up'), idem_try_claim('u-2', 'up'), idem_claim_batch(ARRAY['u-3', 'u-101'], 'up'),
+       idem_claim_info('u-1', 'up') IS NOT NULL, idem.retention_of('up')}),
+	'f|duplicate|{f,t}|t|3 days', 'claims made before the upgrade are still duplicates');
+is($node->safe_psql('up', q{
+SELECT idem_token_status(token, 'up'), idem_token_consume(token, 'up'),
+       idem_token_consume(token, 'up'), idem_token_status(token, 'up') FROM kept_token}),
+	'valid|t|f|consumed', 'a token issued before the upgrade is consumed exactly once');
+is($node->safe_psql('up', q{
+SELECT idem_transition('orders', '1', 'paid'), idem_transition('orders', '1', 'shipped'),
+       idem_transition('orders', '2', 'shipped')}),
+	'already|applied|illegal', 'the guard set up before the upgrade still decides');
+my ($rc, $out, $err) = $node->psql('up', q{UPDATE orders SET status = 'new' WHERE id = 1});
+like($err, qr/illegal state transition from "shipped" to "new"/, 'the guard trigger still refuses an illegal UPDATE');
+
+# (c) every update script's statements, run a second time, change nothing
+for my $script (@updates)
+{
+	my $sql = slurp_file($script);
+	$sql =~ s/^\\echo .*$//mg;
+	$sql =~ s/\@extschema\@/public/g;
+	$sql =~ s/MODULE_PATHNAME/\$libdir\/idem/g;
+	my $name = $script =~ s{.*/}{}r;
+	($rc, $out, $err) = $node->psql('up', "SET search_path = public;\n$sql",
+		extra_params => [ '-v', 'ON_ERROR_STOP=1' ]);
+	is($rc, 0, "$name runs a second time without an error") or diag $err;
+}
+is(difference(describe('up'), $fresh), '', 'running the update scripts again changed nothing');
+
+# The comparison sees an upgrade that leaves something out: here, one that
+# forgot to revoke idem_release from PUBLIC.
+$node->safe_psql('broken', q{
+CREATE EXTENSION idem VERSION '0.1.0';
+ALTER EXTENSION idem UPDATE;
+GRANT EXECUTE ON FUNCTION idem_release(text, text) TO PUBLIC;
+});
+like(difference(describe('broken'), $fresh), qr/function idem_release/,
+	'the comparison finds a privilege the upgrade missed');
+$node->safe_psql('broken', q{
+ALTER EXTENSION idem DROP FUNCTION idem_token_purge(integer);
+DROP FUNCTION idem_token_purge(integer);
+});
+like(difference(describe('broken'), $fresh), qr/^missing: member function idem_token_purge/m,
+	'the comparison finds an object missing from the upgrade');
+
+$node->stop;
+done_testing();
