@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# Runs every test suite of idem: pg_regress (sql/), isolation (specs/) and
-# TAP (t/), each against servers it starts itself, and ends with one line
-# "N passed, N failed".  Run as root on Debian 12: it installs what it needs.
+# Runs every test suite of idem: pg_regress (sql/), isolation (specs/), TAP
+# (t/), each against servers it starts itself, and the Debian package
+# (debian/), and ends with one line "N passed, N failed".  Run as root on
+# Debian 12: it installs what it needs.
 #
 #   scripts/test.sh              every suite
-#   scripts/test.sh regress      only some: regress, isolation, tap
+#   scripts/test.sh regress      only some: regress, isolation, tap, package
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/scripts/common.sh"
 need_root
 
 suites=("$@")
-[ ${#suites[@]} -gt 0 ] || suites=(regress isolation tap)
+[ ${#suites[@]} -gt 0 ] || suites=(regress isolation tap package)
 
 install_packages sqlsmith
 work=$(copy_tree "$here")
-echo "== building in $work"
-build_and_install "$work"
+# The package suite builds and installs on its own: the private copy of
+# PostgreSQL is for the others.
+if printf '%s\n' "${suites[@]}" | grep -qvx package; then
+    echo "== building in $work"
+    build_and_install "$work"
+fi
 
 PGXS_DIR=$(pg_config --pkglibdir)/pgxs
 passed=0
@@ -93,11 +98,162 @@ run_tap() {
     done
 }
 
+# The package suite: META.json checked against the PGXN spec; the Debian
+# package built from a fresh copy of the tree with pg_buildext (as
+# postgres, the project's -Werror flags) and checked by lintian; installed
+# into the system's PostgreSQL 15 with apt; the pg_regress suite run against
+# that installation; the package purged.  One test each, plus one per
+# pg_regress test.  It uses the system's PostgreSQL only: PATH loses the
+# private copy that build_and_install put first.  Files of idem that were in
+# the system's directories without a package (a "make install") are moved
+# aside while the package is installed and put back after the purge, so the
+# machine is left as it was; a lock keeps two runs from sharing the window.
+PKG=postgresql-$PG_MAJOR-idem
+SYS_BIN=/usr/lib/postgresql/$PG_MAJOR/bin
+SYS_LIB=/usr/lib/postgresql/$PG_MAJOR/lib
+SYS_SHARE=/usr/share/postgresql/$PG_MAJOR
+pkg_installed=
+pkg_saved=
+
+pkg_result() {
+    if [ "$2" = 0 ]; then passed=$((passed + 1)); echo "-- package $1: ok"
+    else failed=$((failed + 1)); echo "-- package $1: FAILED"; fi
+}
+
+# The files of idem in the system's directories, whoever put them there.
+sys_idem_files() {
+    ls -d "$SYS_LIB"/idem.so "$SYS_LIB"/bitcode/idem "$SYS_LIB"/bitcode/idem.index.bc \
+        "$SYS_SHARE"/extension/idem.control "$SYS_SHARE"/extension/idem--*.sql 2>/dev/null
+}
+
+# Purges the package if this run installed it and puts back what was moved
+# aside; also run on exit, should the suite be interrupted.
+package_cleanup() {
+    local rc=0
+    if [ -n "$pkg_installed" ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq -o DPkg::Lock::Timeout=300 "$PKG" \
+            >"$pkg_saved/purge.log" 2>&1 || { cat "$pkg_saved/purge.log"; rc=1; }
+        if dpkg-query -W -f='${Status}' "$PKG" 2>/dev/null | grep -q 'installed'; then
+            echo "$PKG is still installed"; rc=1
+        fi
+        if [ -n "$(sys_idem_files)" ]; then
+            echo "files of idem left after the purge:"; sys_idem_files; rc=1
+        fi
+        pkg_installed=
+    fi
+    if [ -n "$pkg_saved" ] && [ -d "$pkg_saved/root" ]; then
+        for f in $(cd "$pkg_saved/root" && find . -type f | sed 's,^\.,,'); do
+            mkdir -p "$(dirname "$f")" && cp -a "$pkg_saved/root$f" "$f" && cmp -s "$pkg_saved/root$f" "$f" &&
+                echo "put back: $f" || { echo "could not put back $f"; rc=1; }
+        done
+    fi
+    pkg_saved=
+    flock -u 9 2>/dev/null
+    trap - EXIT
+    return $rc
+}
+
+run_package() {
+    local start=$SECONDS sys_path dir ver debver deb src rc tests f
+    echo "== package"
+    sys_path=$(printf '%s' "$PATH" | tr ':' '\n' | grep -v "^$work/" | paste -sd:)
+    [ "$(PATH=$sys_path command -v pg_config)" = "$SYS_BIN/pg_config" ] ||
+        die "the package suite would not use the system's PostgreSQL: PATH=$sys_path"
+
+    perl "$work/test/package/meta.pl" "$work"
+    pkg_result meta $?
+
+    install_packages build-essential debhelper dpkg-dev postgresql-server-dev-all lintian
+    ver=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$work/idem.control")
+    debver=$(dpkg-parsechangelog -l "$work/debian/changelog" -S Version)
+    dir=$work/package
+    mkdir -p "$dir"
+    src=$(copy_tree "$here")
+    mv "$src" "$dir/idem-$ver"
+    tar -C "$dir" --exclude="idem-$ver/debian" -czf "$dir/idem_$ver.orig.tar.gz" "idem-$ver"
+    chown -R postgres:postgres "$dir"
+    (cd "$dir/idem-$ver" && runuser -u postgres -- env PATH="$sys_path" HOME="$dir" \
+        dpkg-buildpackage -us -uc) > "$dir/build.log" 2>&1
+    rc=$?
+    deb=$dir/${PKG}_${debver}_$(dpkg --print-architecture).deb
+    grep -E '^gcc .* -c -o src/idem\.o' "$dir/build.log" | grep -q -- ' -Werror ' || rc=1
+    [ -f "$deb" ] || rc=1
+    [ $rc = 0 ] && echo "built $(basename "$deb") in $((SECONDS - start)) s" || tail -n 40 "$dir/build.log"
+    pkg_result build $rc
+    [ $rc = 0 ] || return
+
+    # every tag lintian knows, down to pedantic: each must be fixed or
+    # explained in an override (debian/source/lintian-overrides,
+    # debian/$PKG.lintian-overrides)
+    (cd "$dir" && runuser -u postgres -- env PATH="$sys_path" HOME="$dir" \
+        lintian --display-info --pedantic "idem_${debver}_$(dpkg --print-architecture).changes") \
+        > "$dir/lintian.log" 2>&1
+    rc=$?
+    cat "$dir/lintian.log"
+    grep -qE '^[EWIPX]: ' "$dir/lintian.log" && rc=1
+    [ -s "$dir/lintian.log" ] || echo "lintian: no tag"
+    pkg_result lintian $rc
+
+    exec 9>/run/lock/idem-package.lock
+    flock -w 1200 9 || die "another run holds /run/lock/idem-package.lock"
+    trap package_cleanup EXIT
+    pkg_saved=$dir/saved
+    mkdir -p "$pkg_saved/root"
+    rc=0
+    if dpkg-query -W -f='${Status}' "$PKG" 2>/dev/null | grep -q 'installed'; then
+        echo "$PKG is installed on this machine: the suite would replace and purge it; remove it first"
+        rc=1
+    else
+        for f in $(sys_idem_files); do
+            echo "moved aside while the package is installed: $f"
+            mkdir -p "$pkg_saved/root$(dirname "$f")" && cp -a "$f" "$pkg_saved/root$f" && rm -rf "$f" || rc=1
+        done
+    fi
+    if [ $rc = 0 ]; then
+        pkg_installed=1
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            -o DPkg::Lock::Timeout=300 "$deb" > "$dir/install.log" 2>&1 || { cat "$dir/install.log"; rc=1; }
+        # the package's files, and only those, are what the server loads
+        [ "$(dpkg-query -W -f='${Status} ${Version}' "$PKG" 2>/dev/null)" = "install ok installed $debver" ] ||
+            { echo "$PKG $debver is not installed"; rc=1; }
+        for f in "$SYS_LIB/idem.so" "$SYS_SHARE/extension/idem.control" \
+                 $(cd "$work" && ls idem--*.sql | sed "s,^,$SYS_SHARE/extension/,"); do
+            [ "$(dpkg-query -S "$f" 2>/dev/null | cut -d: -f1)" = "$PKG" ] || { echo "$f is not from $PKG"; rc=1; }
+        done
+        [ "$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$SYS_SHARE/extension/idem.control")" = "$ver" ] ||
+            { echo "the installed idem.control is not version $ver"; rc=1; }
+        dpkg-query -L "$PKG" | grep -E '\.(so|sql|control)$'
+    fi
+    pkg_result install $rc
+
+    if [ $rc = 0 ]; then
+        tests=$(cd "$work" && ls sql/*.sql | xargs -n1 basename | sed 's/\.sql$//' | sort)
+        mkdir -p "$dir/regress"; chown postgres:postgres "$dir/regress"
+        (cd "$dir/regress" && runuser -u postgres -- env PATH="$sys_path" \
+            "$SYS_LIB/pgxs/src/test/regress/pg_regress" \
+            --inputdir="$work" --outputdir="$dir/regress" --bindir="$SYS_BIN" \
+            --temp-instance="$dir/regress/tmp_check" --temp-config="$work/test/regress.conf" \
+            --load-extension=idem --dbname=contrib_regression $tests) > "$dir/regress.log" 2>&1
+        rc=$?
+        cat "$dir/regress.log"
+        count_pg_regress "$dir/regress.log" "package regress"
+        if [ $rc != 0 ]; then
+            [ -f "$dir/regress/regression.diffs" ] && head -c 20000 "$dir/regress/regression.diffs"
+            grep -qE '\.\.\. (ok|FAILED)' "$dir/regress.log" || failed=$((failed + 1))
+        fi
+    fi
+
+    package_cleanup
+    pkg_result purge $?
+    echo "-- package: $((SECONDS - start)) s"
+}
+
 for s in "${suites[@]}"; do
     case "$s" in
         regress) run_regress ;;
         isolation) run_isolation ;;
         tap) run_tap ;;
+        package) run_package ;;
         *) die "unknown suite $s" ;;
     esac
 done
