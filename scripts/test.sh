@@ -115,9 +115,12 @@ SYS_SHARE=/usr/share/postgresql/$PG_MAJOR
 pkg_installed=
 pkg_saved=
 
+pkg_step=0
 pkg_result() {
-    if [ "$2" = 0 ]; then passed=$((passed + 1)); echo "-- package $1: ok"
-    else failed=$((failed + 1)); echo "-- package $1: FAILED"; fi
+    local took=$((SECONDS - pkg_step))
+    pkg_step=$SECONDS
+    if [ "$2" = 0 ]; then passed=$((passed + 1)); echo "-- package $1: ok ($took s)"
+    else failed=$((failed + 1)); echo "-- package $1: FAILED ($took s)"; fi
 }
 
 # The files of idem in the system's directories, whoever put them there.
@@ -156,6 +159,7 @@ package_cleanup() {
 run_package() {
     local start=$SECONDS sys_path dir ver debver deb src rc tests f
     echo "== package"
+    pkg_step=$SECONDS
     sys_path=$(printf '%s' "$PATH" | tr ':' '\n' | grep -v "^$work/" | paste -sd:)
     [ "$(PATH=$sys_path command -v pg_config)" = "$SYS_BIN/pg_config" ] ||
         die "the package suite would not use the system's PostgreSQL: PATH=$sys_path"
@@ -178,7 +182,7 @@ run_package() {
     deb=$dir/${PKG}_${debver}_$(dpkg --print-architecture).deb
     grep -E '^gcc .* -c -o src/idem\.o' "$dir/build.log" | grep -q -- ' -Werror ' || rc=1
     [ -f "$deb" ] || rc=1
-    [ $rc = 0 ] && echo "built $(basename "$deb") in $((SECONDS - start)) s" || tail -n 40 "$dir/build.log"
+    [ $rc = 0 ] && echo "built $(basename "$deb")" || tail -n 40 "$dir/build.log"
     pkg_result build $rc
     [ $rc = 0 ] || return
 
@@ -236,7 +240,8 @@ run_package() {
             --load-extension=idem --dbname=contrib_regression $tests) > "$dir/regress.log" 2>&1
         rc=$?
         cat "$dir/regress.log"
-        count_pg_regress "$dir/regress.log" "package regress"
+        count_pg_regress "$dir/regress.log" "package regress ($((SECONDS - pkg_step)) s)"
+        pkg_step=$SECONDS
         if [ $rc != 0 ]; then
             [ -f "$dir/regress/regression.diffs" ] && head -c 20000 "$dir/regress/regression.diffs"
             grep -qE '\.\.\. (ok|FAILED)' "$dir/regress.log" || failed=$((failed + 1))
