@@ -8,7 +8,8 @@ OBJS = \
 	src/store.o \
 	src/claim.o \
 	src/token.o \
-	src/guard.o
+	src/guard.o \
+	src/request.o
 
 DATA = $(wildcard idem--*.sql)
 PGFILEDESC = "idem - idempotency primitives"

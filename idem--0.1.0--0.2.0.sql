@@ -18,3 +18,181 @@ REVOKE ALL ON FUNCTION idem._check_ns(pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem._transitions_changed() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem._check_transition(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 -- ==== END secure defaults ====
+
+-- ==== BEGIN request idempotency keys ====
+-- One row per (namespace, Idempotency-Key).  While a request runs, the row
+-- names its owner (the session's pid and start time) and a lease; once
+-- finished it holds the response until expires_at.
+CREATE TABLE IF NOT EXISTS idem.requests (
+    ns              pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    key             pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    fingerprint     pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    owner_pid       pg_catalog.int4,
+    owner_started   pg_catalog.timestamptz,
+    lease           pg_catalog.interval,
+    lease_until     pg_catalog.timestamptz,
+    recovery_point  pg_catalog.text,
+    recovery_data   pg_catalog.jsonb,
+    response_code   pg_catalog.int4,
+    response_body   pg_catalog.jsonb,
+    attempts        pg_catalog.int4 NOT NULL,
+    created_at      pg_catalog.timestamptz NOT NULL,
+    finished_at     pg_catalog.timestamptz,
+    expires_at      pg_catalog.timestamptz,
+    CONSTRAINT requests_pkey PRIMARY KEY (ns, key)
+);
+-- purge finds expired requests through this index, oldest first
+CREATE INDEX IF NOT EXISTS requests_expires_at_idx ON idem.requests (expires_at);
+COMMENT ON TABLE idem.requests IS
+    'request idempotency keys: fingerprint, owner while in flight, stored response once finished';
+REVOKE ALL ON TABLE idem.requests FROM PUBLIC;
+
+-- Per-namespace retention of finished requests; 24 hours without a row.
+CREATE TABLE IF NOT EXISTS idem.request_retention (
+    ns          pg_catalog.text COLLATE pg_catalog."C" NOT NULL PRIMARY KEY,
+    retention   pg_catalog.interval NOT NULL
+        CHECK (retention OPERATOR(pg_catalog.>) '0'::pg_catalog.interval)
+);
+COMMENT ON TABLE idem.request_retention IS
+    'per-namespace retention of finished requests (24 hours without a row)';
+REVOKE ALL ON TABLE idem.request_retention FROM PUBLIC;
+
+-- pg_dump keeps requests and their settings with the database.  Marked
+-- once, one table per statement: the function runs only inside CREATE or
+-- ALTER EXTENSION, and updates the extension's own row.
+SELECT pg_catalog.pg_extension_config_dump('idem.requests', '')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension e
+                    WHERE e.extname OPERATOR(pg_catalog.=) 'idem'
+                      AND 'idem.requests'::pg_catalog.regclass OPERATOR(pg_catalog.=) ANY (e.extconfig));
+SELECT pg_catalog.pg_extension_config_dump('idem.request_retention', '')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension e
+                    WHERE e.extname OPERATOR(pg_catalog.=) 'idem'
+                      AND 'idem.request_retention'::pg_catalog.regclass OPERATOR(pg_catalog.=) ANY (e.extconfig));
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_type t
+                    WHERE t.typname OPERATOR(pg_catalog.=) 'idem_request_status'
+                      AND t.typnamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace) THEN
+        CREATE TYPE @extschema@.idem_request_status AS ENUM
+            ('new', 'replay', 'mismatch', 'in_flight', 'resume');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_type t
+                    WHERE t.typname OPERATOR(pg_catalog.=) 'idem_request'
+                      AND t.typnamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace) THEN
+        CREATE TYPE @extschema@.idem_request AS (
+            status          @extschema@.idem_request_status,
+            response_code   pg_catalog.int4,
+            response_body   pg_catalog.jsonb,
+            recovery_point  pg_catalog.text,
+            recovery_data   pg_catalog.jsonb,
+            attempts        pg_catalog.int4,
+            created_at      pg_catalog.timestamptz);
+    END IF;
+END;
+$$;
+COMMENT ON TYPE idem_request_status IS 'outcome of idem_request_begin';
+COMMENT ON TYPE idem_request IS 'answer of idem_request_begin';
+
+CREATE OR REPLACE FUNCTION idem_request_begin(key pg_catalog.text, fingerprint pg_catalog.text,
+                                              ns pg_catalog.text DEFAULT 'default',
+                                              lease pg_catalog.interval DEFAULT '5 minutes')
+RETURNS idem_request
+AS 'MODULE_PATHNAME', 'idem_request_begin'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_request_begin(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.interval) IS
+    'begin a request under an idempotency key: new, replay, mismatch, in_flight or resume; never waits';
+
+CREATE OR REPLACE FUNCTION idem_request_checkpoint(key pg_catalog.text, recovery_point pg_catalog.text,
+                                                   recovery_data pg_catalog.jsonb DEFAULT NULL,
+                                                   ns pg_catalog.text DEFAULT 'default')
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_request_checkpoint'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_request_checkpoint(pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.text) IS
+    'record how far the owner of a request got: a later attempt resumes from there';
+
+CREATE OR REPLACE FUNCTION idem_request_finish(key pg_catalog.text, response_code pg_catalog.int4,
+                                               response_body pg_catalog.jsonb DEFAULT NULL,
+                                               ns pg_catalog.text DEFAULT 'default',
+                                               cache pg_catalog.bool DEFAULT true)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_request_finish'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_request_finish(pg_catalog.text, pg_catalog.int4, pg_catalog.jsonb, pg_catalog.text, pg_catalog.bool) IS
+    'store the response of a request in this transaction (replayed to every retry); cache => false releases the key instead';
+
+CREATE OR REPLACE FUNCTION idem_request_fingerprint(payload pg_catalog.jsonb)
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_request_fingerprint'
+LANGUAGE C IMMUTABLE CALLED ON NULL INPUT PARALLEL SAFE;
+COMMENT ON FUNCTION idem_request_fingerprint(pg_catalog.jsonb) IS
+    'SHA-256 (hex) of a JSON payload: key order, whitespace and the notation of equal numbers do not matter';
+
+CREATE OR REPLACE FUNCTION idem_request_set_retention(ns pg_catalog.text, retention pg_catalog.interval)
+RETURNS void
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM idem._check_ns(ns);
+    IF retention IS NULL THEN
+        RAISE EXCEPTION 'retention must not be null'
+            USING ERRCODE = '22004',
+                  HINT = 'Give how long finished requests are replayed, such as ''24 hours''.';
+    END IF;
+    IF retention OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval
+       OR retention OPERATOR(pg_catalog.>) '1 year'::pg_catalog.interval THEN
+        RAISE EXCEPTION 'retention must be positive and at most one year'
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('The retention given was %s.', retention),
+                  HINT = 'Give how long finished requests are replayed, such as ''24 hours''.';
+    END IF;
+    INSERT INTO idem.request_retention AS r (ns, retention)
+        VALUES (idem_request_set_retention.ns, idem_request_set_retention.retention)
+        ON CONFLICT ON CONSTRAINT request_retention_pkey
+        DO UPDATE SET retention = excluded.retention;
+END;
+$$;
+COMMENT ON FUNCTION idem_request_set_retention(pg_catalog.text, pg_catalog.interval) IS
+    'set how long the finished requests of a namespace are replayed (from their finish on)';
+
+CREATE OR REPLACE FUNCTION idem_request_purge(max_rows pg_catalog.int4 DEFAULT 10000)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n   pg_catalog.int8;
+BEGIN
+    IF max_rows IS NULL THEN
+        RAISE EXCEPTION 'max_rows must not be null'
+            USING ERRCODE = '22004',
+                  HINT = 'Give the largest number of rows one call may delete.';
+    END IF;
+    IF max_rows OPERATOR(pg_catalog.<=) 0 THEN
+        RAISE EXCEPTION 'max_rows must be positive'
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('max_rows was %s.', max_rows),
+                  HINT = 'Give the largest number of rows one call may delete.';
+    END IF;
+    -- Only finished and released requests have an expiry; expiry is judged
+    -- at this transaction's start, as begin judges it.  Rows locked by
+    -- someone else are skipped, never waited for.
+    DELETE FROM idem.requests r
+     WHERE r.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+            SELECT v.ctid FROM idem.requests v
+             WHERE v.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+             ORDER BY v.expires_at
+             LIMIT max_rows
+               FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION idem_request_purge(pg_catalog.int4) IS
+    'delete finished and released requests whose expiry has passed, at most max_rows per call';
+
+REVOKE ALL ON FUNCTION idem_request_set_retention(pg_catalog.text, pg_catalog.interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_request_purge(pg_catalog.int4) FROM PUBLIC;
+-- ==== END request idempotency keys ====

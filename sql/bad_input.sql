@@ -184,6 +184,47 @@ INSERT INTO cases (fn, call, expected_sqlstate) VALUES
 ('idem_transition',    $$SELECT idem_transition('bi_orders', '99999', 'paid')$$,   '00000'),
 ('idem_transition',    $$SELECT idem_transition('bi_orders', '1', 'paid''; --')$$, '00000');
 
+--
+-- request idempotency keys
+--
+INSERT INTO cases (fn, call, expected_sqlstate) VALUES
+('idem_request_begin',      $$SELECT idem_request_begin(NULL, 'fp')$$,                        '22004'),
+('idem_request_begin',      $$SELECT idem_request_begin('', 'fp')$$,                          '22023'),
+('idem_request_begin',      $$SELECT idem_request_begin(repeat('k', 256), 'fp')$$,            '22001'),
+('idem_request_begin',      $$SELECT idem_request_begin(repeat('é', 128), 'fp')$$,            '22001'),
+('idem_request_begin',      $$SELECT idem_request_begin('bi_r', NULL)$$,                      '22004'),
+('idem_request_begin',      $$SELECT idem_request_begin('bi_r', '')$$,                        '22023'),
+('idem_request_begin',      $$SELECT idem_request_begin('bi_r', repeat('f', 513))$$,          '22001'),
+('idem_request_begin',      $$SELECT idem_request_begin('bi_r', 'fp', NULL)$$,                '22004'),
+('idem_request_begin',      $$SELECT idem_request_begin('bi_r', 'fp', '')$$,                  '22023'),
+('idem_request_begin',      $$SELECT idem_request_begin('bi_r', 'fp', repeat('n', 64))$$,     '22001'),
+('idem_request_begin',      $$SELECT idem_request_begin('bi_r', 'fp', 'bi', NULL)$$,          '22004'),
+('idem_request_begin',      $$SELECT idem_request_begin('bi_r', 'fp', 'bi', '0')$$,           '22023'),
+('idem_request_begin',      $$SELECT idem_request_begin('bi_r', 'fp', 'bi', '2 days')$$,      '22023'),
+('idem_request_begin',      $$SELECT idem_request_begin('bi_r', 'fp', 'bi', '1000000 years')$$, '22023'),
+('idem_request_begin',      $$SELECT idem_request_begin('bi_r', 'fp', 'bi')$$,                '00000'),
+('idem_request_checkpoint', $$SELECT idem_request_checkpoint('bi_never', 'p', NULL, 'bi')$$,  '55000'),
+('idem_request_checkpoint', $$SELECT idem_request_checkpoint('bi_r', NULL, NULL, 'bi')$$,     '22004'),
+('idem_request_checkpoint', $$SELECT idem_request_checkpoint('bi_r', '', NULL, 'bi')$$,       '22023'),
+('idem_request_checkpoint', $$SELECT idem_request_checkpoint('bi_r', repeat('p', 256), NULL, 'bi')$$, '22001'),
+('idem_request_checkpoint', $$SELECT idem_request_checkpoint(NULL, 'p')$$,                    '22004'),
+('idem_request_checkpoint', $$SELECT idem_request_checkpoint('bi_r', 'p', 'x', 'bi')$$,       '22P02'),
+('idem_request_finish',     $$SELECT idem_request_finish('bi_never', 200, NULL, 'bi')$$,      '55000'),
+('idem_request_finish',     $$SELECT idem_request_finish('bi_r', NULL, NULL, 'bi')$$,         '22004'),
+('idem_request_finish',     $$SELECT idem_request_finish('bi_r', 99, NULL, 'bi')$$,           '22023'),
+('idem_request_finish',     $$SELECT idem_request_finish('bi_r', 600, NULL, 'bi')$$,          '22023'),
+('idem_request_finish',     $$SELECT idem_request_finish('bi_r', -1, NULL, 'bi')$$,           '22023'),
+('idem_request_finish',     $$SELECT idem_request_finish('bi_r', 200, NULL, 'bi', NULL)$$,    '22004'),
+('idem_request_finish',     $$SELECT idem_request_finish(NULL, 200)$$,                        '22004'),
+('idem_request_finish',     $$SELECT idem_request_finish('bi_r', 200, NULL, 'bi')$$,          '00000'),
+('idem_request_finish',     $$SELECT idem_request_finish('bi_r', 200, NULL, 'bi')$$,          '55000'),
+('idem_request_fingerprint', $$SELECT idem_request_fingerprint(NULL)$$,                       '22004'),
+('idem_request_fingerprint', $$SELECT idem_request_fingerprint('{')$$,                        '22P02'),
+('idem_request_set_retention', $$SELECT idem_request_set_retention('bi', NULL)$$,             '22004'),
+('idem_request_set_retention', $$SELECT idem_request_set_retention('bi', '-1 day')$$,         '22023'),
+('idem_request_purge',      $$SELECT idem_request_purge(0)$$,                                 '22023'),
+('idem_request_purge',      $$SELECT idem_request_purge(NULL)$$,                              '22004');
+
 -- Run every case once, in order, and keep what it gave: got is the SQLSTATE
 -- ('00000' when the call succeeded).
 CREATE TEMP TABLE outcomes AS

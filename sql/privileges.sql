@@ -20,6 +20,10 @@
 --       idem_claim_batch(text[], text), idem_claim_info(text, text),
 --       idem_token_issue(text, interval), idem_token_consume(text, text),
 --       idem_token_status(text, text),
+--       idem_request_begin(text, text, text, interval),
+--       idem_request_checkpoint(text, text, jsonb, text),
+--       idem_request_finish(text, integer, jsonb, text, boolean),
+--       idem_request_fingerprint(jsonb),
 --       idem_transition(regclass, text, text, bigint)
 --     TO app;
 --
@@ -29,6 +33,7 @@
 --       idem_release(text, text),
 --       idem_purge(text, integer), idem_set_retention(text, interval),
 --       idem_token_purge(integer),
+--       idem_request_purge(integer), idem_request_set_retention(text, interval),
 --       idem_allow(text, text, text), idem_disallow(text, text, text),
 --       idem_guard(regclass, text, name, name), idem_unguard(regclass),
 --       idem_guard_trigger()
@@ -127,6 +132,13 @@ INSERT INTO forbidden (stmt) VALUES
     ('UPDATE idem.tokens SET consumed_at = NULL'),
     ('DELETE FROM idem.tokens'),
     ('SELECT idem_token_purge()');
+-- ==== request idempotency keys ====
+INSERT INTO forbidden (stmt) VALUES
+    ('SELECT * FROM idem.requests'),
+    ('UPDATE idem.requests SET owner_pid = NULL'),
+    ('SELECT * FROM idem.request_retention'),
+    ('SELECT idem_request_purge()'),
+    ('SELECT idem_request_set_retention(''priv'', ''1 hour'')');
 -- ==== state-transition guard ====
 INSERT INTO forbidden (stmt) VALUES
     ('SELECT * FROM idem.transitions'),
@@ -155,6 +167,10 @@ SELECT idem_claim_info('p-1', 'priv') IS NOT NULL AS claimed,
 SELECT idem_token_issue('priv') AS token \gset
 SELECT idem_token_status(:'token', 'priv'), idem_token_consume(:'token', 'priv'),
        idem_token_consume(:'token', 'priv'), idem_token_status(:'token', 'priv');
+-- ==== request idempotency keys ====
+SELECT status FROM idem_request_begin('req-1', idem_request_fingerprint('{"a": 1}'), 'priv');
+SELECT idem_request_checkpoint('req-1', 'step', NULL, 'priv'), idem_request_finish('req-1', 201, '{}', 'priv');
+SELECT status, response_code FROM idem_request_begin('req-1', idem_request_fingerprint('{"a": 1}'), 'priv');
 -- ==== state-transition guard ====
 SELECT idem_transition('priv_orders', '1', 'paid');
 SELECT idem_transition('priv_orders', '1', 'paid');
@@ -179,6 +195,7 @@ GRANT EXECUTE ON FUNCTION
     idem_release(text, text),
     idem_purge(text, integer), idem_set_retention(text, interval),
     idem_token_purge(integer),
+    idem_request_purge(integer), idem_request_set_retention(text, interval),
     idem_allow(text, text, text), idem_disallow(text, text, text),
     idem_guard(regclass, text, name, name), idem_unguard(regclass),
     idem_guard_trigger()
@@ -192,6 +209,8 @@ SELECT idem_claim_info('aged', 'priv') IS NULL AS purged,
        idem_claim_info('p-2', 'priv') IS NOT NULL AS kept;
 -- ==== single-use tokens ====
 SELECT idem_token_purge() >= 0 AS token_purge_runs;
+-- ==== request idempotency keys ====
+SELECT idem_request_set_retention('priv', '1 hour'), idem_request_purge() >= 0 AS request_purge_runs;
 -- ==== state-transition guard ====
 SELECT idem_allow('priv', 'shipped', 'returned'),
        idem_disallow('priv', 'shipped', 'returned');

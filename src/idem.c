@@ -122,12 +122,23 @@ idem_enum_label_oid(FunctionCallInfo fcinfo, int index,
 					const char *const *labels, int nlabels)
 {
 	Oid			typoid = get_fn_expr_rettype(fcinfo->flinfo);
+
+	if (!OidIsValid(typoid))
+		elog(ERROR, "could not determine the result type of an idem function");
+	return idem_enum_type_label_oid(typoid, index, labels, nlabels);
+}
+
+/*
+ * The same for the enum typoid (a column of a composite result, for one).
+ */
+Oid
+idem_enum_type_label_oid(Oid typoid, int index, const char *const *labels,
+						 int nlabels)
+{
 	EnumCacheEntry entry;
 	int			i;
 
 	Assert(index >= 0 && index < nlabels && nlabels <= ENUM_MAX_LABELS);
-	if (!OidIsValid(typoid))
-		elog(ERROR, "could not determine the result type of an idem function");
 
 	for (i = 0; i < enum_cache_used; i++)
 	{

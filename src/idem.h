@@ -33,6 +33,8 @@ extern void idem_check_key(text *key, const char *what, int maxlen);
 extern void idem_check_writable(const char *fname);
 extern Oid	idem_enum_label_oid(FunctionCallInfo fcinfo, int index,
 								const char *const *labels, int nlabels);
+extern Oid	idem_enum_type_label_oid(Oid typoid, int index,
+									 const char *const *labels, int nlabels);
 
 /*
  * store.c: the one interface through which a capability reaches a keyed
@@ -81,7 +83,9 @@ typedef enum IdemStoreUpdateResult
 {
 	IDEM_UPDATE_DONE,			/* this call updated the row */
 	IDEM_UPDATE_DECLINED,		/* the row exists; fn left it as it was */
-	IDEM_UPDATE_ABSENT			/* no row */
+	IDEM_UPDATE_ABSENT,			/* no row */
+	IDEM_UPDATE_BUSY			/* another transaction is changing the row
+								 * (idem_store_try_update only) */
 } IdemStoreUpdateResult;
 
 typedef bool (*IdemStoreUpdateFn) (TupleDesc tupdesc, Datum *values,
@@ -90,6 +94,10 @@ typedef bool (*IdemStoreUpdateFn) (TupleDesc tupdesc, Datum *values,
 extern IdemStoreUpdateResult idem_store_update(IdemStore *store, Datum ns,
 											   Datum key, IdemStoreUpdateFn fn,
 											   void *arg);
+extern IdemStoreUpdateResult idem_store_try_update(IdemStore *store,
+												   Datum ns, Datum key,
+												   IdemStoreUpdateFn fn,
+												   void *arg);
 extern bool idem_store_read(IdemStore *store, Datum ns, Datum key,
 							Datum *values, bool *isnull);
 

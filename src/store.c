@@ -984,9 +984,9 @@ idem_store_delete(IdemStore *store, Datum ns, Datum key)
  * A HOT update needs no index entries; when the new version could not stay
  * on the page, the entries of every index of the table are made here.
  */
-IdemStoreUpdateResult
-idem_store_update(IdemStore *store, Datum ns, Datum key,
-				  IdemStoreUpdateFn fn, void *arg)
+static IdemStoreUpdateResult
+store_update(IdemStore *store, Datum ns, Datum key, IdemStoreUpdateFn fn,
+			 void *arg, IdemStoreWait wait)
 {
 	TupleDesc	tupdesc = RelationGetDescr(store->rel);
 	TupleTableSlot *slot = store_write_slot(store);
@@ -998,11 +998,12 @@ idem_store_update(IdemStore *store, Datum ns, Datum key,
 		TM_Result	result;
 		LockTupleMode lockmode;
 		bool		update_indexes = false;
+		ProbeResult found = store_probe(store, ns, key, wait);
 
-		if (store_probe(store, ns, key, IDEM_WAIT) != PROBE_EXISTS)
+		if (found != PROBE_EXISTS)
 		{
 			ExecClearTuple(store->probe_slot);
-			return IDEM_UPDATE_ABSENT;
+			return found == PROBE_ABSENT ? IDEM_UPDATE_ABSENT : IDEM_UPDATE_BUSY;
 		}
 
 		/* a private copy of the row, so that no buffer pin is kept */
@@ -1026,7 +1027,8 @@ idem_store_update(IdemStore *store, Datum ns, Datum key,
 		result = table_tuple_update(store->rel, &tid, slot,
 									GetCurrentCommandId(true),
 									InvalidSnapshot, InvalidSnapshot,
-									true, &tmfd, &lockmode, &update_indexes);
+									wait == IDEM_WAIT, &tmfd, &lockmode,
+									&update_indexes);
 		switch (result)
 		{
 			case TM_Ok:
@@ -1053,11 +1055,34 @@ idem_store_update(IdemStore *store, Datum ns, Datum key,
 				/* changed since we read it: judge the latest version again */
 				ExecClearTuple(slot);
 				continue;
+			case TM_BeingModified:
+			case TM_WouldBlock:
+				/* only without waiting: another transaction is changing it */
+				ExecClearTuple(slot);
+				return IDEM_UPDATE_BUSY;
 			default:
 				elog(ERROR, "unexpected result %d updating \"%s\"",
 					 (int) result, RelationGetRelationName(store->rel));
 		}
 	}
+}
+
+IdemStoreUpdateResult
+idem_store_update(IdemStore *store, Datum ns, Datum key,
+				  IdemStoreUpdateFn fn, void *arg)
+{
+	return store_update(store, ns, key, fn, arg, IDEM_WAIT);
+}
+
+/*
+ * The same without ever waiting: when another transaction is inserting,
+ * updating or deleting the row, IDEM_UPDATE_BUSY, and fn is not called.
+ */
+IdemStoreUpdateResult
+idem_store_try_update(IdemStore *store, Datum ns, Datum key,
+					  IdemStoreUpdateFn fn, void *arg)
+{
+	return store_update(store, ns, key, fn, arg, IDEM_NOWAIT);
 }
 
 /*

@@ -1,0 +1,178 @@
+-- request idempotency keys: every status of idem_request_begin, replay of
+-- the stored result, checkpoints, release, expiry and purge
+\set VERBOSITY terse
+
+-- err(query): the SQLSTATE and message of the error the query raises
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END;
+$$;
+-- row(key, ns): the stored row, without times
+CREATE FUNCTION pg_temp.row(k text, n text DEFAULT 'default') RETURNS text LANGUAGE sql AS $$
+    SELECT format('fp=%s owner=%s lease=%s point=%s data=%s code=%s body=%s attempts=%s finished=%s expires=%s',
+                  left(fingerprint, 8), owner_pid = pg_backend_pid(), lease, recovery_point, recovery_data,
+                  response_code, response_body, attempts, finished_at IS NOT NULL, expires_at IS NOT NULL)
+      FROM idem.requests WHERE ns = n AND key = k;
+$$;
+
+-- the fingerprint of a payload: key order, whitespace and number notation do not matter
+SELECT idem_request_fingerprint('{"amount": 100, "currency": "EUR"}') =
+       idem_request_fingerprint('{ "currency":"EUR","amount":1.00e2 }') AS same_payload,
+       idem_request_fingerprint('{"amount": 100, "currency": "EUR"}') =
+       idem_request_fingerprint('{"amount": 101, "currency": "EUR"}') AS other_amount,
+       idem_request_fingerprint('[1, 2]') = idem_request_fingerprint('[2, 1]') AS array_order,
+       idem_request_fingerprint('"1"') = idem_request_fingerprint('1') AS string_number,
+       idem_request_fingerprint('[1]') = idem_request_fingerprint('1') AS array_scalar,
+       idem_request_fingerprint('{"a": "bc"}') = idem_request_fingerprint('{"ab": "c"}') AS split_strings,
+       idem_request_fingerprint('{"a": null}') = idem_request_fingerprint('{}') AS null_member,
+       length(idem_request_fingerprint('null')) AS length;
+-- a fixed value: the digest must not change between versions
+SELECT idem_request_fingerprint('{"b": [true, false, null, 1.50, "x"], "a": {}}');
+
+-- new, then the same request again from this session: resume
+SELECT status, response_code, response_body, recovery_point, attempts, created_at = now() AS now
+  FROM idem_request_begin('k1', 'fp-1');
+SELECT pg_temp.row('k1');
+SELECT status, attempts FROM idem_request_begin('k1', 'fp-1');
+-- another fingerprint: mismatch, and nothing is written
+SELECT status, response_code, attempts FROM idem_request_begin('k1', 'fp-2');
+SELECT pg_temp.row('k1');
+-- a checkpoint, then the owner finishes
+SELECT idem_request_checkpoint('k1', 'charged', '{"charge": "ch_1"}');
+SELECT pg_temp.row('k1');
+SELECT idem_request_finish('k1', 201, '{"id": 7, "amount": 100.50, "tags": ["a", "b"]}');
+SELECT pg_temp.row('k1');
+-- replay: the stored result, exactly
+SELECT status, response_code, response_body, recovery_point, recovery_data, attempts
+  FROM idem_request_begin('k1', 'fp-1');
+SELECT (idem_request_begin('k1', 'fp-1')).response_body::text =
+       '{"id": 7, "tags": ["a", "b"], "amount": 100.50}' AS exact_body;
+SELECT status FROM idem_request_begin('k1', 'fp-2');
+-- a finished request cannot be checkpointed or finished again
+SELECT pg_temp.err($$SELECT idem_request_checkpoint('k1', 'again')$$);
+SELECT pg_temp.err($$SELECT idem_request_finish('k1', 200)$$);
+
+-- namespaces separate keys
+SELECT status FROM idem_request_begin('k1', 'fp-9', 'other');
+SELECT status FROM idem_request_begin('k1', 'fp-1');
+
+-- cache => false releases the key: the next attempt runs anew, with any payload
+SELECT status FROM idem_request_begin('k2', 'fp-1');
+SELECT idem_request_finish('k2', 503, '{"error": "upstream"}', cache => false);
+SELECT pg_temp.row('k2');
+SELECT status, response_code, attempts FROM idem_request_begin('k2', 'fp-other');
+SELECT pg_temp.row('k2');
+SELECT pg_temp.err($$SELECT idem_request_finish('k2', 200)$$) AS owner_may_finish;
+SELECT status, response_code, response_body FROM idem_request_begin('k2', 'fp-other');
+
+-- a response without a body
+SELECT status FROM idem_request_begin('k3', 'fp');
+SELECT idem_request_finish('k3', 204);
+SELECT status, response_code, response_body IS NULL AS no_body FROM idem_request_begin('k3', 'fp');
+
+-- rollback: begin, checkpoint and finish go with the transaction
+BEGIN;
+SELECT status FROM idem_request_begin('k4', 'fp');
+SELECT idem_request_finish('k4', 200, '{"ok": true}');
+ROLLBACK;
+SELECT pg_temp.row('k4') IS NULL AS nothing_kept;
+SELECT status FROM idem_request_begin('k4', 'fp');
+BEGIN;
+SELECT idem_request_finish('k4', 200, '{"ok": true}');
+SAVEPOINT s;
+SELECT pg_temp.err($$SELECT idem_request_finish('k4', 500)$$);
+ROLLBACK TO s;
+COMMIT;
+SELECT status, response_code FROM idem_request_begin('k4', 'fp');
+
+-- an abandoned request: its owner's session is gone.  Make this session's
+-- row look like another, gone, session's (pid 0 is no backend).
+SELECT status FROM idem_request_begin('k5', 'fp');
+SELECT idem_request_checkpoint('k5', 'step-2', '{"n": 2}');
+UPDATE idem.requests SET owner_pid = 0 WHERE key = 'k5';
+SELECT status, recovery_point, recovery_data, attempts FROM idem_request_begin('k5', 'fp');
+SELECT pg_temp.row('k5');
+-- a live owner whose lease ran out: resume too (the postmaster's pid is
+-- alive but never a backend, so take this session's own pid with another
+-- start time: a reused pid is not the owner)
+UPDATE idem.requests SET owner_started = owner_started - interval '1 hour' WHERE key = 'k5';
+SELECT status, attempts FROM idem_request_begin('k5', 'fp');
+SELECT pg_temp.err($$SELECT idem_request_finish('k5', 200)$$);
+-- checkpoint and finish by a session that is not the owner are refused
+UPDATE idem.requests SET owner_pid = 0 WHERE key = 'k5';
+SELECT pg_temp.err($$SELECT idem_request_checkpoint('k5', 'x')$$);
+SELECT pg_temp.err($$SELECT idem_request_finish('k5', 200)$$);
+SELECT pg_temp.row('k5');
+
+-- expiry: a finished request is replayed until expires_at, then new
+SELECT status FROM idem_request_begin('k6', 'fp');
+SELECT idem_request_finish('k6', 200, '{"v": 1}');
+SELECT expires_at - finished_at AS retention FROM idem.requests WHERE key = 'k6';
+-- (in one transaction, whose now() stands still)
+BEGIN;
+UPDATE idem.requests SET expires_at = now() + interval '1 microsecond' WHERE key = 'k6';
+SELECT status, response_code FROM idem_request_begin('k6', 'fp');
+SELECT status FROM idem_request_begin('k6', 'fp-new');
+UPDATE idem.requests SET expires_at = now() WHERE key = 'k6';
+SELECT status, response_code, attempts FROM idem_request_begin('k6', 'fp-new');
+SELECT pg_temp.row('k6');
+COMMIT;
+
+-- per-namespace retention
+SELECT idem_request_set_retention('short', '10 minutes');
+SELECT status FROM idem_request_begin('r1', 'fp', 'short');
+SELECT idem_request_finish('r1', 200, NULL, 'short');
+SELECT expires_at - finished_at AS retention FROM idem.requests WHERE ns = 'short' AND key = 'r1';
+SELECT pg_temp.err($$SELECT idem_request_set_retention('short', '0')$$);
+SELECT pg_temp.err($$SELECT idem_request_set_retention('short', '2 years')$$);
+SELECT pg_temp.err($$SELECT idem_request_set_retention('short', NULL)$$);
+SELECT pg_temp.err($$SELECT idem_request_set_retention(NULL, '1 day')$$);
+
+-- purge: only what expired, never inside its retention, never unfinished
+SELECT status FROM idem_request_begin('p1', 'fp', 'purge');
+SELECT idem_request_finish('p1', 200, NULL, 'purge');
+SELECT status FROM idem_request_begin('p2', 'fp', 'purge');
+SELECT idem_request_finish('p2', 200, NULL, 'purge');
+SELECT status FROM idem_request_begin('p3', 'fp', 'purge');
+BEGIN;
+UPDATE idem.requests SET expires_at = now() WHERE ns = 'purge' AND key = 'p1';
+UPDATE idem.requests SET expires_at = now() + interval '1 microsecond' WHERE ns = 'purge' AND key = 'p2';
+SELECT idem_request_purge();
+SELECT key FROM idem.requests WHERE ns = 'purge' ORDER BY key;
+COMMIT;
+SELECT status FROM idem_request_begin('p1', 'fp-new', 'purge');
+SELECT pg_temp.err($$SELECT idem_request_purge(0)$$);
+SELECT pg_temp.err($$SELECT idem_request_purge(NULL)$$);
+
+-- bad input: clear errors, nothing written
+SELECT pg_temp.err($$SELECT idem_request_begin(NULL, 'fp')$$);
+SELECT pg_temp.err($$SELECT idem_request_begin('', 'fp')$$);
+SELECT pg_temp.err($$SELECT idem_request_begin(repeat('k', 256), 'fp')$$);
+SELECT (idem_request_begin(repeat('k', 255), 'fp')).status AS key_of_255_bytes;
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', NULL)$$);
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', '')$$);
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', repeat('f', 513))$$);
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', NULL)$$);
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', '')$$);
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', repeat('n', 64))$$);
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', 'default', NULL)$$);
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', 'default', '0')$$);
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', 'default', '-1 minute')$$);
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', 'default', '1 day 1 second')$$);
+SELECT (idem_request_begin('b2', 'fp', 'default', '1 day')).status AS lease_of_a_day;
+SELECT pg_temp.err($$SELECT idem_request_checkpoint('never', 'p')$$);
+SELECT pg_temp.err($$SELECT idem_request_checkpoint('b2', NULL)$$);
+SELECT pg_temp.err($$SELECT idem_request_checkpoint('b2', '')$$);
+SELECT pg_temp.err($$SELECT idem_request_checkpoint('b2', repeat('p', 256))$$);
+SELECT pg_temp.err($$SELECT idem_request_finish('never', 200)$$);
+SELECT pg_temp.err($$SELECT idem_request_finish('b2', NULL)$$);
+SELECT pg_temp.err($$SELECT idem_request_finish('b2', 99)$$);
+SELECT pg_temp.err($$SELECT idem_request_finish('b2', 600)$$);
+SELECT pg_temp.err($$SELECT idem_request_finish('b2', 200, NULL, 'default', NULL)$$);
+SELECT pg_temp.err($$SELECT idem_request_fingerprint(NULL)$$);
+SELECT count(*) FROM idem.requests WHERE key IN ('b1', 'never');
+SELECT pg_temp.row('b2');

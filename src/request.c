@@ -1,0 +1,818 @@
+/*-------------------------------------------------------------------------
+ *
+ * request.c
+ *	  Request idempotency keys: an HTTP Idempotency-Key, its request's
+ *	  fingerprint, who is working on it, and its stored response.
+ *
+ * A request is a row of idem.requests keyed by (ns, key), written in the
+ * caller's transaction.  While it is unfinished the row names its owner, the
+ * session that began it (its pid and start time, so that a pid reused after
+ * the owner left, or after a restart, is not taken for the owner), and a
+ * lease.  Whether another attempt is still running is decided by the server,
+ * not guessed:
+ *
+ *	- a transaction that inserted or is changing the row is in flight as long
+ *	  as it is open (the store reports it without waiting);
+ *	- a committed, unfinished row is in flight while its owner's session is
+ *	  connected and its lease has not run out; once the session is gone (or
+ *	  the lease ran out, which only matters for pooled connections that
+ *	  outlive a request) the next begin takes the key over and resumes it
+ *	  from its last checkpoint.
+ *
+ * Finishing stores the response in the caller's transaction, so the effect
+ * and its result commit together; a finished row answers every later begin
+ * with the same fingerprint by replaying that response, until it expires
+ * after its namespace's request retention.  Finishing with cache = false
+ * releases the key instead: the next begin starts anew.
+ *
+ * Time is the start of the caller's transaction, as now() in SQL.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
+#include "common/cryptohash.h"
+#include "common/sha2.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/procarray.h"
+#include "utils/backend_status.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/numeric.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "idem.h"
+
+#define REQUESTS_TABLE		"requests"
+#define RETENTION_TABLE		"request_retention"
+
+/* columns of idem.requests */
+enum
+{
+	RQ_NS,
+	RQ_KEY,
+	RQ_FINGERPRINT,
+	RQ_OWNER_PID,
+	RQ_OWNER_STARTED,
+	RQ_LEASE,
+	RQ_LEASE_UNTIL,
+	RQ_RECOVERY_POINT,
+	RQ_RECOVERY_DATA,
+	RQ_RESPONSE_CODE,
+	RQ_RESPONSE_BODY,
+	RQ_ATTEMPTS,
+	RQ_CREATED_AT,
+	RQ_FINISHED_AT,
+	RQ_EXPIRES_AT,
+	RQ_NATTS
+};
+
+/* columns of the composite idem_request */
+enum
+{
+	OUT_STATUS,
+	OUT_RESPONSE_CODE,
+	OUT_RESPONSE_BODY,
+	OUT_RECOVERY_POINT,
+	OUT_RECOVERY_DATA,
+	OUT_ATTEMPTS,
+	OUT_CREATED_AT,
+	OUT_NATTS
+};
+
+#define REQUEST_MAX_KEY_LEN		255
+#define REQUEST_MAX_POINT_LEN	255
+
+static const char *const request_status_labels[] = {
+	"new", "replay", "mismatch", "in_flight", "resume"
+};
+
+typedef enum RequestStatus
+{
+	REQUEST_NEW,
+	REQUEST_REPLAY,
+	REQUEST_MISMATCH,
+	REQUEST_IN_FLIGHT,
+	REQUEST_RESUME
+} RequestStatus;
+
+/* Why a checkpoint or a finish may not go on. */
+typedef enum RequestRefusal
+{
+	REFUSE_NONE,
+	REFUSE_FINISHED,
+	REFUSE_NOT_OWNER,
+	REFUSE_RELEASED
+} RequestRefusal;
+
+static void
+check_requests_shape(IdemStore *store)
+{
+	static const Oid types[RQ_NATTS] = {
+		TEXTOID, TEXTOID, TEXTOID, INT4OID, TIMESTAMPTZOID, INTERVALOID,
+		TIMESTAMPTZOID, TEXTOID, JSONBOID, INT4OID, JSONBOID, INT4OID,
+		TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID
+	};
+	TupleDesc	tupdesc = idem_store_tupdesc(store);
+	int			i;
+
+	if (tupdesc->natts != RQ_NATTS)
+		goto bad;
+	for (i = 0; i < RQ_NATTS; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+
+		if (att->attisdropped || att->atttypid != types[i])
+			goto bad;
+	}
+	return;
+
+bad:
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("table \"%s.%s\" does not have the expected columns",
+					IDEM_SCHEMA, REQUESTS_TABLE)));
+}
+
+static IdemStore *
+requests_open(const char *fname)
+{
+	IdemStore  *store;
+
+	idem_check_writable(fname);
+	store = idem_store_open(REQUESTS_TABLE, RowExclusiveLock);
+	check_requests_shape(store);
+	return store;
+}
+
+static text *
+request_arg_key(FunctionCallInfo fcinfo, int argno)
+{
+	return idem_arg_key(fcinfo, argno, "key", REQUEST_MAX_KEY_LEN);
+}
+
+static char *
+interval_text(Interval *span)
+{
+	return DatumGetCString(DirectFunctionCall1(interval_out,
+											   IntervalPGetDatum(span)));
+}
+
+/*
+ * The lease argument: more than nothing and at most one day.  A lease only
+ * bounds how long a request stays in flight while its session stays
+ * connected (a pooled connection); a dead session frees its key at once.
+ */
+static Interval *
+request_arg_lease(FunctionCallInfo fcinfo, int argno)
+{
+	Interval   *lease;
+	Interval	zero = {0};
+	Interval	day = {.time = 0, .day = 1, .month = 0};
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("lease must not be null"),
+				 errhint("Give how long a request may stay in flight on a connection that stays open, such as '5 minutes'.")));
+	lease = PG_GETARG_INTERVAL_P(argno);
+	if (DatumGetBool(DirectFunctionCall2(interval_le, IntervalPGetDatum(lease),
+										 IntervalPGetDatum(&zero))) ||
+		DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(lease),
+										 IntervalPGetDatum(&day))))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be positive and at most one day"),
+				 errdetail("The lease given was %s.", interval_text(lease)),
+				 errhint("Give how long a request may stay in flight on a connection that stays open, such as '5 minutes'.")));
+	return lease;
+}
+
+static TimestampTz
+plus_interval(TimestampTz t, Interval *span)
+{
+	return DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+												   TimestampTzGetDatum(t),
+												   IntervalPGetDatum(span)));
+}
+
+/*
+ * Is the session that began a request still connected?  Our own session is
+ * recognised by its pid and start time; another by its pid in the process
+ * array and, since pids are reused, by the start time its backend status
+ * shows.  The backend status is read afresh: a snapshot taken earlier in the
+ * transaction could show a session that has left since.
+ */
+static bool
+request_owner_alive(int32 pid, TimestampTz started)
+{
+	int			n;
+	int			i;
+
+	if (pid == MyProcPid)
+		return started == MyStartTimestamp;
+	if (BackendPidGetProc(pid) == NULL)
+		return false;
+	pgstat_clear_backend_activity_snapshot();
+	n = pgstat_fetch_stat_numbackends();
+	for (i = 1; i <= n; i++)
+	{
+		LocalPgBackendStatus *local = pgstat_fetch_stat_local_beentry(i);
+
+		if (local != NULL && local->backendStatus.st_procpid == pid)
+			return local->backendStatus.st_proc_start_timestamp == started;
+	}
+	/* started after the status was read: a new session with a reused pid */
+	return false;
+}
+
+static bool
+request_owned_by_me(Datum *values, bool *isnull)
+{
+	return !isnull[RQ_OWNER_PID] && !isnull[RQ_OWNER_STARTED] &&
+		DatumGetInt32(values[RQ_OWNER_PID]) == MyProcPid &&
+		DatumGetTimestampTz(values[RQ_OWNER_STARTED]) == MyStartTimestamp;
+}
+
+/* A copy of a varlena column that outlives the row it was read from. */
+static Datum
+copy_varlena(Datum d)
+{
+	return PointerGetDatum(PG_DETOAST_DATUM_COPY(d));
+}
+
+/* ---- idem_request_begin ---- */
+
+typedef struct BeginState
+{
+	text	   *fingerprint;
+	Interval   *lease;
+	TimestampTz now;
+	RequestStatus status;
+	/* what the caller is answered, in the caller's memory */
+	Datum		out[OUT_NATTS];
+	bool		outnull[OUT_NATTS];
+} BeginState;
+
+static void
+begin_answer(BeginState *st, Datum *values, bool *isnull, bool response,
+			 bool recovery)
+{
+	if (response && !isnull[RQ_RESPONSE_CODE])
+	{
+		st->out[OUT_RESPONSE_CODE] = values[RQ_RESPONSE_CODE];
+		st->outnull[OUT_RESPONSE_CODE] = false;
+		if (!isnull[RQ_RESPONSE_BODY])
+		{
+			st->out[OUT_RESPONSE_BODY] = copy_varlena(values[RQ_RESPONSE_BODY]);
+			st->outnull[OUT_RESPONSE_BODY] = false;
+		}
+	}
+	if (recovery)
+	{
+		if (!isnull[RQ_RECOVERY_POINT])
+		{
+			st->out[OUT_RECOVERY_POINT] = copy_varlena(values[RQ_RECOVERY_POINT]);
+			st->outnull[OUT_RECOVERY_POINT] = false;
+		}
+		if (!isnull[RQ_RECOVERY_DATA])
+		{
+			st->out[OUT_RECOVERY_DATA] = copy_varlena(values[RQ_RECOVERY_DATA]);
+			st->outnull[OUT_RECOVERY_DATA] = false;
+		}
+	}
+	st->out[OUT_ATTEMPTS] = values[RQ_ATTEMPTS];
+	st->outnull[OUT_ATTEMPTS] = false;
+	st->out[OUT_CREATED_AT] = values[RQ_CREATED_AT];
+	st->outnull[OUT_CREATED_AT] = false;
+}
+
+/* Make values the row of an attempt this session now owns. */
+static void
+begin_take(BeginState *st, Datum *values, bool *isnull)
+{
+	values[RQ_OWNER_PID] = Int32GetDatum(MyProcPid);
+	isnull[RQ_OWNER_PID] = false;
+	values[RQ_OWNER_STARTED] = TimestampTzGetDatum(MyStartTimestamp);
+	isnull[RQ_OWNER_STARTED] = false;
+	values[RQ_LEASE] = IntervalPGetDatum(st->lease);
+	isnull[RQ_LEASE] = false;
+	values[RQ_LEASE_UNTIL] = TimestampTzGetDatum(plus_interval(st->now, st->lease));
+	isnull[RQ_LEASE_UNTIL] = false;
+}
+
+/* Make values the row of a request that starts anew. */
+static void
+begin_fresh(BeginState *st, Datum *values, bool *isnull, int32 attempts)
+{
+	int			i;
+
+	for (i = RQ_FINGERPRINT; i < RQ_NATTS; i++)
+		isnull[i] = true;
+	values[RQ_FINGERPRINT] = PointerGetDatum(st->fingerprint);
+	isnull[RQ_FINGERPRINT] = false;
+	begin_take(st, values, isnull);
+	values[RQ_ATTEMPTS] = Int32GetDatum(attempts);
+	isnull[RQ_ATTEMPTS] = false;
+	values[RQ_CREATED_AT] = TimestampTzGetDatum(st->now);
+	isnull[RQ_CREATED_AT] = false;
+}
+
+/*
+ * Decide a begin on the latest committed version of an existing row (or
+ * one this transaction wrote); true to write the changed row.
+ */
+static bool
+begin_decide(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
+{
+	BeginState *st = (BeginState *) arg;
+	bool		finished = !isnull[RQ_RESPONSE_CODE];
+	bool		released = !finished && isnull[RQ_OWNER_PID];
+	int32		attempts = DatumGetInt32(values[RQ_ATTEMPTS]);
+
+	/* a finished request past its expiry is gone, whatever it was */
+	if (finished && !isnull[RQ_EXPIRES_AT] &&
+		DatumGetTimestampTz(values[RQ_EXPIRES_AT]) <= st->now)
+	{
+		begin_fresh(st, values, isnull, 1);
+		st->status = REQUEST_NEW;
+		begin_answer(st, values, isnull, false, false);
+		return true;
+	}
+	/* released by cache => false: the next attempt runs anew */
+	if (released)
+	{
+		begin_fresh(st, values, isnull, attempts + 1);
+		st->status = REQUEST_NEW;
+		begin_answer(st, values, isnull, false, false);
+		return true;
+	}
+	if (!DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID,
+											  values[RQ_FINGERPRINT],
+											  PointerGetDatum(st->fingerprint))))
+	{
+		st->status = REQUEST_MISMATCH;
+		return false;
+	}
+	if (finished)
+	{
+		st->status = REQUEST_REPLAY;
+		begin_answer(st, values, isnull, true, true);
+		return false;
+	}
+
+	/* unfinished: ours, alive elsewhere, or abandoned */
+	if (!request_owned_by_me(values, isnull) &&
+		request_owner_alive(DatumGetInt32(values[RQ_OWNER_PID]),
+							DatumGetTimestampTz(values[RQ_OWNER_STARTED])) &&
+		DatumGetTimestampTz(values[RQ_LEASE_UNTIL]) > st->now)
+	{
+		st->status = REQUEST_IN_FLIGHT;
+		begin_answer(st, values, isnull, false, false);
+		return false;
+	}
+	begin_take(st, values, isnull);
+	values[RQ_ATTEMPTS] = Int32GetDatum(attempts + 1);
+	st->status = REQUEST_RESUME;
+	begin_answer(st, values, isnull, false, true);
+	return true;
+}
+
+/*
+ * idem_request_begin(key, fingerprint, ns, lease) returns idem_request
+ *
+ * Never waits: another transaction that holds the key is in flight.
+ */
+PG_FUNCTION_INFO_V1(idem_request_begin);
+Datum
+idem_request_begin(PG_FUNCTION_ARGS)
+{
+	text	   *key = request_arg_key(fcinfo, 0);
+	text	   *fingerprint = idem_arg_key(fcinfo, 1, "fingerprint",
+										   IDEM_MAX_KEY_LEN);
+	text	   *ns = idem_arg_ns(fcinfo, 2);
+	Interval   *lease = request_arg_lease(fcinfo, 3);
+	TupleDesc	tupdesc;
+	BeginState	st;
+	IdemStore  *store;
+	Datum		values[RQ_NATTS];
+	bool		isnull[RQ_NATTS];
+	int			tries;
+	int			i;
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE ||
+		tupdesc->natts != OUT_NATTS)
+		elog(ERROR, "return type of idem_request_begin must be idem_request");
+	tupdesc = BlessTupleDesc(tupdesc);
+
+	memset(&st, 0, sizeof(st));
+	st.fingerprint = fingerprint;
+	st.lease = lease;
+	st.now = GetCurrentTransactionStartTimestamp();
+	for (i = 0; i < OUT_NATTS; i++)
+		st.outnull[i] = true;
+
+	store = requests_open("idem_request_begin()");
+	for (tries = 0;; tries++)
+	{
+		IdemStoreResult r;
+		IdemStoreUpdateResult u;
+
+		values[RQ_NS] = PointerGetDatum(ns);
+		values[RQ_KEY] = PointerGetDatum(key);
+		isnull[RQ_NS] = isnull[RQ_KEY] = false;
+		begin_fresh(&st, values, isnull, 1);
+		r = idem_store_insert(store, values, isnull, IDEM_NOWAIT);
+		if (r == IDEM_STORE_INSERTED)
+		{
+			st.status = REQUEST_NEW;
+			begin_answer(&st, values, isnull, false, false);
+			break;
+		}
+		if (r == IDEM_STORE_IN_FLIGHT)
+		{
+			st.status = REQUEST_IN_FLIGHT;
+			break;
+		}
+		u = idem_store_try_update(store, PointerGetDatum(ns),
+								  PointerGetDatum(key), begin_decide, &st);
+		if (u == IDEM_UPDATE_BUSY)
+		{
+			/* another transaction is changing the row: it is alive */
+			for (i = 0; i < OUT_NATTS; i++)
+				st.outnull[i] = true;
+			st.status = REQUEST_IN_FLIGHT;
+			break;
+		}
+		if (u != IDEM_UPDATE_ABSENT)
+			break;
+		/* purged between the insertion and the update: insert again */
+		if (tries >= 3)
+			elog(ERROR, "request key kept disappearing");
+	}
+	idem_store_close(store);
+
+	st.out[OUT_STATUS] =
+		ObjectIdGetDatum(idem_enum_type_label_oid(TupleDescAttr(tupdesc, OUT_STATUS)->atttypid,
+												  st.status, request_status_labels,
+												  lengthof(request_status_labels)));
+	st.outnull[OUT_STATUS] = false;
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, st.out,
+													  st.outnull)));
+}
+
+/* ---- idem_request_checkpoint and idem_request_finish ---- */
+
+typedef struct OwnerChange
+{
+	TimestampTz now;
+	RequestRefusal refusal;
+	/* checkpoint */
+	bool		checkpoint;
+	Datum		recovery_point;
+	Datum		recovery_data;
+	bool		recovery_data_null;
+	/* finish */
+	bool		cache;
+	int32		response_code;
+	Datum		response_body;
+	bool		response_body_null;
+	TimestampTz expires_at;
+} OwnerChange;
+
+static bool
+owner_change(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
+{
+	OwnerChange *ch = (OwnerChange *) arg;
+	int			i;
+
+	if (!isnull[RQ_RESPONSE_CODE])
+	{
+		ch->refusal = REFUSE_FINISHED;
+		return false;
+	}
+	if (isnull[RQ_OWNER_PID])
+	{
+		ch->refusal = REFUSE_RELEASED;
+		return false;
+	}
+	if (!request_owned_by_me(values, isnull))
+	{
+		ch->refusal = REFUSE_NOT_OWNER;
+		return false;
+	}
+	ch->refusal = REFUSE_NONE;
+	if (ch->checkpoint)
+	{
+		values[RQ_RECOVERY_POINT] = ch->recovery_point;
+		isnull[RQ_RECOVERY_POINT] = false;
+		values[RQ_RECOVERY_DATA] = ch->recovery_data;
+		isnull[RQ_RECOVERY_DATA] = ch->recovery_data_null;
+		/* progress renews the lease */
+		values[RQ_LEASE_UNTIL] =
+			TimestampTzGetDatum(plus_interval(ch->now,
+											  DatumGetIntervalP(values[RQ_LEASE])));
+		return true;
+	}
+
+	/* finished or released: nobody owns it any more */
+	for (i = RQ_OWNER_PID; i <= RQ_LEASE_UNTIL; i++)
+		isnull[i] = true;
+	values[RQ_FINISHED_AT] = TimestampTzGetDatum(ch->now);
+	isnull[RQ_FINISHED_AT] = false;
+	values[RQ_EXPIRES_AT] = TimestampTzGetDatum(ch->expires_at);
+	isnull[RQ_EXPIRES_AT] = false;
+	if (ch->cache)
+	{
+		values[RQ_RESPONSE_CODE] = Int32GetDatum(ch->response_code);
+		isnull[RQ_RESPONSE_CODE] = false;
+		values[RQ_RESPONSE_BODY] = ch->response_body;
+		isnull[RQ_RESPONSE_BODY] = ch->response_body_null;
+	}
+	else
+	{
+		/* released: kept until purged, begun anew by the next attempt */
+		isnull[RQ_RECOVERY_POINT] = isnull[RQ_RECOVERY_DATA] = true;
+	}
+	return true;
+}
+
+static void
+owner_change_apply(const char *fname, text *ns, text *key, OwnerChange *ch)
+{
+	IdemStore  *store = requests_open(fname);
+	IdemStoreUpdateResult u;
+	const char *detail = NULL;
+
+	ch->now = GetCurrentTransactionStartTimestamp();
+	if (!ch->checkpoint && ch->expires_at == 0)
+		ch->expires_at = ch->now;
+	u = idem_store_update(store, PointerGetDatum(ns), PointerGetDatum(key),
+						  owner_change, ch);
+	idem_store_close(store);
+	if (u == IDEM_UPDATE_DONE)
+		return;
+	if (u == IDEM_UPDATE_ABSENT || ch->refusal == REFUSE_RELEASED)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("request key \"%s\" is not begun in namespace \"%s\"",
+						text_to_cstring(key), text_to_cstring(ns)),
+				 errhint("Call idem_request_begin() first.")));
+	switch (ch->refusal)
+	{
+		case REFUSE_FINISHED:
+			detail = "The request is finished.";
+			break;
+		default:
+			detail = "Another attempt owns the request.";
+			break;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("request key \"%s\" in namespace \"%s\" is not owned by this session",
+					text_to_cstring(key), text_to_cstring(ns)),
+			 errdetail_internal("%s", detail),
+			 errhint("Only the session whose idem_request_begin() answered new or resume may checkpoint or finish a request.")));
+}
+
+/*
+ * idem_request_checkpoint(key, recovery_point, recovery_data, ns)
+ *
+ * Records how far the owner got; a later attempt resumes from there.
+ */
+PG_FUNCTION_INFO_V1(idem_request_checkpoint);
+Datum
+idem_request_checkpoint(PG_FUNCTION_ARGS)
+{
+	text	   *key = request_arg_key(fcinfo, 0);
+	text	   *point = idem_arg_key(fcinfo, 1, "recovery_point",
+									 REQUEST_MAX_POINT_LEN);
+	text	   *ns = idem_arg_ns(fcinfo, 3);
+	OwnerChange ch;
+
+	memset(&ch, 0, sizeof(ch));
+	ch.checkpoint = true;
+	ch.recovery_point = PointerGetDatum(point);
+	ch.recovery_data_null = PG_ARGISNULL(2);
+	if (!ch.recovery_data_null)
+		ch.recovery_data = PointerGetDatum(PG_GETARG_JSONB_P(2));
+	owner_change_apply("idem_request_checkpoint()", ns, key, &ch);
+	PG_RETURN_VOID();
+}
+
+/*
+ * The request retention of a namespace: its row in idem.request_retention,
+ * or 24 hours.
+ */
+static Interval *
+request_retention(text *ns)
+{
+	Interval   *retention = palloc(sizeof(Interval));
+	Oid			nspid = get_namespace_oid(IDEM_SCHEMA, true);
+	Oid			relid = InvalidOid;
+	Relation	rel;
+
+	retention->month = 0;
+	retention->day = 0;
+	retention->time = 24 * USECS_PER_HOUR;
+	if (OidIsValid(nspid))
+		relid = get_relname_relid(RETENTION_TABLE, nspid);
+	rel = OidIsValid(relid) ? try_table_open(relid, AccessShareLock) : NULL;
+	if (rel != NULL)
+	{
+		Oid			indexid = RelationGetPrimaryKeyIndex(rel);
+		TupleDesc	tupdesc = RelationGetDescr(rel);
+
+		if (OidIsValid(indexid) && tupdesc->natts == 2 &&
+			TupleDescAttr(tupdesc, 1)->atttypid == INTERVALOID)
+		{
+			ScanKeyData skey;
+			SysScanDesc scan;
+			HeapTuple	tup;
+
+			ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
+						PointerGetDatum(ns));
+			skey.sk_collation = C_COLLATION_OID;
+			scan = systable_beginscan(rel, indexid, true,
+									  GetActiveSnapshot(), 1, &skey);
+			tup = systable_getnext(scan);
+			if (HeapTupleIsValid(tup))
+			{
+				bool		isnull;
+				Datum		d = heap_getattr(tup, 2, tupdesc, &isnull);
+
+				if (!isnull)
+					memcpy(retention, DatumGetIntervalP(d), sizeof(Interval));
+			}
+			systable_endscan(scan);
+		}
+		table_close(rel, AccessShareLock);
+	}
+	return retention;
+}
+
+/*
+ * idem_request_finish(key, response_code, response_body, ns, cache)
+ *
+ * Stores the response, in the caller's transaction; with cache = false
+ * releases the key instead.
+ */
+PG_FUNCTION_INFO_V1(idem_request_finish);
+Datum
+idem_request_finish(PG_FUNCTION_ARGS)
+{
+	text	   *key = request_arg_key(fcinfo, 0);
+	text	   *ns = idem_arg_ns(fcinfo, 3);
+	OwnerChange ch;
+	int32		code;
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("response_code must not be null")));
+	code = PG_GETARG_INT32(1);
+	if (code < 100 || code > 599)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("response_code must be an HTTP status code, from 100 to 599"),
+				 errdetail("The response_code given was %d.", code)));
+	if (PG_ARGISNULL(4))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("cache must not be null")));
+
+	memset(&ch, 0, sizeof(ch));
+	ch.cache = PG_GETARG_BOOL(4);
+	ch.response_code = code;
+	ch.response_body_null = PG_ARGISNULL(2);
+	if (!ch.response_body_null)
+		ch.response_body = PointerGetDatum(PG_GETARG_JSONB_P(2));
+	if (ch.cache)
+		ch.expires_at = plus_interval(GetCurrentTransactionStartTimestamp(),
+									  request_retention(ns));
+	owner_change_apply("idem_request_finish()", ns, key, &ch);
+	PG_RETURN_VOID();
+}
+
+/* ---- idem_request_fingerprint ---- */
+
+static void
+fp_update(pg_cryptohash_ctx *ctx, const void *data, size_t len)
+{
+	if (pg_cryptohash_update(ctx, data, len) < 0)
+		elog(ERROR, "could not compute %s hash: %s", "SHA256",
+			 pg_cryptohash_error(ctx));
+}
+
+/* a string, with its length, so that no two sequences of strings collide */
+static void
+fp_string(pg_cryptohash_ctx *ctx, char tag, const char *s, int len)
+{
+	char		head[16];
+	int			n = snprintf(head, sizeof(head), "%c%d:", tag, len);
+
+	fp_update(ctx, head, n);
+	fp_update(ctx, s, len);
+}
+
+/*
+ * idem_request_fingerprint(payload jsonb) returns text
+ *
+ * SHA-256, in hex, of a canonical form of the payload: jsonb already drops
+ * whitespace and duplicate keys and sorts object keys; numbers are written
+ * without insignificant zeros, so that numbers equal as jsonb (1, 1.0, 1e0)
+ * give the same fingerprint.
+ */
+PG_FUNCTION_INFO_V1(idem_request_fingerprint);
+Datum
+idem_request_fingerprint(PG_FUNCTION_ARGS)
+{
+	Jsonb	   *payload;
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	pg_cryptohash_ctx *ctx;
+	uint8		digest[PG_SHA256_DIGEST_LENGTH];
+	char		hex[PG_SHA256_DIGEST_LENGTH * 2 + 1];
+	int			i;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("payload must not be null"),
+				 errhint("Pass 'null'::jsonb for a request without a body.")));
+	payload = PG_GETARG_JSONB_P(0);
+
+	ctx = pg_cryptohash_create(PG_SHA256);
+	if (pg_cryptohash_init(ctx) < 0)
+		elog(ERROR, "could not compute %s hash: %s", "SHA256",
+			 pg_cryptohash_error(ctx));
+	it = JsonbIteratorInit(&payload->root);
+	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		switch (tok)
+		{
+			case WJB_BEGIN_ARRAY:
+				fp_update(ctx, v.val.array.rawScalar ? "<" : "[", 1);
+				break;
+			case WJB_END_ARRAY:
+				fp_update(ctx, "]", 1);
+				break;
+			case WJB_BEGIN_OBJECT:
+				fp_update(ctx, "{", 1);
+				break;
+			case WJB_END_OBJECT:
+				fp_update(ctx, "}", 1);
+				break;
+			case WJB_KEY:
+				fp_string(ctx, 'k', v.val.string.val, v.val.string.len);
+				break;
+			case WJB_VALUE:
+			case WJB_ELEM:
+				switch (v.type)
+				{
+					case jbvNull:
+						fp_update(ctx, "n", 1);
+						break;
+					case jbvBool:
+						fp_update(ctx, v.val.boolean ? "t" : "f", 1);
+						break;
+					case jbvString:
+						fp_string(ctx, 's', v.val.string.val, v.val.string.len);
+						break;
+					case jbvNumeric:
+						{
+							char	   *num = numeric_normalize(v.val.numeric);
+
+							fp_string(ctx, 'd', num, strlen(num));
+							pfree(num);
+						}
+						break;
+					default:
+						elog(ERROR, "unexpected jsonb value type %d", (int) v.type);
+				}
+				break;
+			default:
+				break;
+		}
+	}
+	if (pg_cryptohash_final(ctx, digest, sizeof(digest)) < 0)
+		elog(ERROR, "could not compute %s hash: %s", "SHA256",
+			 pg_cryptohash_error(ctx));
+	pg_cryptohash_free(ctx);
+	for (i = 0; i < PG_SHA256_DIGEST_LENGTH; i++)
+		snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+	PG_RETURN_TEXT_P(cstring_to_text(hex));
+}
