@@ -140,6 +140,66 @@ cmp_ok($f->{absorbed} // 0, '>=', 0.3 * 100000,
 	'idem_claim absorbed the duplicates');
 
 ########################################################################
+# Request keys: 10,000 payment requests retried under the same faults
+########################################################################
+
+# Each delivery is a client's retry of one request, keyed by the message id.
+# A request takes two transactions (begin, effect and checkpoint; then
+# finish), so a consumer killed between them leaves a request that the next
+# retry resumes without applying the effect again, as soon as the dead
+# consumer's session is gone.  Every answer a client gets must be the first
+# result.
+($rc, $out, $err) = chaos('setup', '--kind', 'request');
+is($rc, 0, 'setup of the request kind') or diag($err);
+($rc, $out, $err) = chaos('produce', '--messages', 10000, '--redeliver', '0.35',
+	'--seed', 17);
+is($rc, 0, 'produce 10,000 requests') or diag($err);
+$log_offset = -s $log;
+($rc, $out, $err) = chaos(
+	'run',
+	'--kind'         => 'request',
+	'--consumers'    => 4,
+	'--seed'         => 17,
+	'--kill-every'   => 150,
+	'--sigkill-ms'   => 2000,
+	'--terminate-ms' => 500,
+	'--lease-ms'     => 1000,
+	'--timeout-s'    => 600,
+	'--crashes'      => 2,
+	'--crash-cmd'    => "pg_ctl -D '$pgdata' -m immediate stop >/dev/null 2>&1",
+	'--crash-cmd'    => "kill -KILL \$(head -n 1 '$pgdata/postmaster.pid')",
+	'--start-cmd'    => "pg_ctl -w -D '$pgdata' -l '$log' start >/dev/null 2>&1");
+is($rc, 0, 'the request run under faults ends') or diag($err);
+$node->_update_pid(1);
+cmp_ok(recoveries($log_offset), '>=', 2,
+	'the server went through crash recovery at least twice');
+($rc, $out, $err) = chaos('check', '--kind', 'request');
+diag($out);
+$f = figures($out);
+is($rc, 0, 'check says every request was applied exactly once');
+is($f->{lost}, 0, 'no request lost');
+is($f->{twice}, 0, 'no request applied twice');
+is($f->{unacked}, 0, 'every retry answered');
+is($f->{sum_ok}, 1, 'account balances equal the sum of the requests');
+is($f->{kind_bad}, 0, 'every request finished once, every answer the first result');
+is($f->{unexpected}, 0, 'no error other than lost connections');
+cmp_ok($f->{kills_after_claim} // 0, '>', 0,
+	'consumers killed between the checkpoint and the finish');
+cmp_ok($f->{absorbed} // 0, '>=', 0.2 * 10000, 'retries answered by replay');
+
+# The same checker catches request consumers that skip idem_request_begin.
+chaos('setup', '--kind', 'request');
+chaos('produce', '--messages', 3000, '--redeliver', '0.35', '--seed', 18);
+($rc, $out, $err) = chaos('run', '--kind', 'request', '--no-idem', '--seed' => 18);
+is($rc, 0, 'request run without idem');
+($rc, $out, $err) = chaos('check', '--kind', 'request');
+note($out);
+$f = figures($out);
+is($rc, 1, 'check fails without idem');
+cmp_ok($f->{twice} // 0, '>=', 0.3 * 3000,
+	'without idem the retried requests are applied twice');
+
+########################################################################
 # The checker catches broken consumers
 ########################################################################
 

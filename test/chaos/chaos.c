@@ -433,7 +433,7 @@ typedef struct Kind
 {
 	const char *name;
 	const char *setup_sql;
-	const char *prepare_sql[4];
+	const char *prepare_sql[6];
 	Outcome		(*apply) (Consumer *c, const Delivery *d);
 	const char *checks_sql;
 } Kind;
@@ -492,6 +492,113 @@ claim_apply(Consumer *c, const Delivery *d)
 	return O_DONE;
 }
 
+/*
+ * The request kind: every delivery is a client's retry of one API request
+ * (a payment), with the message id as its Idempotency-Key.  The request
+ * spans two transactions, as one that calls an external service between
+ * them would: the first begins it, applies the effect and records a
+ * checkpoint; the second finishes it with the response.  A consumer killed
+ * between them leaves a checkpointed request that the next delivery resumes
+ * (at once: its owner's session is gone) without applying the effect again.
+ * Every answer given to a client (the response of a finish, or a replayed
+ * one) is written to "responses": every retry must get the first result.
+ */
+static Outcome
+request_apply(Consumer *c, const Delivery *d)
+{
+	Outcome		o;
+	PGresult   *res;
+	char		consumer[16];
+	char		status[16];
+	char	   *body;
+	bool		effect;
+	const char *begin_params[] = {d->msg_id, d->amount, d->account};
+	const char *finish_params[] = {d->msg_id, d->amount, d->account, consumer};
+
+	snprintf(consumer, sizeof(consumer), "%d", c->slot);
+	chaos_point(c, P_BEFORE_CLAIM);
+	if ((o = run_command(c, "BEGIN", "BEGIN")) != O_DONE)
+		return o;
+	if (!c->use_idem)
+	{
+		const char *params[] = {d->msg_id, d->amount, d->account, consumer};
+
+		chaos_point(c, P_AFTER_CLAIM);
+		if ((o = run_prepared(c, "effect", 4, params, PGRES_COMMAND_OK, NULL)) != O_DONE)
+			return o;
+		chaos_point(c, P_BEFORE_COMMIT);
+		if ((o = commit(c)) != O_DONE)
+			return o;
+		count(&shared->committed, 1);
+		count(&shared->applied, 1);
+		return O_DONE;
+	}
+
+	if ((o = run_prepared(c, "begin_request", 3, begin_params, PGRES_TUPLES_OK, &res)) != O_DONE)
+		return o;
+	snprintf(status, sizeof(status), "%s", PQgetvalue(res, 0, 0));
+	/* resumed after the checkpoint: the effect is already committed */
+	effect = strcmp(status, "new") == 0 ||
+		(strcmp(status, "resume") == 0 && PQgetisnull(res, 0, 1));
+	body = strdup(PQgetvalue(res, 0, 2));
+	PQclear(res);
+	if (strcmp(status, "replay") != 0)
+		free(body);
+
+	if (strcmp(status, "in_flight") == 0)
+	{
+		/* another consumer is on it: leave the delivery for later */
+		PQclear(PQexec(c->conn, "ROLLBACK"));
+		return O_FAILED;
+	}
+	if (strcmp(status, "replay") == 0)
+	{
+		const char *params[] = {d->msg_id, body};
+
+		o = run_prepared(c, "record_replay", 2, params, PGRES_COMMAND_OK, NULL);
+		free(body);
+		if (o != O_DONE)
+			return o;
+		chaos_point(c, P_BEFORE_COMMIT);
+		if ((o = commit(c)) != O_DONE)
+			return o;
+		count(&shared->committed, 1);
+		count(&shared->absorbed, 1);
+		return O_DONE;
+	}
+	if (strcmp(status, "new") != 0 && strcmp(status, "resume") != 0)
+	{
+		count(&shared->unexpected, 1);
+		fprintf(stderr, "chaos: %s: idem_request_begin said %s for %s\n",
+				c->appname, status, d->msg_id);
+		PQclear(PQexec(c->conn, "ROLLBACK"));
+		return O_FAILED;
+	}
+
+	if (effect)
+	{
+		const char *params[] = {d->msg_id, d->amount, d->account, consumer};
+
+		if ((o = run_prepared(c, "effect", 4, params, PGRES_COMMAND_OK, NULL)) != O_DONE ||
+			(o = run_prepared(c, "checkpoint", 1, params, PGRES_TUPLES_OK, NULL)) != O_DONE)
+			return o;
+		chaos_point(c, P_BEFORE_COMMIT);
+		if ((o = commit(c)) != O_DONE)
+			return o;
+		count(&shared->applied, 1);
+		/* between the two transactions: a kill here leaves it to be resumed */
+		chaos_point(c, P_AFTER_CLAIM);
+		if ((o = run_command(c, "BEGIN", "BEGIN")) != O_DONE)
+			return o;
+	}
+	if ((o = run_prepared(c, "finish_request", 4, finish_params, PGRES_TUPLES_OK, NULL)) != O_DONE)
+		return o;
+	if ((o = commit(c)) != O_DONE)
+		return o;
+	count(&shared->committed, 1);
+	return O_DONE;
+}
+
 static const Kind kinds[] = {
 	{
 		.name = "claim",
@@ -514,8 +621,44 @@ static const Kind kinds[] = {
 		"                    SELECT DISTINCT msg_id FROM src "
 		"                    EXCEPT ALL SELECT msg_id FROM idem.claims WHERE ns = $1) y) END",
 	},
+	{
+		.name = "request",
+		.setup_sql =
+		"DROP TABLE IF EXISTS responses;"
+		"CREATE TABLE responses (msg_id text NOT NULL, body jsonb NOT NULL);"
+		"DELETE FROM idem.requests WHERE ns = 'chaos';",
+		.prepare_sql = {
+			"PREPARE effect(text, int, int, int) AS "
+			"WITH credit AS (UPDATE accounts SET balance = balance + $2 WHERE id = $3) "
+			"INSERT INTO ledger(msg_id, amount, account, consumer) VALUES ($1, $2, $3, $4)",
+			"PREPARE begin_request(text, int, int) AS "
+			"SELECT status, recovery_point, response_body FROM idem_request_begin($1, "
+			"  idem_request_fingerprint(jsonb_build_object('amount', $2, 'account', $3)), 'chaos')",
+			/* the checkpoint and the finish, each with the answer the client gets */
+			"PREPARE checkpoint(text) AS "
+			"SELECT idem_request_checkpoint($1, 'applied', NULL, 'chaos')",
+			"PREPARE finish_request(text, int, int, int) AS "
+			"WITH f AS (SELECT idem_request_finish($1, 201, jsonb_build_object('amount', $2, "
+			"  'account', $3, 'consumer', $4), 'chaos')) "
+			"INSERT INTO responses SELECT $1, jsonb_build_object('amount', $2, 'account', $3, "
+			"  'consumer', $4) FROM f RETURNING 1",
+			"PREPARE record_replay(text, jsonb) AS INSERT INTO responses VALUES ($1, $2)",
+			NULL
+		},
+		.apply = request_apply,
+		.checks_sql =
+		"SELECT 'requests not finished once', "
+		"       CASE WHEN (SELECT value FROM chaos_stats WHERE name = 'no_idem') = 1 THEN 0 "
+		"            ELSE (SELECT count(*) FROM (SELECT DISTINCT msg_id FROM src) m "
+		"                   WHERE NOT EXISTS (SELECT 1 FROM idem.requests r WHERE r.ns = $1 "
+		"                                       AND r.key = m.msg_id AND r.response_code = 201)) END "
+		"UNION ALL "
+		"SELECT 'answers not the first result', "
+		"       (SELECT count(*) FROM responses p "
+		"         WHERE NOT EXISTS (SELECT 1 FROM idem.requests r WHERE r.ns = $1 "
+		"                             AND r.key = p.msg_id AND r.response_body = p.body))",
+	},
 };
-
 static const Kind *
 find_kind(const char *name)
 {
@@ -1264,7 +1407,7 @@ usage(void)
 	fprintf(stderr,
 			"usage: chaos setup|produce|run|check [options]\n"
 			"  -d, --dbname CONNINFO      where to connect (default: libpq environment)\n"
-			"  --kind NAME                consumer kind (claim)\n"
+			"  --kind NAME                consumer kind: claim (default) or request\n"
 			"  --ns NAME                  idem namespace (chaos)\n"
 			"  --messages N               messages to produce (100000)\n"
 			"  --redeliver F              share of messages given extra copies (0.35)\n"
