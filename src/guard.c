@@ -112,7 +112,9 @@
  * idem_disallow or any INSERT, UPDATE, DELETE or TRUNCATE, through triggers
  * enabled ALWAYS) sends a relcache invalidation of that table; a relcache
  * callback then drops the machines, so that every session sees committed
- * definitions at its next statement, without reconnecting.  The machines are
+ * definitions at its next statement, without reconnecting.  The messages are
+ * read before the machines are used, not only when a statement opens its
+ * tables: a prepared statement run again in an open transaction opens none.  The machines are
  * read with the latest snapshot, as catalogs are, so a session in a
  * REPEATABLE READ transaction also sees the new definitions.  The per-table
  * entries are dropped by the same callback when their table changes.
@@ -402,6 +404,15 @@ machines_ensure(void)
 	HTAB	   *machines;
 
 	guard_init();
+
+	/*
+	 * Read what other sessions committed.  A statement that names its tables
+	 * does so when it opens them, but a prepared statement or a PL/pgSQL
+	 * plan run again in the same transaction takes no new lock, and would
+	 * otherwise go on with the machines of its first execution.  Nothing to
+	 * read is one look at a shared counter.
+	 */
+	AcceptInvalidationMessages();
 	if (machines_valid && states_htab != NULL)
 		return;
 
