@@ -146,8 +146,8 @@ SELECT idem_transition('orders', '3', 'shipped', 6);
 SELECT idem_transition('orders', '3', 'cancelled', 7);
 -- illegal: at the expected version but not allowed
 SELECT idem_transition('orders', '3', 'new', 8);
--- illegal: to the state it is in, at the expected version, without a
--- transition to itself
+-- already: to the state it is in, at the expected version, without a
+-- transition to itself (nothing is written)
 SELECT idem_transition('orders', '3', 'shipped', 8);
 SELECT id, status, version FROM orders WHERE id = 3;
 -- applied once the machine allows a transition to itself: a touch

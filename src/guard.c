@@ -40,7 +40,9 @@
  *
  *	applied    the row moved to to_state; its version went up by one.
  *	already    the row is in to_state and, if expected_version was given,
- *			   at expected_version + 1: a retry of a request that was applied.
+ *			   at expected_version + 1 (a retry of a request that was
+ *			   applied), or at expected_version without a transition from
+ *			   to_state to itself (see below).  Nothing is written.
  *	stale      with expected_version: the row is at another version (and not
  *			   "already").  Without it: the row's state can be reached from
  *			   to_state through the machine, so the row has already moved
@@ -51,7 +53,11 @@
  *
  * When expected_version is given and matches, a request to move a row to the
  * state it is in is a transition from that state to itself: applied (the
- * version goes up) if the machine allows it, illegal otherwise.  In a machine
+ * version goes up) if the machine allows it; otherwise already, as without
+ * expected_version: the row is at the version the caller knows and in the
+ * state it asks for, which is what it wants, where illegal would tell it
+ * that the state cannot be reached.  Nothing is written then (a plain UPDATE
+ * that sets the same state writes the row and bumps its version).  In a machine
  * with cycles a late request without expected_version can look like a legal
  * transition and be applied: give expected_version there.
  *
@@ -915,10 +921,12 @@ decide(GuardEntry *entry, TransitionRequest *req, HeapTuple oldtup,
 				return OUTCOME_ALREADY;
 			return OUTCOME_STALE;
 		}
-		if (entry->machine_too_long)
-			return OUTCOME_ILLEGAL;
-		if (transition_allowed(entry->machine, cur, req->to_state))
+		if (!entry->machine_too_long &&
+			transition_allowed(entry->machine, cur, req->to_state))
 			return OUTCOME_APPLIED;
+		/* the row is where the request wants it; nothing to write */
+		if (same_state)
+			return OUTCOME_ALREADY;
 		return OUTCOME_ILLEGAL;
 	}
 
