@@ -856,6 +856,20 @@ version_max(GuardEntry *entry)
 }
 
 /*
+ * May the current user read the column?  Column privileges are looked at
+ * only when the table's own SELECT privilege is missing.
+ */
+static bool
+column_readable(Relation rel, AttrNumber attnum)
+{
+	Oid			relid = RelationGetRelid(rel);
+	Oid			userid = GetUserId();
+
+	return pg_class_aclcheck(relid, userid, ACL_SELECT) == ACLCHECK_OK ||
+		pg_attribute_aclcheck(relid, attnum, userid, ACL_SELECT) == ACLCHECK_OK;
+}
+
+/*
  * "Key (id)=(42). " describing the row by its primary key, or "" when the
  * table has none or the user may not see its columns.
  */
@@ -982,8 +996,25 @@ guard_update(Relation rel, GuardEntry *entry, HeapTuple oldtup,
 		if ((old_state == NULL) != (new_state == NULL) ||
 			(old_state != NULL && strcmp(old_state, new_state) != 0))
 		{
-			if (entry->machine_too_long ||
-				!transition_allowed(entry->machine, old_state, new_state))
+			bool		allowed = (!entry->machine_too_long &&
+									transition_allowed(entry->machine,
+													   old_state, new_state));
+
+			if (!allowed && !column_readable(rel, entry->state_attnum))
+			{
+				/* an UPDATE that may not read the state is not told it */
+				ereport(ERROR,
+						(errcode(ERRCODE_CHECK_VIOLATION),
+						 errmsg("illegal state transition to %s in table \"%s\"",
+								quoted_state(new_state),
+								RelationGetRelationName(rel)),
+						 errdetail("%sState machine \"%s\" has no transition from the row's state to %s.",
+								   key_sentence(rel, oldtup), entry->machine,
+								   quoted_state(new_state)),
+						 errhint("Move the row through the transitions the machine allows, or allow this one with idem_allow()."),
+						 errtablecol(rel, entry->state_attnum)));
+			}
+			if (!allowed)
 				ereport(ERROR,
 						(errcode(ERRCODE_CHECK_VIOLATION),
 						 errmsg("illegal state transition from %s to %s in table \"%s\"",
@@ -1016,6 +1047,15 @@ guard_update(Relation rel, GuardEntry *entry, HeapTuple oldtup,
 							   NameStr(TupleDescAttr(desc, attnum - 1)->attname)),
 					 errtablecol(rel, attnum)));
 		old_version = version_value(entry, old_value);
+		if (old_version >= version_max(entry) &&
+			!column_readable(rel, attnum))
+			ereport(ERROR,
+					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+					 errmsg("version of a row of table \"%s\" is out of range",
+							RelationGetRelationName(rel)),
+					 errdetail("%sThe row is at the largest version its type holds.",
+							   key_sentence(rel, oldtup)),
+					 errtablecol(rel, attnum)));
 		if (old_version >= version_max(entry))
 			ereport(ERROR,
 					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
@@ -1034,6 +1074,17 @@ guard_update(Relation rel, GuardEntry *entry, HeapTuple oldtup,
 			newtup = heap_modify_tuple_by_cols(newtup, desc, 1, &col,
 											   &value, &isnull);
 		}
+		else if ((new_isnull || version_value(entry, new_value) != target) &&
+				 !column_readable(rel, attnum))
+			ereport(ERROR,
+					(errcode(ERRCODE_CHECK_VIOLATION),
+					 errmsg("invalid version %s for a row of table \"%s\"",
+							new_isnull ? "NULL" :
+							psprintf(INT64_FORMAT, version_value(entry, new_value)),
+							RelationGetRelationName(rel)),
+					 errdetail("%sAn update must set the version to one more than the row's, or leave it unchanged.",
+							   key_sentence(rel, oldtup)),
+					 errtablecol(rel, attnum)));
 		else if (new_isnull || version_value(entry, new_value) != target)
 			ereport(ERROR,
 					(errcode(ERRCODE_CHECK_VIOLATION),
@@ -1410,6 +1461,34 @@ guard_prepare_key(GuardEntry *entry, Relation rel)
 
 	entry->key_index = pkoid;
 	entry->key_valid = true;
+}
+
+/*
+ * The outcomes of idem_transition tell the row's state (already, stale,
+ * illegal) and, tried with several expected versions, its version.  The
+ * caller must therefore be allowed to read the key, the state and the
+ * version, as a hand-written "UPDATE t SET state = $2 WHERE key = $1 AND
+ * state = ... AND version = ..." needs; the error is that UPDATE's.
+ */
+static void
+check_outcome_privileges(Relation rel, GuardEntry *entry)
+{
+	Oid			relid = RelationGetRelid(rel);
+	Oid			userid = GetUserId();
+
+	if (pg_class_aclcheck(relid, userid, ACL_SELECT) == ACLCHECK_OK)
+		return;
+	if (pg_attribute_aclcheck(relid, entry->key_attnum, userid,
+							  ACL_SELECT) == ACLCHECK_OK &&
+		pg_attribute_aclcheck(relid, entry->state_attnum, userid,
+							  ACL_SELECT) == ACLCHECK_OK &&
+		(entry->version_attnum == InvalidAttrNumber ||
+		 pg_attribute_aclcheck(relid, entry->version_attnum, userid,
+							   ACL_SELECT) == ACLCHECK_OK))
+		return;
+	aclcheck_error(ACLCHECK_NO_PRIV,
+				   get_relkind_objtype(rel->rd_rel->relkind),
+				   RelationGetRelationName(rel));
 }
 
 /*
@@ -2008,6 +2087,7 @@ idem_transition(PG_FUNCTION_ARGS)
 				 errhint("Call idem_transition() without expected_version, or guard the table with a version column.")));
 
 	guard_prepare_key(entry, rel);
+	check_outcome_privileges(rel, entry);
 
 	/* The key and the state as the column types read them. */
 	values[0] = InputFunctionCall(&entry->key_in, key_str, entry->key_ioparam,
