@@ -139,6 +139,7 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/objectaddress.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_operator.h"
 #include "catalog/pg_proc.h"
@@ -425,11 +426,16 @@ machines_ensure(void)
 	transitions_relid = transitions_table_oid();
 	/* Opening the table takes a lock and so reads pending invalidations. */
 	rel = table_open(transitions_relid, AccessShareLock);
-	if (RelationGetDescr(rel)->natts != TRANSITIONS_NATTS)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("table \"%s.%s\" does not have the expected columns",
-						IDEM_SCHEMA, TRANSITIONS_TABLE)));
+	{
+		static const IdemColumn columns[TRANSITIONS_NATTS] = {
+			{"machine", TEXTOID, true, C_COLLATION_OID},
+			{"from_state", TEXTOID, true, C_COLLATION_OID},
+			{"to_state", TEXTOID, true, C_COLLATION_OID}
+		};
+
+		idem_check_columns(RelationGetDescr(rel), TRANSITIONS_TABLE, columns,
+						   TRANSITIONS_NATTS);
+	}
 
 	/* An invalidation that arrives from here on makes us read again. */
 	machines_valid = true;
