@@ -11,8 +11,12 @@
  * idem_guard() puts the row trigger idem_guard_trigger() on a table, BEFORE
  * UPDATE FOR EACH ROW, named "idem_guard", with the machine, the state column
  * and the optional version column as its arguments: the trigger is the
- * guard's whole definition and is dumped with the table.  On every UPDATE of
- * a guarded row, whatever code path issued it:
+ * guard's whole definition and is dumped with the table.  A guard is any
+ * trigger that executes idem_guard_trigger(), whatever its name; one that
+ * cannot work is refused when made and wherever it is used, and the event
+ * trigger idem_guard_ddl refuses DDL that would break a guard (the columns
+ * are named in the trigger's arguments, and a dump keeps names).  On every
+ * UPDATE of a guarded row, whatever code path issued it:
  *
  *	- a change of the state column that is not an allowed transition fails
  *	  with SQLSTATE 23514 (check_violation); the error names the table (and
@@ -84,26 +88,34 @@
  *		   state and version
  *	22001  a machine name longer than 63 bytes
  *	42P01  no table has that OID
- *	42809  idem_guard on something that is not an ordinary table
+ *	42809  idem_guard on something that is not an ordinary table, or on a
+ *		   table of the schema idem (also a guard trigger made by hand there)
  *	42703  no such column (also when a guarded column was dropped or
- *		   renamed later: every UPDATE then fails until the table is guarded
- *		   again)
+ *		   renamed where the event trigger did not fire: every UPDATE then
+ *		   fails until the table is guarded again)
  *	42804  a version column that is not smallint, integer or bigint
  *	42704  idem_guard with a machine that has no transition
- *	42710  a trigger named "idem_guard" that is not idem's guard
+ *	42710  idem_guard on a table guarded already with another definition;
+ *		   a second guard trigger; a trigger named "idem_guard" that is not
+ *		   idem's guard
  *	42501  no EXECUTE privilege on the administration functions; no
- *		   TRIGGER privilege (idem_guard); not the owner (idem_unguard, or
- *		   idem_guard on a table guarded already); no UPDATE or SELECT
- *		   privilege (idem_transition)
+ *		   TRIGGER privilege (idem_guard); not the owner (idem_unguard); no
+ *		   UPDATE privilege, or no SELECT privilege on the key, state and
+ *		   version columns (idem_transition)
  *	55000  idem_transition on a table that is not guarded, has more than
  *		   one guard, whose guard is disabled or did not fire
  *		   (session_replication_role = replica),
  *		   that has no single-column primary key, or whose row was skipped
- *		   by another BEFORE trigger; idem_guard with a nullable version
- *		   column
- *	39P01  idem_guard_trigger() fired other than BEFORE ... FOR EACH ROW
- *		   on UPDATE (or INSERT, where it does nothing), or given other
- *		   arguments than (machine, state column [, version column])
+ *		   by another BEFORE trigger; a version column that is nullable
+ *		   (idem_guard, DDL) or part of a key (primary key, unique
+ *		   constraint or index, foreign key)
+ *	39P01  a trigger executing idem_guard_trigger() that is not BEFORE
+ *		   UPDATE FOR EACH ROW, for UPDATE only, without a column list or a
+ *		   WHEN condition, or with other arguments than (machine, state
+ *		   column [, version column]): when it is created, and wherever it
+ *		   fires or is used
+ *	2BP01  ALTER TABLE or CREATE INDEX that would leave a guard that cannot
+ *		   work (the event trigger idem_guard_ddl)
  *	25006  a read-only transaction
  *	The key and to_state are read by the input functions of the key and
  *	state column types, whose errors (such as 22P02) come through.
