@@ -78,8 +78,9 @@
  * previous one did; under REPEATABLE READ or SERIALIZABLE a concurrent
  * change is the usual 40001.  It runs as the caller, who needs the
  * privileges a hand-written UPDATE of the state column by primary key needs
- * (UPDATE on the state column, SELECT on the key column); row-level
- * security applies.
+ * (UPDATE on the state column, SELECT on the key column) and, since the
+ * outcomes tell the row's state and version, SELECT on those columns too;
+ * row-level security applies.
  *
  * Errors of misuse (SQLSTATE):
  *	22004  a NULL tbl, key, to_state, machine, from_state or state_column
