@@ -196,3 +196,31 @@ COMMENT ON FUNCTION idem_request_purge(pg_catalog.int4) IS
 REVOKE ALL ON FUNCTION idem_request_set_retention(pg_catalog.text, pg_catalog.interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_request_purge(pg_catalog.int4) FROM PUBLIC;
 -- ==== END request idempotency keys ====
+-- ==== BEGIN guard definitions ====
+-- A guard names its columns in its trigger's arguments, which pg_dump keeps
+-- with the table.  This event trigger refuses a command that would leave a
+-- guard that cannot work: renaming or dropping a guarded column, changing
+-- the version column's type, dropping its NOT NULL, putting it in a key
+-- (2BP01); and a guard trigger made by hand that is not BEFORE UPDATE FOR
+-- EACH ROW with the guard's arguments, or a second guard on a table.
+CREATE OR REPLACE FUNCTION idem._guard_ddl()
+RETURNS event_trigger
+AS 'MODULE_PATHNAME', 'idem_guard_ddl'
+LANGUAGE C;
+COMMENT ON FUNCTION idem._guard_ddl() IS
+    'refuse DDL that would leave a guard that cannot work (internal)';
+REVOKE ALL ON FUNCTION idem._guard_ddl() FROM PUBLIC;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger e
+                    WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_ddl') THEN
+        CREATE EVENT TRIGGER idem_guard_ddl ON ddl_command_end
+            WHEN TAG IN ('ALTER TABLE', 'CREATE INDEX', 'CREATE TRIGGER')
+            EXECUTE FUNCTION idem._guard_ddl();
+    END IF;
+END;
+$$;
+COMMENT ON EVENT TRIGGER idem_guard_ddl IS
+    'refuse DDL that would leave a guard that cannot work: renaming or dropping a guarded column, '
+    'changing the version column''s type or NOT NULL, putting it in a key, a guard trigger made by hand that cannot work';
+-- ==== END guard definitions ====

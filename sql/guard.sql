@@ -146,8 +146,8 @@ SELECT idem_transition('orders', '3', 'shipped', 6);
 SELECT idem_transition('orders', '3', 'cancelled', 7);
 -- illegal: at the expected version but not allowed
 SELECT idem_transition('orders', '3', 'new', 8);
--- illegal: to the state it is in, at the expected version, without a
--- transition to itself
+-- already: to the state it is in, at the expected version, without a
+-- transition to itself (nothing is written)
 SELECT idem_transition('orders', '3', 'shipped', 8);
 SELECT id, status, version FROM orders WHERE id = 3;
 -- applied once the machine allows a transition to itself: a touch
@@ -263,16 +263,22 @@ UPDATE orders SET status = 'shipped' WHERE id = 2 RETURNING id, status, version;
 ------------------------------------------------------------------------
 -- guarding again, unguarding
 ------------------------------------------------------------------------
--- guarding again replaces the guard: here without the version column
+-- guarding again with the same definition does nothing; another definition
+-- is refused, not put in place of the guard: unguard first
+SELECT idem_guard('orders', 'order', 'status', 'version');
+SELECT err($$SELECT idem_guard('orders', 'order', 'status')$$);
+SELECT err($$SELECT idem_guard('orders', 'order', 'note', 'version')$$);
+SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'orders'::regclass;
+BEGIN;
+SELECT idem_unguard('orders');
 SELECT idem_guard('orders', 'order', 'status');
 SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'orders'::regclass;
 UPDATE orders SET version = 100 WHERE id = 2 RETURNING id, status, version;
+SELECT idem_unguard('orders');
 SELECT idem_guard('orders', 'order', 'status', 'version');
--- a renamed column stops every update until the table is guarded again
-ALTER TABLE orders RENAME COLUMN status TO order_status;
-SELECT err($$UPDATE orders SET note = 'x' WHERE id = 2$$);
-SELECT err($$SELECT idem_transition('orders', '2', 'delivered')$$);
-ALTER TABLE orders RENAME COLUMN order_status TO status;
+COMMIT;
+-- a guarded column is not renamed under its guard (see guard_ddl)
+SELECT err($$ALTER TABLE orders RENAME COLUMN status TO order_status$$);
 SELECT idem_transition('orders', '2', 'delivered', 100);
 -- idem_transition refuses to run when the guard is disabled
 ALTER TABLE orders DISABLE TRIGGER idem_guard;

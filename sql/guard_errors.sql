@@ -98,35 +98,99 @@ SELECT err($$SELECT idem_transition('twokey', '1', 'paid')$$);
 CREATE TABLE uniquekey (id integer UNIQUE NOT NULL, status text NOT NULL);
 SELECT idem_guard('uniquekey', 'order', 'status');
 SELECT err($$SELECT idem_transition('uniquekey', '1', 'paid')$$);
--- two guards on one table
+-- two guards on one table: refused when the second is made...
+SELECT err($$CREATE TRIGGER other_guard BEFORE UPDATE ON orders FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status')$$);
+-- ...and, made where the event trigger does not fire (here with
+-- session_replication_role = replica), where they are used
+SET session_replication_role = replica;
 CREATE TRIGGER other_guard BEFORE UPDATE ON orders FOR EACH ROW
     EXECUTE FUNCTION idem_guard_trigger('order', 'status');
+RESET session_replication_role;
 SELECT err($$SELECT idem_transition('orders', '1', 'shipped')$$);
+SELECT err($$SELECT idem_guard('orders', 'order', 'status', 'version')$$);
 DROP TRIGGER other_guard ON orders;
 
--- the trigger function is only a BEFORE ROW trigger for UPDATE (or INSERT)
+-- the trigger function is only a BEFORE UPDATE FOR EACH ROW trigger with the
+-- guard's arguments.  Any other trigger that executes it is refused when
+-- made (its own error), and, made where the event trigger does not fire,
+-- wherever it fires or is used: it never does nothing in silence.
 SELECT err($$SELECT idem_guard_trigger()$$);
-CREATE TRIGGER after_guard AFTER UPDATE ON nokey FOR EACH ROW
-    EXECUTE FUNCTION idem_guard_trigger('order', 'status');
-SELECT err($$UPDATE nokey SET status = 'new'$$);
-DROP TRIGGER after_guard ON nokey;
-CREATE TRIGGER delete_guard BEFORE DELETE ON nokey FOR EACH ROW
-    EXECUTE FUNCTION idem_guard_trigger('order', 'status');
-SELECT err($$DELETE FROM nokey$$);
-DROP TRIGGER delete_guard ON nokey;
-CREATE TRIGGER insert_guard BEFORE INSERT ON nokey FOR EACH ROW
-    EXECUTE FUNCTION idem_guard_trigger('order', 'status');
-INSERT INTO nokey VALUES (2, 'anything') RETURNING *;
-DROP TRIGGER insert_guard ON nokey;
-CREATE TRIGGER bad_args BEFORE UPDATE ON uniquekey FOR EACH ROW
-    EXECUTE FUNCTION idem_guard_trigger('order');
-INSERT INTO uniquekey VALUES (1, 'new');
-SELECT err($$UPDATE uniquekey SET status = 'paid'$$);
-DROP TRIGGER bad_args ON uniquekey;
-CREATE TRIGGER bad_type BEFORE UPDATE ON uniquekey FOR EACH ROW
-    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'status');
-SELECT err($$UPDATE uniquekey SET status = 'paid'$$);
-DROP TRIGGER bad_type ON uniquekey;
+CREATE TABLE handmade (id integer PRIMARY KEY, status text NOT NULL,
+                       version integer NOT NULL DEFAULT 0);
+INSERT INTO handmade VALUES (1, 'new');
+CREATE FUNCTION handmade(def text) RETURNS TABLE (step text, outcome text)
+LANGUAGE plpgsql AS $f$
+DECLARE
+    steps text[] := ARRAY['create', 'insert', 'update', 'delete', 'transition'];
+    outcomes text[];
+BEGIN
+    BEGIN
+        outcomes := ARRAY[err('CREATE TRIGGER hand ' || def)];
+        IF outcomes[1] = 'ok' THEN
+            EXECUTE 'DROP TRIGGER hand ON handmade';
+        END IF;
+        PERFORM set_config('session_replication_role', 'replica', true);
+        EXECUTE 'CREATE TRIGGER hand ' || def;
+        PERFORM set_config('session_replication_role', 'origin', true);
+        outcomes := outcomes ||
+            err($$INSERT INTO handmade VALUES (2, 'new')$$) ||
+            err($$UPDATE handmade SET status = 'shipped' WHERE id = 1$$) ||
+            err($$DELETE FROM handmade WHERE id = 1$$) ||
+            err($$SELECT idem_transition('handmade', '1', 'shipped')$$);
+        RAISE EXCEPTION 'undo' USING ERRCODE = 'IDEM0';
+    EXCEPTION WHEN SQLSTATE 'IDEM0' THEN
+        NULL;
+    END;
+    RETURN QUERY SELECT * FROM unnest(steps, outcomes);
+END;
+$f$;
+SELECT * FROM handmade($$BEFORE INSERT ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status')$$);
+SELECT * FROM handmade($$BEFORE INSERT OR UPDATE ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status')$$);
+SELECT * FROM handmade($$AFTER UPDATE ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status')$$);
+SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH STATEMENT
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status')$$);
+SELECT * FROM handmade($$BEFORE DELETE ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status')$$);
+SELECT * FROM handmade($$BEFORE UPDATE OF version ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status')$$);
+SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH ROW
+    WHEN (old.version > 0) EXECUTE FUNCTION idem_guard_trigger('order', 'status')$$);
+SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order')$$);
+SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'version', 'x')$$);
+SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'nope')$$);
+SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'status')$$);
+SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'id')$$);
+-- a trigger made by hand as the guard is, under any name, is the guard
+SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'version')$$);
+CREATE TRIGGER my_guard BEFORE UPDATE ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'version');
+SELECT idem_guard('handmade', 'order', 'status', 'version');
+SELECT err($$SELECT idem_guard('handmade', 'order', 'status')$$);
+SELECT idem_transition('handmade', '1', 'paid');
+SELECT tgname FROM pg_trigger WHERE tgrelid = 'handmade'::regclass;
+SELECT idem_unguard('handmade');
+SELECT tgname FROM pg_trigger WHERE tgrelid = 'handmade'::regclass;
+-- idem's own tables are never guarded
+SELECT err($$SELECT idem_guard('idem.claims', 'order', 'ns')$$);
+SELECT err($$CREATE TRIGGER g BEFORE UPDATE ON idem.transitions FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'to_state')$$);
+SET session_replication_role = replica;
+CREATE TRIGGER g BEFORE UPDATE ON idem.transitions FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'to_state');
+RESET session_replication_role;
+SELECT err($$UPDATE idem.transitions SET to_state = 'x' WHERE false$$);
+SELECT err($$UPDATE idem.transitions SET to_state = to_state WHERE from_state = 'new'$$);
+DROP TRIGGER g ON idem.transitions;
 
 -- a read-only transaction
 BEGIN READ ONLY;
@@ -177,15 +241,19 @@ RESET ROLE;
 SET ROLE regress_idem_guard_admin;
 SELECT idem_allow('order', 'shipped', 'returned');
 SELECT idem_disallow('order', 'shipped', 'returned');
--- idem_guard runs as its caller: guarding takes the TRIGGER privilege,
--- guarding again and unguarding the ownership
+-- idem_guard runs as its caller: guarding takes the TRIGGER privilege, and
+-- so does guarding again with the same definition (which does nothing);
+-- another definition is refused whoever asks, and unguarding takes the
+-- ownership
 SELECT idem_guard('admin_owned', 'order', 'status');
 SELECT idem_guard('admin_owned', 'order', 'status');
 SELECT idem_unguard('admin_owned');
 SELECT err($$SELECT idem_guard('nokey', 'order', 'status')$$);
 SELECT err($$SELECT idem_unguard('nokey')$$);
 SELECT idem_guard('granted', 'order', 'status');
-SELECT err($$SELECT idem_guard('granted', 'order', 'status')$$);
+SELECT idem_guard('granted', 'order', 'status');
+SELECT err($$SELECT idem_guard('granted', 'order', 'status', 'id')$$);
+SELECT err($$SELECT idem_guard('granted', 'order', 'id')$$);
 SELECT err($$SELECT idem_unguard('granted')$$);
 RESET ROLE;
 
@@ -202,7 +270,8 @@ SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_m
  ORDER BY p.proname;
 
 DROP TABLE orders CASCADE;
-DROP TABLE nokey, twokey, uniquekey, parted, admin_owned, granted, secret;
+DROP TABLE nokey, twokey, uniquekey, parted, admin_owned, granted, secret, handmade;
+DROP FUNCTION handmade(text);
 DROP SEQUENCE seq;
 DROP FUNCTION noop();
 DROP OWNED BY regress_idem_guard_clerk, regress_idem_guard_admin;

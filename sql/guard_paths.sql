@@ -185,7 +185,7 @@ SELECT make_table('t_rls');
 ALTER TABLE t_rls ENABLE ROW LEVEL SECURITY;
 CREATE POLICY not_two ON t_rls USING (id <> 2);
 GRANT SELECT, UPDATE ON t_rls TO regress_idem_paths;
-GRANT SELECT (id), UPDATE (status) ON t_direct TO regress_idem_paths;
+GRANT SELECT (id, status, version), UPDATE (status) ON t_direct TO regress_idem_paths;
 GRANT INSERT ON seen TO regress_idem_paths;
 GRANT USAGE ON SEQUENCE seen_n_seq TO regress_idem_paths;
 SET ROLE regress_idem_paths;

@@ -12,6 +12,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -42,11 +43,14 @@ claim_one(IdemStore *store, text *ns, text *msg_id, IdemStoreWait wait)
 static void
 check_claims_shape(IdemStore *store)
 {
-	if (idem_store_tupdesc(store)->natts != CLAIMS_NATTS)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("table \"%s.%s\" does not have the expected columns",
-						IDEM_SCHEMA, CLAIMS_TABLE)));
+	static const IdemColumn columns[CLAIMS_NATTS] = {
+		{"ns", TEXTOID, true, C_COLLATION_OID},
+		{"msg_id", TEXTOID, true, C_COLLATION_OID},
+		{"claimed_at", TIMESTAMPTZOID, false, InvalidOid}
+	};
+
+	idem_check_columns(idem_store_tupdesc(store), CLAIMS_TABLE, columns,
+					   CLAIMS_NATTS);
 }
 
 static IdemStore *

@@ -11,8 +11,12 @@
  * idem_guard() puts the row trigger idem_guard_trigger() on a table, BEFORE
  * UPDATE FOR EACH ROW, named "idem_guard", with the machine, the state column
  * and the optional version column as its arguments: the trigger is the
- * guard's whole definition and is dumped with the table.  On every UPDATE of
- * a guarded row, whatever code path issued it:
+ * guard's whole definition and is dumped with the table.  A guard is any
+ * trigger that executes idem_guard_trigger(), whatever its name; one that
+ * cannot work is refused when made and wherever it is used, and the event
+ * trigger idem_guard_ddl refuses DDL that would break a guard (the columns
+ * are named in the trigger's arguments, and a dump keeps names).  On every
+ * UPDATE of a guarded row, whatever code path issued it:
  *
  *	- a change of the state column that is not an allowed transition fails
  *	  with SQLSTATE 23514 (check_violation); the error names the table (and
@@ -40,7 +44,9 @@
  *
  *	applied    the row moved to to_state; its version went up by one.
  *	already    the row is in to_state and, if expected_version was given,
- *			   at expected_version + 1: a retry of a request that was applied.
+ *			   at expected_version + 1 (a retry of a request that was
+ *			   applied), or at expected_version without a transition from
+ *			   to_state to itself (see below).  Nothing is written.
  *	stale      with expected_version: the row is at another version (and not
  *			   "already").  Without it: the row's state can be reached from
  *			   to_state through the machine, so the row has already moved
@@ -51,7 +57,11 @@
  *
  * When expected_version is given and matches, a request to move a row to the
  * state it is in is a transition from that state to itself: applied (the
- * version goes up) if the machine allows it, illegal otherwise.  In a machine
+ * version goes up) if the machine allows it; otherwise already, as without
+ * expected_version: the row is at the version the caller knows and in the
+ * state it asks for, which is what it wants, where illegal would tell it
+ * that the state cannot be reached.  Nothing is written then (a plain UPDATE
+ * that sets the same state writes the row and bumps its version).  In a machine
  * with cycles a late request without expected_version can look like a legal
  * transition and be applied: give expected_version there.
  *
@@ -68,8 +78,9 @@
  * previous one did; under REPEATABLE READ or SERIALIZABLE a concurrent
  * change is the usual 40001.  It runs as the caller, who needs the
  * privileges a hand-written UPDATE of the state column by primary key needs
- * (UPDATE on the state column, SELECT on the key column); row-level
- * security applies.
+ * (UPDATE on the state column, SELECT on the key column) and, since the
+ * outcomes tell the row's state and version, SELECT on those columns too;
+ * row-level security applies.
  *
  * Errors of misuse (SQLSTATE):
  *	22004  a NULL tbl, key, to_state, machine, from_state or state_column
@@ -78,26 +89,34 @@
  *		   state and version
  *	22001  a machine name longer than 63 bytes
  *	42P01  no table has that OID
- *	42809  idem_guard on something that is not an ordinary table
+ *	42809  idem_guard on something that is not an ordinary table, or on a
+ *		   table of the schema idem (also a guard trigger made by hand there)
  *	42703  no such column (also when a guarded column was dropped or
- *		   renamed later: every UPDATE then fails until the table is guarded
- *		   again)
+ *		   renamed where the event trigger did not fire: every UPDATE then
+ *		   fails until the table is guarded again)
  *	42804  a version column that is not smallint, integer or bigint
  *	42704  idem_guard with a machine that has no transition
- *	42710  a trigger named "idem_guard" that is not idem's guard
+ *	42710  idem_guard on a table guarded already with another definition;
+ *		   a second guard trigger; a trigger named "idem_guard" that is not
+ *		   idem's guard
  *	42501  no EXECUTE privilege on the administration functions; no
- *		   TRIGGER privilege (idem_guard); not the owner (idem_unguard, or
- *		   idem_guard on a table guarded already); no UPDATE or SELECT
- *		   privilege (idem_transition)
+ *		   TRIGGER privilege (idem_guard); not the owner (idem_unguard); no
+ *		   UPDATE privilege, or no SELECT privilege on the key, state and
+ *		   version columns (idem_transition)
  *	55000  idem_transition on a table that is not guarded, has more than
  *		   one guard, whose guard is disabled or did not fire
  *		   (session_replication_role = replica),
  *		   that has no single-column primary key, or whose row was skipped
- *		   by another BEFORE trigger; idem_guard with a nullable version
- *		   column
- *	39P01  idem_guard_trigger() fired other than BEFORE ... FOR EACH ROW
- *		   on UPDATE (or INSERT, where it does nothing), or given other
- *		   arguments than (machine, state column [, version column])
+ *		   by another BEFORE trigger; a version column that is nullable
+ *		   (idem_guard, DDL) or part of a key (primary key, unique
+ *		   constraint or index, foreign key)
+ *	39P01  a trigger executing idem_guard_trigger() that is not BEFORE
+ *		   UPDATE FOR EACH ROW, for UPDATE only, without a column list or a
+ *		   WHEN condition, or with other arguments than (machine, state
+ *		   column [, version column]): when it is created, and wherever it
+ *		   fires or is used
+ *	2BP01  ALTER TABLE or CREATE INDEX that would leave a guard that cannot
+ *		   work (the event trigger idem_guard_ddl)
  *	25006  a read-only transaction
  *	The key and to_state are read by the input functions of the key and
  *	state column types, whose errors (such as 22P02) come through.
@@ -112,7 +131,9 @@
  * idem_disallow or any INSERT, UPDATE, DELETE or TRUNCATE, through triggers
  * enabled ALWAYS) sends a relcache invalidation of that table; a relcache
  * callback then drops the machines, so that every session sees committed
- * definitions at its next statement, without reconnecting.  The machines are
+ * definitions at its next statement, without reconnecting.  The messages are
+ * read before the machines are used, not only when a statement opens its
+ * tables: a prepared statement run again in an open transaction opens none.  The machines are
  * read with the latest snapshot, as catalogs are, so a session in a
  * REPEATABLE READ transaction also sees the new definitions.  The per-table
  * entries are dropped by the same callback when their table changes.
@@ -131,11 +152,16 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/objectaddress.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_enum.h"
+#include "catalog/pg_extension.h"
 #include "catalog/pg_operator.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
+#include "catalog/pg_inherits.h"
+#include "commands/event_trigger.h"
+#include "commands/extension.h"
 #include "commands/trigger.h"
 #include "common/hashfn.h"
 #include "executor/executor.h"
@@ -143,9 +169,11 @@
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "nodes/pg_list.h"
+#include "optimizer/optimizer.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
+#include "utils/fmgroids.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
@@ -402,17 +430,31 @@ machines_ensure(void)
 	HTAB	   *machines;
 
 	guard_init();
+
+	/*
+	 * Read what other sessions committed.  A statement that names its tables
+	 * does so when it opens them, but a prepared statement or a PL/pgSQL
+	 * plan run again in the same transaction takes no new lock, and would
+	 * otherwise go on with the machines of its first execution.  Nothing to
+	 * read is one look at a shared counter.
+	 */
+	AcceptInvalidationMessages();
 	if (machines_valid && states_htab != NULL)
 		return;
 
 	transitions_relid = transitions_table_oid();
 	/* Opening the table takes a lock and so reads pending invalidations. */
 	rel = table_open(transitions_relid, AccessShareLock);
-	if (RelationGetDescr(rel)->natts != TRANSITIONS_NATTS)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("table \"%s.%s\" does not have the expected columns",
-						IDEM_SCHEMA, TRANSITIONS_TABLE)));
+	{
+		static const IdemColumn columns[TRANSITIONS_NATTS] = {
+			{"machine", TEXTOID, true, C_COLLATION_OID},
+			{"from_state", TEXTOID, true, C_COLLATION_OID},
+			{"to_state", TEXTOID, true, C_COLLATION_OID}
+		};
+
+		idem_check_columns(RelationGetDescr(rel), TRANSITIONS_TABLE, columns,
+						   TRANSITIONS_NATTS);
+	}
 
 	/* An invalidation that arrives from here on makes us read again. */
 	machines_valid = true;
@@ -614,15 +656,43 @@ is_version_type(Oid type)
 	return type == INT2OID || type == INT4OID || type == INT8OID;
 }
 
-/* The OID of idem_guard_trigger(), beside the function that asks. */
+/* The schema of an extension (get_extension_schema is not exported in 15). */
+static Oid
+extension_schema(Oid ext)
+{
+	Relation	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	Oid			nsp = InvalidOid;
+
+	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(ext));
+	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+		nsp = ((Form_pg_extension) GETSTRUCT(tuple))->extnamespace;
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return nsp;
+}
+
+/*
+ * The OID of idem_guard_trigger(), beside the function that asks (the
+ * extension's schema), or in the extension's schema when the caller is one
+ * of idem's internal functions.
+ */
 static Oid
 lookup_guard_func(Oid caller_fn)
 {
 	Oid			nsp = get_func_namespace(caller_fn);
 	Oid			none = InvalidOid;
+	Oid			ext = get_extension_oid("idem", true);
 	oidvector  *noargs = buildoidvector(&none, 0);
 	Oid			fn;
 
+	if (OidIsValid(ext) && nsp == get_namespace_oid(IDEM_SCHEMA, true))
+		nsp = extension_schema(ext);
 	fn = GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid,
 						 CStringGetDatum(GUARD_TRIGGER_FUNC),
 						 PointerGetDatum(noargs),
@@ -636,13 +706,19 @@ lookup_guard_func(Oid caller_fn)
 	return fn;
 }
 
+/*
+ * A guard is a trigger that executes idem_guard_trigger(), whatever its name
+ * and whatever it fires for: one that fires for anything else than UPDATE
+ * is a guard that does not work, refused where it is used.
+ */
 static bool
 is_guard_trigger(Trigger *trigger, Oid fn)
 {
-	return trigger->tgfoid == fn &&
-		TRIGGER_TYPE_MATCHES(trigger->tgtype, TRIGGER_TYPE_ROW,
-							 TRIGGER_TYPE_BEFORE, TRIGGER_TYPE_UPDATE);
+	return trigger->tgfoid == fn;
 }
+
+/* The only kind of trigger a guard can be: BEFORE UPDATE FOR EACH ROW. */
+#define GUARD_TRIGGER_TYPE	(TRIGGER_TYPE_ROW | TRIGGER_TYPE_BEFORE | TRIGGER_TYPE_UPDATE)
 
 /*
  * The guard trigger of a table, or NULL.  The OID of the trigger function
@@ -687,8 +763,210 @@ find_guard_trigger(Relation rel, Oid caller_fn)
 }
 
 /*
+ * What is wrong with a guard, if anything: the error to raise, kept rather
+ * than raised so that the DDL check can say it in its own words.
+ */
+typedef struct GuardProblem
+{
+	int			code;
+	char	   *message;
+	char	   *detail;
+	char	   *hint;
+} GuardProblem;
+
+/* A guard's definition, read from its trigger. */
+typedef struct GuardDef
+{
+	const char *machine;
+	AttrNumber	state_attnum;
+	AttrNumber	version_attnum; /* InvalidAttrNumber if none */
+} GuardDef;
+
+static bool
+guard_problem(GuardProblem *problem, int code, char *message, char *detail,
+			  char *hint)
+{
+	problem->code = code;
+	problem->message = message;
+	problem->detail = detail;
+	problem->hint = hint;
+	return false;
+}
+
+static void
+guard_problem_raise(GuardProblem *problem)
+{
+	ereport(ERROR,
+			(errcode(problem->code),
+			 errmsg_internal("%s", problem->message),
+			 problem->detail ? errdetail_internal("%s", problem->detail) : 0,
+			 problem->hint ? errhint("%s", problem->hint) : 0));
+}
+
+/*
+ * Why the column cannot be a version column because of a key: it is part of
+ * a unique index (the primary key, a unique constraint, or a unique index
+ * alone, also in an expression or predicate) or of a foreign key.  NULL if
+ * it is not.  The guard writes the version on every UPDATE, which would
+ * change the key.
+ */
+static char *
+version_key_problem(Relation rel, AttrNumber attnum)
+{
+	List	   *indexes = RelationGetIndexList(rel);
+	List	   *fkeys;
+	ListCell   *lc;
+	char	   *why = NULL;
+
+	foreach(lc, indexes)
+	{
+		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
+		Bitmapset  *attrs = NULL;
+		int			i;
+
+		if (index->rd_index->indisunique)
+		{
+			for (i = 0; i < index->rd_index->indnatts; i++)
+				if (index->rd_index->indkey.values[i] == attnum)
+					attrs = bms_add_member(attrs, 0);
+			pull_varattnos((Node *) RelationGetIndexExpressions(index), 1,
+						   &attrs);
+			pull_varattnos((Node *) RelationGetIndexPredicate(index), 1,
+						   &attrs);
+			if (bms_is_member(0, attrs) ||
+				bms_is_member(attnum - FirstLowInvalidHeapAttributeNumber,
+							  attrs) ||
+				bms_is_member(InvalidAttrNumber - FirstLowInvalidHeapAttributeNumber,
+							  attrs))
+				why = psprintf("It is part of the %s \"%s\".",
+							   index->rd_index->indisprimary ?
+							   "primary key" : "unique index",
+							   RelationGetRelationName(index));
+		}
+		index_close(index, AccessShareLock);
+		if (why != NULL)
+			break;
+	}
+	list_free(indexes);
+	if (why != NULL)
+		return why;
+
+	fkeys = RelationGetFKeyList(rel);
+	foreach(lc, fkeys)
+	{
+		ForeignKeyCacheInfo *fk = lfirst_node(ForeignKeyCacheInfo, lc);
+		int			i;
+
+		for (i = 0; i < fk->nkeys; i++)
+			if (fk->conkey[i] == attnum)
+				return psprintf("It is part of the foreign key \"%s\".",
+								get_constraint_name(fk->conoid));
+	}
+	return NULL;
+}
+
+/*
+ * Check what a guard trigger must be for the guard to work, and read its
+ * definition into *def: BEFORE UPDATE FOR EACH ROW and nothing else (no
+ * column list, no WHEN condition), on a table outside idem's schema, with
+ * (machine, state column [, version column]) as arguments naming live
+ * columns, the version column of an integer type and part of no key.
+ * "strict" adds what idem_guard demands of a new guard and DDL keeps: a
+ * version column NOT NULL.  Returns false and fills *problem otherwise.
+ */
+static bool
+guard_definition(Relation rel, Trigger *trigger, bool strict, GuardDef *def,
+				 GuardProblem *problem)
+{
+	const char *relname = RelationGetRelationName(rel);
+	const char *state_col;
+	const char *version_col = NULL;
+	Form_pg_attribute att;
+	char	   *why;
+
+	if (trigger->tgtype != GUARD_TRIGGER_TYPE || trigger->tgnattr != 0 ||
+		trigger->tgqual != NULL)
+		return guard_problem(problem, ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
+							 psprintf("trigger \"%s\" of table \"%s\" must be BEFORE UPDATE FOR EACH ROW",
+									  trigger->tgname, relname),
+							 psprintf("%s() guards every UPDATE of a row: it cannot fire for INSERT, DELETE or TRUNCATE, after the row, for each statement, for some columns only, or under a WHEN condition.",
+									  GUARD_TRIGGER_FUNC),
+							 "Guard the table with idem_guard().");
+	if (trigger->tgnargs < 2 || trigger->tgnargs > 3)
+		return guard_problem(problem, ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
+							 psprintf("trigger \"%s\" of table \"%s\" has wrong arguments",
+									  trigger->tgname, relname),
+							 psprintf("%s() takes a machine, a state column and an optional version column.",
+									  GUARD_TRIGGER_FUNC),
+							 "Guard the table with idem_guard().");
+	if (RelationGetNamespace(rel) == get_namespace_oid(IDEM_SCHEMA, true))
+		return guard_problem(problem, ERRCODE_WRONG_OBJECT_TYPE,
+							 psprintf("table \"%s.%s\" cannot be guarded",
+									  IDEM_SCHEMA, relname),
+							 "The tables of the schema \"idem\" belong to the extension idem.",
+							 NULL);
+
+	def->machine = trigger->tgargs[0];
+	state_col = trigger->tgargs[1];
+	if (trigger->tgnargs == 3 && trigger->tgargs[2][0] != '\0')
+		version_col = trigger->tgargs[2];
+
+	def->state_attnum = column_attnum(rel, state_col);
+	if (def->state_attnum == InvalidAttrNumber)
+		return guard_problem(problem, ERRCODE_UNDEFINED_COLUMN,
+							 psprintf("column \"%s\" of relation \"%s\" does not exist",
+									  state_col, relname),
+							 psprintf("The guard \"%s\" of the table names it as the state column.",
+									  trigger->tgname),
+							 "Guard the table again with idem_guard().");
+	def->version_attnum = InvalidAttrNumber;
+	if (version_col == NULL)
+		return true;
+
+	def->version_attnum = column_attnum(rel, version_col);
+	if (def->version_attnum == InvalidAttrNumber)
+		return guard_problem(problem, ERRCODE_UNDEFINED_COLUMN,
+							 psprintf("column \"%s\" of relation \"%s\" does not exist",
+									  version_col, relname),
+							 psprintf("The guard \"%s\" of the table names it as the version column.",
+									  trigger->tgname),
+							 "Guard the table again with idem_guard().");
+	if (def->version_attnum == def->state_attnum)
+		return guard_problem(problem, ERRCODE_INVALID_PARAMETER_VALUE,
+							 pstrdup("the state column and the version column must differ"),
+							 psprintf("The guard \"%s\" of table \"%s\" names column \"%s\" as both.",
+									  trigger->tgname, relname, state_col),
+							 "Guard the table again with idem_guard().");
+	att = TupleDescAttr(RelationGetDescr(rel), def->version_attnum - 1);
+	if (!is_version_type(att->atttypid))
+		return guard_problem(problem, ERRCODE_DATATYPE_MISMATCH,
+							 psprintf("version column \"%s\" of table \"%s\" must be of type smallint, integer or bigint",
+									  version_col, relname),
+							 psprintf("Column \"%s\" is of type %s.", version_col,
+									  format_type_be(att->atttypid)),
+							 "Guard the table again with idem_guard().");
+	if (strict && !att->attnotnull)
+		return guard_problem(problem, ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+							 psprintf("version column \"%s\" must be NOT NULL",
+									  version_col),
+							 NULL,
+							 psprintf("Run ALTER TABLE %s ALTER COLUMN %s SET NOT NULL.",
+									  relname, quote_identifier(version_col)));
+	why = version_key_problem(rel, def->version_attnum);
+	if (why != NULL)
+		return guard_problem(problem, ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+							 psprintf("version column \"%s\" of table \"%s\" must not be part of a key",
+									  version_col, relname),
+							 psprintf("%s Every update of a guarded row changes its version.",
+									  why),
+							 "Give a column of its own as the version column.");
+	return true;
+}
+
+/*
  * The cache entry of a guarded table, read from its trigger's arguments:
- * (machine, state column [, version column]).
+ * (machine, state column [, version column]).  A trigger that cannot work
+ * as a guard is refused here, whoever made it.
  */
 static GuardEntry *
 guard_entry_get(Relation rel, Trigger *trigger)
@@ -696,9 +974,8 @@ guard_entry_get(Relation rel, Trigger *trigger)
 	Oid			relid = RelationGetRelid(rel);
 	GuardEntry *entry;
 	bool		found;
-	const char *machine;
-	const char *state_col;
-	const char *version_col = NULL;
+	GuardDef	def;
+	GuardProblem problem;
 	Form_pg_attribute att;
 
 	guard_init();
@@ -716,31 +993,13 @@ guard_entry_get(Relation rel, Trigger *trigger)
 	entry->valid = false;
 	entry->key_valid = false;
 	entry->plans_valid = false;
-	if (trigger->tgnargs < 2 || trigger->tgnargs > 3)
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("trigger \"%s\" of table \"%s\" has wrong arguments",
-						trigger->tgname, RelationGetRelationName(rel)),
-				 errdetail("%s() takes a machine, a state column and an optional version column.",
-						   GUARD_TRIGGER_FUNC),
-				 errhint("Guard the table with idem_guard().")));
-	machine = trigger->tgargs[0];
-	state_col = trigger->tgargs[1];
-	if (trigger->tgnargs == 3 && trigger->tgargs[2][0] != '\0')
-		version_col = trigger->tgargs[2];
+	if (!guard_definition(rel, trigger, false, &def, &problem))
+		guard_problem_raise(&problem);
 
-	entry->machine_too_long = strlen(machine) >= NAMEDATALEN;
-	strlcpy(entry->machine, machine, NAMEDATALEN);
+	entry->machine_too_long = strlen(def.machine) >= NAMEDATALEN;
+	strlcpy(entry->machine, def.machine, NAMEDATALEN);
 
-	entry->state_attnum = column_attnum(rel, state_col);
-	if (entry->state_attnum == InvalidAttrNumber)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_COLUMN),
-				 errmsg("column \"%s\" of relation \"%s\" does not exist",
-						state_col, RelationGetRelationName(rel)),
-				 errdetail("The guard \"%s\" of the table names it as the state column.",
-						   trigger->tgname),
-				 errhint("Guard the table again with idem_guard().")));
+	entry->state_attnum = def.state_attnum;
 	att = TupleDescAttr(RelationGetDescr(rel), entry->state_attnum - 1);
 	entry->state_type = att->atttypid;
 	entry->state_typmod = att->atttypmod;
@@ -754,28 +1013,11 @@ guard_entry_get(Relation rel, Trigger *trigger)
 		fmgr_info_cxt(outfn, &entry->state_out, CacheMemoryContext);
 	}
 
-	entry->version_attnum = InvalidAttrNumber;
+	entry->version_attnum = def.version_attnum;
 	entry->version_type = InvalidOid;
-	if (version_col != NULL)
-	{
-		entry->version_attnum = column_attnum(rel, version_col);
-		if (entry->version_attnum == InvalidAttrNumber)
-			ereport(ERROR,
-					(errcode(ERRCODE_UNDEFINED_COLUMN),
-					 errmsg("column \"%s\" of relation \"%s\" does not exist",
-							version_col, RelationGetRelationName(rel)),
-					 errdetail("The guard \"%s\" of the table names it as the version column.",
-							   trigger->tgname),
-					 errhint("Guard the table again with idem_guard().")));
-		att = TupleDescAttr(RelationGetDescr(rel), entry->version_attnum - 1);
-		if (!is_version_type(att->atttypid))
-			ereport(ERROR,
-					(errcode(ERRCODE_DATATYPE_MISMATCH),
-					 errmsg("version column \"%s\" of table \"%s\" must be of type smallint, integer or bigint",
-							version_col, RelationGetRelationName(rel)),
-					 errhint("Guard the table again with idem_guard().")));
-		entry->version_type = att->atttypid;
-	}
+	if (def.version_attnum != InvalidAttrNumber)
+		entry->version_type = TupleDescAttr(RelationGetDescr(rel),
+											def.version_attnum - 1)->atttypid;
 
 	entry->tgoid = trigger->tgoid;
 	entry->valid = true;
@@ -836,6 +1078,20 @@ version_max(GuardEntry *entry)
 		default:
 			return PG_INT64_MAX;
 	}
+}
+
+/*
+ * May the current user read the column?  Column privileges are looked at
+ * only when the table's own SELECT privilege is missing.
+ */
+static bool
+column_readable(Relation rel, AttrNumber attnum)
+{
+	Oid			relid = RelationGetRelid(rel);
+	Oid			userid = GetUserId();
+
+	return pg_class_aclcheck(relid, userid, ACL_SELECT) == ACLCHECK_OK ||
+		pg_attribute_aclcheck(relid, attnum, userid, ACL_SELECT) == ACLCHECK_OK;
 }
 
 /*
@@ -904,10 +1160,12 @@ decide(GuardEntry *entry, TransitionRequest *req, HeapTuple oldtup,
 				return OUTCOME_ALREADY;
 			return OUTCOME_STALE;
 		}
-		if (entry->machine_too_long)
-			return OUTCOME_ILLEGAL;
-		if (transition_allowed(entry->machine, cur, req->to_state))
+		if (!entry->machine_too_long &&
+			transition_allowed(entry->machine, cur, req->to_state))
 			return OUTCOME_APPLIED;
+		/* the row is where the request wants it; nothing to write */
+		if (same_state)
+			return OUTCOME_ALREADY;
 		return OUTCOME_ILLEGAL;
 	}
 
@@ -963,8 +1221,25 @@ guard_update(Relation rel, GuardEntry *entry, HeapTuple oldtup,
 		if ((old_state == NULL) != (new_state == NULL) ||
 			(old_state != NULL && strcmp(old_state, new_state) != 0))
 		{
-			if (entry->machine_too_long ||
-				!transition_allowed(entry->machine, old_state, new_state))
+			bool		allowed = (!entry->machine_too_long &&
+									transition_allowed(entry->machine,
+													   old_state, new_state));
+
+			if (!allowed && !column_readable(rel, entry->state_attnum))
+			{
+				/* an UPDATE that may not read the state is not told it */
+				ereport(ERROR,
+						(errcode(ERRCODE_CHECK_VIOLATION),
+						 errmsg("illegal state transition to %s in table \"%s\"",
+								quoted_state(new_state),
+								RelationGetRelationName(rel)),
+						 errdetail("%sState machine \"%s\" has no transition from the row's state to %s.",
+								   key_sentence(rel, oldtup), entry->machine,
+								   quoted_state(new_state)),
+						 errhint("Move the row through the transitions the machine allows, or allow this one with idem_allow()."),
+						 errtablecol(rel, entry->state_attnum)));
+			}
+			if (!allowed)
 				ereport(ERROR,
 						(errcode(ERRCODE_CHECK_VIOLATION),
 						 errmsg("illegal state transition from %s to %s in table \"%s\"",
@@ -997,6 +1272,15 @@ guard_update(Relation rel, GuardEntry *entry, HeapTuple oldtup,
 							   NameStr(TupleDescAttr(desc, attnum - 1)->attname)),
 					 errtablecol(rel, attnum)));
 		old_version = version_value(entry, old_value);
+		if (old_version >= version_max(entry) &&
+			!column_readable(rel, attnum))
+			ereport(ERROR,
+					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+					 errmsg("version of a row of table \"%s\" is out of range",
+							RelationGetRelationName(rel)),
+					 errdetail("%sThe row is at the largest version its type holds.",
+							   key_sentence(rel, oldtup)),
+					 errtablecol(rel, attnum)));
 		if (old_version >= version_max(entry))
 			ereport(ERROR,
 					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
@@ -1015,6 +1299,17 @@ guard_update(Relation rel, GuardEntry *entry, HeapTuple oldtup,
 			newtup = heap_modify_tuple_by_cols(newtup, desc, 1, &col,
 											   &value, &isnull);
 		}
+		else if ((new_isnull || version_value(entry, new_value) != target) &&
+				 !column_readable(rel, attnum))
+			ereport(ERROR,
+					(errcode(ERRCODE_CHECK_VIOLATION),
+					 errmsg("invalid version %s for a row of table \"%s\"",
+							new_isnull ? "NULL" :
+							psprintf(INT64_FORMAT, version_value(entry, new_value)),
+							RelationGetRelationName(rel)),
+					 errdetail("%sAn update must set the version to one more than the row's, or leave it unchanged.",
+							   key_sentence(rel, oldtup)),
+					 errtablecol(rel, attnum)));
 		else if (new_isnull || version_value(entry, new_value) != target)
 			ereport(ERROR,
 					(errcode(ERRCODE_CHECK_VIOLATION),
@@ -1045,17 +1340,16 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 				 errmsg("%s() was not called by the trigger manager",
 						GUARD_TRIGGER_FUNC)));
 	if (!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		!TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("%s() must be fired BEFORE ... FOR EACH ROW",
-						GUARD_TRIGGER_FUNC)));
-	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
-		return PointerGetDatum(trigdata->tg_trigtuple);
-	if (!TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("%s() must be fired for UPDATE", GUARD_TRIGGER_FUNC)));
+				 errmsg("trigger \"%s\" of table \"%s\" must be BEFORE UPDATE FOR EACH ROW",
+						trigdata->tg_trigger->tgname,
+						RelationGetRelationName(trigdata->tg_relation)),
+				 errdetail("%s() guards every UPDATE of a row: it cannot fire for INSERT, DELETE or TRUNCATE, after the row, for each statement, for some columns only, or under a WHEN condition.",
+						   GUARD_TRIGGER_FUNC),
+				 errhint("Guard the table with idem_guard().")));
 
 	rel = trigdata->tg_relation;
 	oldtup = trigdata->tg_trigtuple;
@@ -1165,8 +1459,9 @@ run_utility(const char *sql)
  * idem_guard(tbl regclass, machine text, state_column name,
  *			  version_column name DEFAULT NULL) RETURNS void
  *
- * Runs as the caller, who needs the TRIGGER privilege on the table.  A table
- * already guarded is guarded again with the new arguments.
+ * Runs as the caller, who needs the TRIGGER privilege on the table.  On a
+ * table guarded already with the same definition it does nothing; with
+ * another definition it fails (42710): idem_unguard() first.
  */
 PG_FUNCTION_INFO_V1(idem_guard);
 Datum
@@ -1182,6 +1477,7 @@ idem_guard(PG_FUNCTION_ARGS)
 	Trigger    *existing;
 	Oid			fn;
 	char	   *relname;
+	char	   *why;
 	StringInfoData sql;
 
 	if (PG_ARGISNULL(0))
@@ -1204,6 +1500,12 @@ idem_guard(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("\"%s\" is not a table", RelationGetRelationName(rel)),
 				 errdetail("Only ordinary tables can be guarded; guard each partition of a partitioned table.")));
+	if (RelationGetNamespace(rel) == get_namespace_oid(IDEM_SCHEMA, true))
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("table \"%s.%s\" cannot be guarded",
+						IDEM_SCHEMA, RelationGetRelationName(rel)),
+				 errdetail("The tables of the schema \"idem\" belong to the extension idem.")));
 
 	state_attnum = column_attnum(rel, state_col);
 	if (state_attnum == InvalidAttrNumber)
@@ -1240,6 +1542,15 @@ idem_guard(PG_FUNCTION_ARGS)
 					 errhint("Run ALTER TABLE %s ALTER COLUMN %s SET NOT NULL.",
 							 RelationGetRelationName(rel),
 							 quote_identifier(version_col))));
+		why = version_key_problem(rel, attnum);
+		if (why != NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("version column \"%s\" of table \"%s\" must not be part of a key",
+							version_col, RelationGetRelationName(rel)),
+					 errdetail("%s Every update of a guarded row changes its version.",
+							   why),
+					 errhint("Give a column of its own as the version column.")));
 	}
 	if (!machine_defined(machine))
 		ereport(ERROR,
@@ -1247,9 +1558,42 @@ idem_guard(PG_FUNCTION_ARGS)
 				 errmsg("state machine \"%s\" is not defined", machine),
 				 errhint("Define its transitions with idem_allow() first.")));
 
+	/*
+	 * A table has one guard.  Guarding it again with the same definition
+	 * does nothing, so that a migration can run twice; with another one it
+	 * is refused rather than replaced: replacing would take the ownership
+	 * that dropping the old trigger needs, and change what every UPDATE of
+	 * the table checks without saying so.
+	 */
 	fn = lookup_guard_func(fcinfo->flinfo->fn_oid);
-	existing = trigger_named_guard(rel);
-	if (existing != NULL && existing->tgfoid != fn)
+	existing = find_guard_trigger(rel, fcinfo->flinfo->fn_oid);
+	if (existing != NULL)
+	{
+		const char *old_version = NULL;
+
+		if (existing->tgnargs == 3 && existing->tgargs[2][0] != '\0')
+			old_version = existing->tgargs[2];
+		if (existing->tgtype == GUARD_TRIGGER_TYPE &&
+			existing->tgnattr == 0 && existing->tgqual == NULL &&
+			(existing->tgnargs == 2 || existing->tgnargs == 3) &&
+			strcmp(existing->tgargs[0], machine) == 0 &&
+			strcmp(existing->tgargs[1], state_col) == 0 &&
+			((old_version == NULL && version_col == NULL) ||
+			 (old_version != NULL && version_col != NULL &&
+			  strcmp(old_version, version_col) == 0)))
+		{
+			relation_close(rel, NoLock);
+			PG_RETURN_VOID();
+		}
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("table \"%s\" is guarded already",
+						RelationGetRelationName(rel)),
+				 errdetail("Its guard \"%s\" has another definition.",
+						   existing->tgname),
+				 errhint("Remove the guard with idem_unguard() first, then guard the table again.")));
+	}
+	if (trigger_named_guard(rel) != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_DUPLICATE_OBJECT),
 				 errmsg("trigger \"%s\" for relation \"%s\" already exists",
@@ -1262,13 +1606,6 @@ idem_guard(PG_FUNCTION_ARGS)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	initStringInfo(&sql);
-	if (existing != NULL)
-	{
-		appendStringInfo(&sql, "DROP TRIGGER %s ON %s",
-						 quote_identifier(GUARD_TRIGGER_NAME), relname);
-		run_utility(sql.data);
-		resetStringInfo(&sql);
-	}
 	appendStringInfo(&sql,
 					 "CREATE TRIGGER %s BEFORE UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%s, %s",
 					 quote_identifier(GUARD_TRIGGER_NAME), relname,
@@ -1286,7 +1623,8 @@ idem_guard(PG_FUNCTION_ARGS)
 }
 
 /*
- * idem_unguard(tbl regclass) RETURNS boolean: drop the guard; false if the
+ * idem_unguard(tbl regclass) RETURNS boolean: drop the guard (every trigger
+ * that executes idem_guard_trigger(), whatever its name); false if the
  * table had none.  Runs as the caller, who must own the table.
  */
 PG_FUNCTION_INFO_V1(idem_unguard);
@@ -1294,7 +1632,8 @@ Datum
 idem_unguard(PG_FUNCTION_ARGS)
 {
 	Relation	rel;
-	Trigger    *existing;
+	Oid			fn;
+	List	   *names = NIL;
 	Oid			relid;
 	bool		dropped = false;
 
@@ -1310,25 +1649,178 @@ idem_unguard(PG_FUNCTION_ARGS)
 					   get_relkind_objtype(get_rel_relkind(relid)),
 					   get_rel_name(relid));
 	rel = open_table_arg(fcinfo, ShareRowExclusiveLock);
-	existing = trigger_named_guard(rel);
-	if (existing != NULL &&
-		existing->tgfoid == lookup_guard_func(fcinfo->flinfo->fn_oid))
+	fn = lookup_guard_func(fcinfo->flinfo->fn_oid);
+	/* every trigger that executes the guard, whatever its name */
+	if (rel->trigdesc != NULL)
+	{
+		int			i;
+
+		for (i = 0; i < rel->trigdesc->numtriggers; i++)
+			if (is_guard_trigger(&rel->trigdesc->triggers[i], fn))
+				names = lappend(names,
+								pstrdup(rel->trigdesc->triggers[i].tgname));
+	}
+	if (names != NIL)
 	{
 		StringInfoData sql;
+		char	   *relname;
+		ListCell   *lc;
 
+		relname = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
+											 RelationGetRelationName(rel));
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
 		initStringInfo(&sql);
-		appendStringInfo(&sql, "DROP TRIGGER %s ON %s",
-						 quote_identifier(GUARD_TRIGGER_NAME),
-						 quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
-													RelationGetRelationName(rel)));
-		run_utility(sql.data);
+		foreach(lc, names)
+		{
+			resetStringInfo(&sql);
+			appendStringInfo(&sql, "DROP TRIGGER %s ON %s",
+							 quote_identifier((char *) lfirst(lc)), relname);
+			run_utility(sql.data);
+		}
 		SPI_finish();
 		dropped = true;
 	}
 	relation_close(rel, NoLock);
 	PG_RETURN_BOOL(dropped);
+}
+
+/*
+ * The guards of a table after a DDL command: each must still work, and
+ * there is at most one.  created: the command created a trigger, whose own
+ * error is raised; otherwise the command changed the table under its guard
+ * and is refused as such.
+ */
+static void
+check_guards_after_ddl(Relation rel, Oid fn, bool created)
+{
+	TriggerDesc *td = rel->trigdesc;
+	Trigger    *found = NULL;
+	int			i;
+
+	if (td == NULL)
+		return;
+	for (i = 0; i < td->numtriggers; i++)
+	{
+		Trigger    *trigger = &td->triggers[i];
+		GuardDef	def;
+		GuardProblem problem;
+
+		if (!is_guard_trigger(trigger, fn))
+			continue;
+		if (!guard_definition(rel, trigger, true, &def, &problem))
+		{
+			if (created)
+				guard_problem_raise(&problem);
+			ereport(ERROR,
+					(errcode(ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST),
+					 errmsg("cannot change table \"%s\" under its guard",
+							RelationGetRelationName(rel)),
+					 errdetail("The guard \"%s\" would fail with: %s.",
+							   trigger->tgname, problem.message),
+					 errhint("Remove the guard with idem_unguard() first, make the change, and guard the table again with idem_guard(), in one transaction.")));
+		}
+		if (found != NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_DUPLICATE_OBJECT),
+					 errmsg("table \"%s\" is guarded already",
+							RelationGetRelationName(rel)),
+					 errdetail("Triggers \"%s\" and \"%s\" both execute %s().",
+							   found->tgname, trigger->tgname,
+							   GUARD_TRIGGER_FUNC),
+					 errhint("A table has one guard; remove it with idem_unguard() to guard the table otherwise.")));
+		found = trigger;
+	}
+}
+
+/*
+ * idem._guard_ddl(): event trigger at the end of ALTER TABLE, CREATE INDEX
+ * and CREATE TRIGGER.  A guard names its columns in its trigger's arguments
+ * (which is what pg_dump keeps), so a command that renames or drops a
+ * guarded column, changes the version column's type, drops its NOT NULL or
+ * puts it in a key would leave a guard that fails every UPDATE of the table
+ * (or changes its keys): it is refused, with 2BP01.  A guard trigger made by
+ * hand that cannot work, or a second one, is refused with the error of the
+ * problem.  Inheritance children and partitions, which ALTER TABLE changes
+ * with their parent, are checked too.
+ */
+PG_FUNCTION_INFO_V1(idem_guard_ddl);
+Datum
+idem_guard_ddl(PG_FUNCTION_ARGS)
+{
+	int			ret;
+	uint64		n;
+	uint64		i;
+	Oid		   *relids;
+	bool	   *created;
+	Oid			fn;
+
+	if (!CALLED_AS_EVENT_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("idem._guard_ddl() was not called by the event trigger manager")));
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	ret = SPI_execute("SELECT DISTINCT "
+					  "CASE WHEN c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_trigger'::pg_catalog.regclass "
+					  "THEN (SELECT t.tgrelid FROM pg_catalog.pg_trigger t "
+					  "       WHERE t.oid OPERATOR(pg_catalog.=) c.objid) "
+					  "ELSE COALESCE((SELECT i.indrelid FROM pg_catalog.pg_index i "
+					  "                WHERE i.indexrelid OPERATOR(pg_catalog.=) c.objid), c.objid) END, "
+					  "c.command_tag OPERATOR(pg_catalog.=) 'CREATE TRIGGER' "
+					  "FROM pg_catalog.pg_event_trigger_ddl_commands() c "
+					  "WHERE c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass "
+					  "   OR c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_trigger'::pg_catalog.regclass",
+					  false, 0);	/* not read-only: sees the command's rows */
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "SPI_execute of the DDL commands failed: %s",
+			 SPI_result_code_string(ret));
+	n = SPI_processed;
+	relids = SPI_palloc(Max(n, 1) * sizeof(Oid));
+	created = SPI_palloc(Max(n, 1) * sizeof(bool));
+	for (i = 0; i < n; i++)
+	{
+		bool		isnull;
+		Datum		d;
+
+		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1,
+						  &isnull);
+		relids[i] = isnull ? InvalidOid : DatumGetObjectId(d);
+		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2,
+						  &isnull);
+		created[i] = !isnull && DatumGetBool(d);
+	}
+	SPI_finish();
+
+	fn = InvalidOid;
+	for (i = 0; i < n; i++)
+	{
+		List	   *rels;
+		ListCell   *lc;
+		char		relkind;
+
+		if (!OidIsValid(relids[i]))
+			continue;
+		relkind = get_rel_relkind(relids[i]);
+		if (relkind != RELKIND_RELATION && relkind != RELKIND_PARTITIONED_TABLE &&
+			relkind != RELKIND_FOREIGN_TABLE)
+			continue;
+		if (!OidIsValid(fn))
+			fn = lookup_guard_func(fcinfo->flinfo->fn_oid);
+		rels = find_all_inheritors(relids[i], AccessShareLock, NULL);
+		foreach(lc, rels)
+		{
+			Relation	rel = try_relation_open(lfirst_oid(lc), AccessShareLock);
+
+			if (rel == NULL)
+				continue;
+			check_guards_after_ddl(rel, fn, created[i]);
+			relation_close(rel, AccessShareLock);
+		}
+		list_free(rels);
+	}
+	PG_RETURN_VOID();
 }
 
 /* ----------------------------------------------------------------
@@ -1391,6 +1883,34 @@ guard_prepare_key(GuardEntry *entry, Relation rel)
 
 	entry->key_index = pkoid;
 	entry->key_valid = true;
+}
+
+/*
+ * The outcomes of idem_transition tell the row's state (already, stale,
+ * illegal) and, tried with several expected versions, its version.  The
+ * caller must therefore be allowed to read the key, the state and the
+ * version, as a hand-written "UPDATE t SET state = $2 WHERE key = $1 AND
+ * state = ... AND version = ..." needs; the error is that UPDATE's.
+ */
+static void
+check_outcome_privileges(Relation rel, GuardEntry *entry)
+{
+	Oid			relid = RelationGetRelid(rel);
+	Oid			userid = GetUserId();
+
+	if (pg_class_aclcheck(relid, userid, ACL_SELECT) == ACLCHECK_OK)
+		return;
+	if (pg_attribute_aclcheck(relid, entry->key_attnum, userid,
+							  ACL_SELECT) == ACLCHECK_OK &&
+		pg_attribute_aclcheck(relid, entry->state_attnum, userid,
+							  ACL_SELECT) == ACLCHECK_OK &&
+		(entry->version_attnum == InvalidAttrNumber ||
+		 pg_attribute_aclcheck(relid, entry->version_attnum, userid,
+							   ACL_SELECT) == ACLCHECK_OK))
+		return;
+	aclcheck_error(ACLCHECK_NO_PRIV,
+				   get_relkind_objtype(rel->rd_rel->relkind),
+				   RelationGetRelationName(rel));
 }
 
 /*
@@ -1989,6 +2509,7 @@ idem_transition(PG_FUNCTION_ARGS)
 				 errhint("Call idem_transition() without expected_version, or guard the table with a version column.")));
 
 	guard_prepare_key(entry, rel);
+	check_outcome_privileges(rel, entry);
 
 	/* The key and the state as the column types read them. */
 	values[0] = InputFunctionCall(&entry->key_in, key_str, entry->key_ioparam,

@@ -179,3 +179,64 @@ idem_check_ns(PG_FUNCTION_ARGS)
 	(void) idem_arg_ns(fcinfo, 0);
 	PG_RETURN_VOID();
 }
+
+/*
+ * Check that one of idem's tables has the columns the C code reads: their
+ * number (dropped ones included, since rows are formed by position), names,
+ * types, NOT NULL where the code or a key relies on it, and collation where
+ * a key is compared bytewise.  A table altered by its owner (ALTER COLUMN
+ * ... TYPE, DROP COLUMN) is refused with 55000 instead of being read with
+ * the wrong types.
+ */
+void
+idem_check_columns(TupleDesc desc, const char *relname,
+				   const IdemColumn *cols, int ncols)
+{
+	int			i;
+
+	if (desc->natts != ncols)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"%s.%s\" does not have the expected columns",
+						IDEM_SCHEMA, relname),
+				 errdetail("The table has %d columns (dropped ones included); idem expects %d.",
+						   desc->natts, ncols),
+				 errhint("Undo the change to the table.")));
+	for (i = 0; i < ncols; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		const IdemColumn *col = &cols[i];
+
+		if (att->attisdropped || strcmp(NameStr(att->attname), col->name) != 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("table \"%s.%s\" does not have the expected columns",
+							IDEM_SCHEMA, relname),
+					 errdetail("Column %d is not \"%s\".", i + 1, col->name),
+					 errhint("Undo the change to the table.")));
+		if (att->atttypid != col->type)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("table \"%s.%s\" does not have the expected columns",
+							IDEM_SCHEMA, relname),
+					 errdetail("Column \"%s\" is of type %s; idem expects %s.",
+							   col->name, format_type_be(att->atttypid),
+							   format_type_be(col->type)),
+					 errhint("Undo the change to the table.")));
+		if (col->notnull && !att->attnotnull)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("table \"%s.%s\" does not have the expected columns",
+							IDEM_SCHEMA, relname),
+					 errdetail("Column \"%s\" must be NOT NULL.", col->name),
+					 errhint("Undo the change to the table.")));
+		if (OidIsValid(col->collation) && att->attcollation != col->collation)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("table \"%s.%s\" does not have the expected columns",
+							IDEM_SCHEMA, relname),
+					 errdetail("Column \"%s\" must have the collation \"C\".",
+							   col->name),
+					 errhint("Undo the change to the table.")));
+	}
+}

@@ -36,6 +36,18 @@ extern Oid	idem_enum_label_oid(FunctionCallInfo fcinfo, int index,
 extern Oid	idem_enum_type_label_oid(Oid typoid, int index,
 									 const char *const *labels, int nlabels);
 
+/* idem.c: a column one of idem's tables must have, in order */
+typedef struct IdemColumn
+{
+	const char *name;
+	Oid			type;
+	bool		notnull;
+	Oid			collation;		/* InvalidOid: any */
+} IdemColumn;
+
+extern void idem_check_columns(TupleDesc desc, const char *relname,
+							   const IdemColumn *cols, int ncols);
+
 /*
  * store.c: the one interface through which a capability reaches a keyed
  * table of idem.  A keyed table has a unique btree index on its first two

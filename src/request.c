@@ -120,30 +120,26 @@ typedef enum RequestRefusal
 static void
 check_requests_shape(IdemStore *store)
 {
-	static const Oid types[RQ_NATTS] = {
-		TEXTOID, TEXTOID, TEXTOID, INT4OID, TIMESTAMPTZOID, INTERVALOID,
-		TIMESTAMPTZOID, TEXTOID, JSONBOID, INT4OID, JSONBOID, INT4OID,
-		TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID
+	static const IdemColumn columns[RQ_NATTS] = {
+		{"ns", TEXTOID, true, C_COLLATION_OID},
+		{"key", TEXTOID, true, C_COLLATION_OID},
+		{"fingerprint", TEXTOID, true, C_COLLATION_OID},
+		{"owner_pid", INT4OID, false, InvalidOid},
+		{"owner_started", TIMESTAMPTZOID, false, InvalidOid},
+		{"lease", INTERVALOID, false, InvalidOid},
+		{"lease_until", TIMESTAMPTZOID, false, InvalidOid},
+		{"recovery_point", TEXTOID, false, InvalidOid},
+		{"recovery_data", JSONBOID, false, InvalidOid},
+		{"response_code", INT4OID, false, InvalidOid},
+		{"response_body", JSONBOID, false, InvalidOid},
+		{"attempts", INT4OID, true, InvalidOid},
+		{"created_at", TIMESTAMPTZOID, true, InvalidOid},
+		{"finished_at", TIMESTAMPTZOID, false, InvalidOid},
+		{"expires_at", TIMESTAMPTZOID, false, InvalidOid}
 	};
-	TupleDesc	tupdesc = idem_store_tupdesc(store);
-	int			i;
 
-	if (tupdesc->natts != RQ_NATTS)
-		goto bad;
-	for (i = 0; i < RQ_NATTS; i++)
-	{
-		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
-
-		if (att->attisdropped || att->atttypid != types[i])
-			goto bad;
-	}
-	return;
-
-bad:
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("table \"%s.%s\" does not have the expected columns",
-					IDEM_SCHEMA, REQUESTS_TABLE)));
+	idem_check_columns(idem_store_tupdesc(store), REQUESTS_TABLE, columns,
+					   RQ_NATTS);
 }
 
 static IdemStore *
@@ -521,9 +517,13 @@ owner_change(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 		values[RQ_RECOVERY_DATA] = ch->recovery_data;
 		isnull[RQ_RECOVERY_DATA] = ch->recovery_data_null;
 		/* progress renews the lease */
-		values[RQ_LEASE_UNTIL] =
-			TimestampTzGetDatum(plus_interval(ch->now,
-											  DatumGetIntervalP(values[RQ_LEASE])));
+		if (!isnull[RQ_LEASE])
+		{
+			values[RQ_LEASE_UNTIL] =
+				TimestampTzGetDatum(plus_interval(ch->now,
+												  DatumGetIntervalP(values[RQ_LEASE])));
+			isnull[RQ_LEASE_UNTIL] = false;
+		}
 		return true;
 	}
 

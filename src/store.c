@@ -425,11 +425,14 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 	{
 		int			i;
 
+		/* rows are compared with the key by position: columns 1 and 2 */
 		if (IndexRelationGetNumberOfKeyAttributes(store->index) != STORE_NKEYS ||
-			store->index->rd_rel->relam != BTREE_AM_OID)
+			store->index->rd_rel->relam != BTREE_AM_OID ||
+			store->index->rd_index->indkey.values[0] != 1 ||
+			store->index->rd_index->indkey.values[1] != 2)
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("primary key of \"%s.%s\" is not a two-column btree",
+					 errmsg("primary key of \"%s.%s\" is not a btree on its first two columns",
 							IDEM_SCHEMA, relname)));
 		for (i = 0; i < STORE_NKEYS; i++)
 		{

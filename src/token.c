@@ -41,6 +41,7 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
 #include "common/sha2.h"
@@ -331,28 +332,15 @@ token_arg_scope(FunctionCallInfo fcinfo, int argno)
 static void
 check_tokens_shape(IdemStore *store)
 {
-	static const Oid types[TOKENS_NATTS] = {
-		TEXTOID, BYTEAOID, TIMESTAMPTZOID, TIMESTAMPTZOID
+	static const IdemColumn columns[TOKENS_NATTS] = {
+		{"scope", TEXTOID, true, C_COLLATION_OID},
+		{"digest", BYTEAOID, true, InvalidOid},
+		{"expires_at", TIMESTAMPTZOID, false, InvalidOid},
+		{"consumed_at", TIMESTAMPTZOID, false, InvalidOid}
 	};
-	TupleDesc	tupdesc = idem_store_tupdesc(store);
-	int			i;
 
-	if (tupdesc->natts != TOKENS_NATTS)
-		goto bad;
-	for (i = 0; i < TOKENS_NATTS; i++)
-	{
-		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
-
-		if (att->attisdropped || att->atttypid != types[i])
-			goto bad;
-	}
-	return;
-
-bad:
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("table \"%s.%s\" does not have the expected columns",
-					IDEM_SCHEMA, TOKENS_TABLE)));
+	idem_check_columns(idem_store_tupdesc(store), TOKENS_TABLE, columns,
+					   TOKENS_NATTS);
 }
 
 static IdemStore *

@@ -1,0 +1,123 @@
+-- A guard names its columns in its trigger's arguments, which pg_dump
+-- keeps with the table.  DDL that would leave a guard that cannot work is
+-- refused with 2BP01 by the extension's event trigger: renaming or dropping
+-- the state or version column, changing the version column's type,
+-- dropping its NOT NULL, putting it in a key.  Everything else works as
+-- without the guard, and so does dropping the table.  The version column
+-- is never part of a key (55000): the guard writes it on every UPDATE.
+\set VERBOSITY terse
+
+CREATE FUNCTION err(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    st text; msg text; det text;
+BEGIN
+    EXECUTE q;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+                            det = PG_EXCEPTION_DETAIL;
+    RETURN st || ': ' || msg || COALESCE(' | ' || NULLIF(det, ''), '');
+END;
+$$;
+
+SELECT idem_allow('go', 'new', 'paid');
+CREATE TABLE go (id integer PRIMARY KEY, st text NOT NULL,
+                 v integer NOT NULL DEFAULT 0, note text, extra integer,
+                 code integer NOT NULL DEFAULT 0);
+INSERT INTO go VALUES (1, 'new');
+SELECT idem_guard('go', 'go', 'st', 'v');
+
+-- the guarded columns stay as they are
+SELECT err($$ALTER TABLE go RENAME COLUMN st TO state$$);
+SELECT err($$ALTER TABLE go RENAME COLUMN v TO ver$$);
+SELECT err($$ALTER TABLE go DROP COLUMN st$$);
+SELECT err($$ALTER TABLE go DROP COLUMN v$$);
+SELECT err($$ALTER TABLE go DROP COLUMN v, DROP COLUMN st$$);
+SELECT err($$ALTER TABLE go ALTER COLUMN v TYPE numeric$$);
+SELECT err($$ALTER TABLE go ALTER COLUMN v DROP NOT NULL$$);
+-- the version column does not join a key
+SELECT err($$ALTER TABLE go ADD UNIQUE (v)$$);
+SELECT err($$ALTER TABLE go ADD UNIQUE (code, v)$$);
+SELECT err($$ALTER TABLE go DROP CONSTRAINT go_pkey, ADD PRIMARY KEY (id, v)$$);
+SELECT err($$CREATE UNIQUE INDEX ON go (v)$$);
+SELECT err($$CREATE UNIQUE INDEX ON go ((v + 1))$$);
+SELECT err($$CREATE UNIQUE INDEX ON go (code) WHERE v > 0$$);
+CREATE TABLE go_parent (id integer, v integer, PRIMARY KEY (id, v));
+INSERT INTO go_parent VALUES (1, 0);
+SELECT err($$ALTER TABLE go ADD FOREIGN KEY (id, v) REFERENCES go_parent$$);
+-- the guard is as it was, and still works
+SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'go'::regclass;
+SELECT err($$UPDATE go SET st = 'shipped'$$);
+SELECT idem_transition('go', '1', 'paid', 0);
+
+-- other changes of the table work as without the guard
+ALTER TABLE go RENAME COLUMN note TO remark;
+ALTER TABLE go DROP COLUMN extra;
+ALTER TABLE go ALTER COLUMN remark TYPE varchar(20);
+ALTER TABLE go ALTER COLUMN st TYPE varchar(20);
+ALTER TABLE go ADD COLUMN added integer;
+ALTER TABLE go ADD UNIQUE (code);
+CREATE INDEX ON go (v);
+CREATE UNIQUE INDEX ON go (code, added);
+ALTER TABLE go RENAME TO go2;
+ALTER TABLE go2 RENAME TO go;
+UPDATE go SET remark = 'x' RETURNING id, st, v, remark;
+
+-- changing a guarded column: unguard, change, guard again, in one
+-- transaction
+BEGIN;
+SELECT idem_unguard('go');
+ALTER TABLE go RENAME COLUMN st TO state;
+ALTER TABLE go ALTER COLUMN v TYPE bigint;
+SELECT idem_guard('go', 'go', 'state', 'v');
+COMMIT;
+SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'go'::regclass;
+SELECT err($$UPDATE go SET state = 'new'$$);
+
+-- idem_guard refuses a version column in a key, whichever
+CREATE TABLE keyed (id integer PRIMARY KEY, st text NOT NULL,
+                    u integer NOT NULL UNIQUE, x integer NOT NULL,
+                    e integer NOT NULL, p integer NOT NULL,
+                    f integer NOT NULL REFERENCES keyed (u), free integer NOT NULL);
+CREATE UNIQUE INDEX ON keyed ((e * 2));
+CREATE UNIQUE INDEX ON keyed (x) WHERE p > 0;
+SELECT err($$SELECT idem_guard('keyed', 'go', 'st', 'id')$$);
+SELECT err($$SELECT idem_guard('keyed', 'go', 'st', 'u')$$);
+SELECT err($$SELECT idem_guard('keyed', 'go', 'st', 'e')$$);
+SELECT err($$SELECT idem_guard('keyed', 'go', 'st', 'p')$$);
+SELECT err($$SELECT idem_guard('keyed', 'go', 'st', 'f')$$);
+SELECT idem_guard('keyed', 'go', 'st', 'free');
+
+-- partitions and inheritance children, changed with their parent, are
+-- checked too
+CREATE TABLE parted (id integer, st text NOT NULL, v integer NOT NULL,
+                     note text, PRIMARY KEY (id)) PARTITION BY RANGE (id);
+CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (100);
+SELECT idem_guard('parted_1', 'go', 'st', 'v');
+SELECT err($$ALTER TABLE parted RENAME COLUMN st TO state$$);
+SELECT err($$ALTER TABLE parted DROP COLUMN v$$);
+ALTER TABLE parted RENAME COLUMN note TO remark;
+CREATE TABLE inh_parent (id integer PRIMARY KEY, st text NOT NULL,
+                         v integer NOT NULL);
+CREATE TABLE inh_child (PRIMARY KEY (id)) INHERITS (inh_parent);
+SELECT idem_guard('inh_child', 'go', 'st', 'v');
+SELECT err($$ALTER TABLE inh_parent RENAME COLUMN v TO version$$);
+
+-- dropping a guarded table, or its schema, works
+DROP TABLE go;
+DROP TABLE keyed, parted, inh_parent CASCADE;
+CREATE SCHEMA guarded;
+CREATE TABLE guarded.t (id integer PRIMARY KEY, st text NOT NULL);
+SELECT idem_guard('guarded.t', 'go', 'st');
+DROP SCHEMA guarded CASCADE;
+DROP TABLE go_parent;
+
+-- the event trigger belongs to the extension
+SELECT e.evtname, e.evtevent, e.evttags, e.evtfoid::regprocedure,
+       d.deptype
+  FROM pg_event_trigger e
+  JOIN pg_depend d ON d.classid = 'pg_event_trigger'::regclass AND d.objid = e.oid
+ WHERE d.refclassid = 'pg_extension'::regclass;
+
+DELETE FROM idem.transitions;
+DROP FUNCTION err(text);
