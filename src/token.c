@@ -40,6 +40,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
@@ -48,6 +49,7 @@
 #include "utils/datetime.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
@@ -179,6 +181,12 @@ token_load_key(void)
 		relid = get_relname_relid(TOKEN_KEY_TABLE, nspid);
 	/* dropped since the look-up: no key */
 	rel = OidIsValid(relid) ? try_table_open(relid, AccessShareLock) : NULL;
+	/* an unlogged key table has no rows on a standby: no key there */
+	if (rel != NULL && !RelationIsPermanent(rel) && RecoveryInProgress())
+	{
+		table_close(rel, AccessShareLock);
+		rel = NULL;
+	}
 	if (rel != NULL)
 	{
 		TupleDesc	tupdesc = RelationGetDescr(rel);
