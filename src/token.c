@@ -18,8 +18,9 @@
  * restored from a dump) the primary key is searched as without a hint.  So
  * the hint changes how fast an answer comes, never the answer.  It is
  * XORed with the first 6 bytes of SHA-256(key || digest), where the key is
- * 32 random bytes made at CREATE EXTENSION (idem.token_key): a token does
- * not tell where its row is, nor how many tokens came before it.
+ * 32 bytes from pg_strong_random made at CREATE EXTENSION (idem.token_key,
+ * by idem._random_key): a token does not tell where its row is, nor how
+ * many tokens came before it.
  *
  * Consumption sets consumed_at on the latest version of the row, through
  * the table access method's update (a HOT update, as consumed_at is not
@@ -575,4 +576,24 @@ idem_token_status(PG_FUNCTION_ARGS)
 	}
 	PG_RETURN_OID(idem_enum_label_oid(fcinfo, (int) state, token_state_labels,
 									  lengthof(token_state_labels)));
+}
+
+/*
+ * idem._random_key() returns bytea
+ *
+ * A new key for idem.token_key: 32 bytes from pg_strong_random, every bit
+ * of them random (gen_random_uuid fixes the version and variant bits).
+ */
+PG_FUNCTION_INFO_V1(idem_random_key);
+Datum
+idem_random_key(PG_FUNCTION_ARGS)
+{
+	bytea	   *key = palloc(VARHDRSZ + TOKEN_KEY_BYTES);
+
+	SET_VARSIZE(key, VARHDRSZ + TOKEN_KEY_BYTES);
+	if (!pg_strong_random(VARDATA(key), TOKEN_KEY_BYTES))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate a random key")));
+	PG_RETURN_BYTEA_P(key);
 }
