@@ -57,6 +57,8 @@ CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, version bigint NO
 INSERT INTO orders (id, status) VALUES (1, 'new'), (2, 'new');
 SELECT idem_guard('orders', 'order', 'status', 'version');
 SELECT idem_transition('orders', '1', 'paid');
+SELECT idem_set_retention('huge', '10000 years');
+SELECT idem_claim('h-1', 'huge');
 });
 # 0.1.0 made the token key from two UUIDs: 12 of its bits are fixed
 my $uuid_shaped = q{
@@ -83,6 +85,11 @@ my $key_after = $node->safe_psql('up', q{SELECT encode(key, 'hex') FROM idem.tok
 isnt($key_after, $key_before, 'the update replaces the key made from UUIDs');
 like($key_after, qr/^[0-9a-f]{64}$/, 'the new key has 32 bytes');
 my $after_shaped = $node->safe_psql('up', $uuid_shaped);
+
+# a retention stored before the update that no timestamp can subtract does
+# not stop purge, of its namespace or of any other
+is($node->safe_psql('up', q{SELECT idem_purge('huge'), idem_purge() >= 0, idem_claim('h-1', 'huge')}),
+	'0|t|f', 'purge works beside a retention of 10000 years stored by 0.1.0');
 
 # (b) every row is kept, and every function answers as before
 is($node->safe_psql('up', q{
