@@ -175,3 +175,34 @@ END;
 $$;
 -- ==== END retention and purge ====
 
+-- ==== BEGIN transitions writers ====
+-- The state machines bind every role that may UPDATE a guarded table, even
+-- members of pg_write_all_data, who may write any table: so idem.transitions
+-- takes writes only from roles with its owner's rights (idem_allow and
+-- idem_disallow run as the owner).  Grants on the table do not get round
+-- it.  Logical replication applies changes with the trigger off, as
+-- session_replication_role = replica leaves it.
+CREATE OR REPLACE FUNCTION idem._transitions_writer()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT pg_catalog.pg_has_role(
+            (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) TG_RELID),
+            'USAGE') THEN
+        RAISE EXCEPTION 'permission denied for table %', TG_TABLE_NAME
+            USING ERRCODE = '42501',
+                  DETAIL = 'State machines are changed through idem_allow and idem_disallow, or by the owner of the table.',
+                  HINT = 'Grant EXECUTE on idem_allow and idem_disallow to the role.';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION idem._transitions_writer() IS
+    'refuse writes to idem.transitions from roles without its owner''s rights (internal)';
+REVOKE ALL ON FUNCTION idem._transitions_writer() FROM PUBLIC;
+CREATE OR REPLACE TRIGGER transitions_writers
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON idem.transitions
+    FOR EACH STATEMENT EXECUTE FUNCTION idem._transitions_writer();
+-- ==== END transitions writers ====
