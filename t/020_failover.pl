@@ -372,6 +372,8 @@ $primary->safe_psql($db, 'CREATE DATABASE unlogged');
 $primary->safe_psql('unlogged', q{
 CREATE EXTENSION idem;
 ALTER TABLE idem.tokens SET UNLOGGED;
+ALTER TABLE idem.claims SET UNLOGGED;
+SELECT idem_claim('u-1');
 CREATE TABLE kept (token text);
 INSERT INTO kept SELECT idem_token_issue('u', '1 day');});
 is($primary->safe_psql('unlogged', q{SELECT idem_token_status(token, 'u') FROM kept}),
@@ -384,6 +386,8 @@ is(sqlstate_of($standby, 'unlogged', 'SELECT count(*) FROM idem.tokens'),
 	'0A000', 'unlogged tokens: a query of the table fails with the same SQLSTATE');
 is(sqlstate_of($standby, 'unlogged', q{SELECT idem_token_consume(token, 'u') FROM kept}),
 	'25006', 'unlogged tokens: idem_token_consume on the standby fails with 25006');
+is(sqlstate_of($standby, 'unlogged', q{SELECT idem_claim_info('u-1')}),
+	'0A000', 'unlogged claims: idem_claim_info on the standby fails with 0A000');
 
 ########################################################################
 # A transaction left open on the primary
