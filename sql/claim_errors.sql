@@ -86,6 +86,9 @@ SELECT idem_claim(repeat('k', 600));
 SELECT idem_claim('ce_1', repeat('n', 70));
 SELECT idem_claim('');
 SELECT idem_claim_batch(ARRAY['ce_b1', NULL]);
+-- an empty or too long element is named as a null one is
+SELECT idem_claim_batch(ARRAY['ce_b1', 'ce_b2', '']);
+SELECT idem_claim_batch(ARRAY['ce_b1', repeat('k', 513)]);
 SELECT idem_claim_batch(NULL);
 SELECT idem_claim_batch(ARRAY[['ce_b1'], ['ce_b2']]);
 \set VERBOSITY terse

@@ -97,9 +97,9 @@ SELECT attname, collname FROM pg_attribute a JOIN pg_collation co ON co.oid = a.
 -- CONCURRENTLY gives the index a new OID, VACUUM FULL the table a new file
 --
 SELECT idem_claim('ext_r1', 'ext'), idem_try_claim('ext_r2', 'ext');
-SELECT indexrelid AS old_index FROM pg_index WHERE indrelid = 'idem.claims'::regclass \gset
+SELECT indexrelid AS old_index FROM pg_index WHERE indrelid = 'idem.claims'::regclass AND indisprimary \gset
 REINDEX TABLE CONCURRENTLY idem.claims;
-SELECT indexrelid <> :old_index AS new_index FROM pg_index WHERE indrelid = 'idem.claims'::regclass;
+SELECT indexrelid <> :old_index AS new_index FROM pg_index WHERE indrelid = 'idem.claims'::regclass AND indisprimary;
 SELECT idem_claim('ext_r1', 'ext') AS r1, idem_try_claim('ext_r2', 'ext') AS r2,
        idem_claim_batch(ARRAY['ext_r1', 'ext_r3'], 'ext') AS r1_r3,
        idem_claim_info('ext_r3', 'ext') IS NOT NULL AS r3_held;

@@ -164,6 +164,29 @@ SELECT idem_set_retention('ret_short', '-2 days');
 SELECT idem_purge('ret_short', 0);
 \set VERBOSITY terse
 \set SHOW_CONTEXT errors
+-- the longest retention is 100 years: beyond, and for an interval whose
+-- fields cancel out in the comparison but take no timestamp back, 22023
+SELECT pg_temp.err($$SELECT idem_set_retention('ret_huge', '10000 years')$$);
+SELECT pg_temp.err($$SELECT idem_set_retention('ret_huge', '100 years 1 second')$$);
+SELECT pg_temp.err($$SELECT idem_set_retention('ret_huge', '-333333 years 120029880 days')$$);
+SELECT ns FROM idem.namespaces WHERE ns = 'ret_huge';
+SELECT idem_set_retention('ret_huge', '100 years');
+SELECT ns, retention FROM idem.namespaces WHERE ns = 'ret_huge';
+-- a retention stored before the bound (by 0.1.0, or by hand) that no
+-- timestamp can be taken back by leaves purge working: nothing in its
+-- namespace is that old, and every other namespace is purged as before
+INSERT INTO idem.namespaces VALUES ('ret_stored', '10000 years'), ('ret_stored2', '-333333 years 120029880 days');
+SELECT idem_claim('h1', 'ret_stored'), idem_claim('h1', 'ret_stored2'), idem_claim('h1', 'ret_huge'),
+       idem_claim('h1', 'ret_default');
+SELECT pg_temp.age_claims('ret_stored', 'h1', '1000 years') AS stored_aged,
+       pg_temp.age_claims('ret_stored2', 'h1', '1000 years') AS stored2_aged,
+       pg_temp.age_claims('ret_huge', 'h1', '101 years') AS huge_aged,
+       pg_temp.age_claims('ret_default', 'h1', '8 days') AS default_aged;
+SELECT idem_purge('ret_stored') AS stored, idem_purge('ret_stored2') AS stored2;
+SELECT idem_purge() AS every_namespace;
+SELECT ns, msg_id FROM idem.claims WHERE msg_id = 'h1' ORDER BY ns;
+DELETE FROM idem.namespaces WHERE ns IN ('ret_stored', 'ret_stored2', 'ret_huge');
+DELETE FROM idem.claims WHERE ns IN ('ret_stored', 'ret_stored2');
 -- the smallest retention there is
 SELECT idem_set_retention('ret_tiny', '1 microsecond');
 SELECT idem_claim('t1', 'ret_tiny');

@@ -166,6 +166,7 @@ idem_claim_batch(PG_FUNCTION_ARGS)
 	bool	   *nulls;
 	int			n;
 	int			i;
+	int			len;
 	Datum	   *results;
 	BatchItem  *items;
 	IdemStore  *store;
@@ -194,8 +195,20 @@ idem_claim_batch(PG_FUNCTION_ARGS)
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("msg_ids must not contain null"),
 					 errdetail("Element %d is null.", i + 1)));
-		idem_check_key((text *) DatumGetPointer(elems[i]), "msg_id",
-					   IDEM_MAX_KEY_LEN);
+		len = VARSIZE_ANY_EXHDR(DatumGetPointer(elems[i]));
+		/* as idem_check_key, but saying which element */
+		if (len == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("msg_ids must not contain an empty string"),
+					 errdetail("Element %d is empty.", i + 1),
+					 errhint("Give a non-empty identifier.")));
+		if (len > IDEM_MAX_KEY_LEN)
+			ereport(ERROR,
+					(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+					 errmsg("msg_id is too long"),
+					 errdetail("Element %d is %d bytes long; the limit is %d bytes.",
+							   i + 1, len, IDEM_MAX_KEY_LEN)));
 	}
 
 	idem_check_writable("idem_claim_batch()");

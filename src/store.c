@@ -26,6 +26,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/index.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
@@ -366,6 +367,19 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 								IDEM_SCHEMA, relname)));
 		}
 	}
+
+	/*
+	 * A standby has only the init fork of an unlogged table (idem.tokens may
+	 * be made unlogged): refuse it as the planner does (get_relation_info)
+	 * rather than fail on the missing file.
+	 */
+	if (!RelationIsPermanent(rel) && RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot access temporary or unlogged relations during recovery"),
+				 errdetail("Table \"%s.%s\" is unlogged: a standby holds none of its rows.",
+						   IDEM_SCHEMA, relname),
+				 errhint("Query the primary, or make the table logged with ALTER TABLE ... SET LOGGED.")));
 
 	/* with the lock held, the table and its primary key stay as they are */
 	if (e->relid != relid)

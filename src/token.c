@@ -18,8 +18,9 @@
  * restored from a dump) the primary key is searched as without a hint.  So
  * the hint changes how fast an answer comes, never the answer.  It is
  * XORed with the first 6 bytes of SHA-256(key || digest), where the key is
- * 32 random bytes made at CREATE EXTENSION (idem.token_key): a token does
- * not tell where its row is, nor how many tokens came before it.
+ * 32 bytes from pg_strong_random made at CREATE EXTENSION (idem.token_key,
+ * by idem._random_key): a token does not tell where its row is, nor how
+ * many tokens came before it.
  *
  * Consumption sets consumed_at on the latest version of the row, through
  * the table access method's update (a HOT update, as consumed_at is not
@@ -40,6 +41,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
@@ -49,6 +51,7 @@
 #include "utils/datetime.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
@@ -180,6 +183,12 @@ token_load_key(void)
 		relid = get_relname_relid(TOKEN_KEY_TABLE, nspid);
 	/* dropped since the look-up: no key */
 	rel = OidIsValid(relid) ? try_table_open(relid, AccessShareLock) : NULL;
+	/* an unlogged key table has no rows on a standby: no key there */
+	if (rel != NULL && !RelationIsPermanent(rel) && RecoveryInProgress())
+	{
+		table_close(rel, AccessShareLock);
+		rel = NULL;
+	}
 	if (rel != NULL)
 	{
 		TupleDesc	tupdesc = RelationGetDescr(rel);
@@ -555,4 +564,24 @@ idem_token_status(PG_FUNCTION_ARGS)
 	}
 	PG_RETURN_OID(idem_enum_label_oid(fcinfo, (int) state, token_state_labels,
 									  lengthof(token_state_labels)));
+}
+
+/*
+ * idem._random_key() returns bytea
+ *
+ * A new key for idem.token_key: 32 bytes from pg_strong_random, every bit
+ * of them random (gen_random_uuid fixes the version and variant bits).
+ */
+PG_FUNCTION_INFO_V1(idem_random_key);
+Datum
+idem_random_key(PG_FUNCTION_ARGS)
+{
+	bytea	   *key = palloc(VARHDRSZ + TOKEN_KEY_BYTES);
+
+	SET_VARSIZE(key, VARHDRSZ + TOKEN_KEY_BYTES);
+	if (!pg_strong_random(VARDATA(key), TOKEN_KEY_BYTES))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate a random key")));
+	PG_RETURN_BYTEA_P(key);
 }

@@ -365,6 +365,30 @@ foreach my $kind (@kinds)
 	}
 }
 
+# idem.tokens made unlogged: a standby has none of its rows (only its
+# empty init fork), and says so with 0A000, as a query of the table does,
+# instead of failing on the missing file (58P01).
+$primary->safe_psql($db, 'CREATE DATABASE unlogged');
+$primary->safe_psql('unlogged', q{
+CREATE EXTENSION idem;
+ALTER TABLE idem.tokens SET UNLOGGED;
+ALTER TABLE idem.claims SET UNLOGGED;
+SELECT idem_claim('u-1');
+CREATE TABLE kept (token text);
+INSERT INTO kept SELECT idem_token_issue('u', '1 day');});
+is($primary->safe_psql('unlogged', q{SELECT idem_token_status(token, 'u') FROM kept}),
+	'valid', 'unlogged tokens: the primary has the token');
+is($standby->safe_psql('unlogged', 'SELECT count(*) FROM kept'),
+	'1', 'unlogged tokens: the token issued reached the standby');
+is(sqlstate_of($standby, 'unlogged', q{SELECT idem_token_status(token, 'u') FROM kept}),
+	'0A000', 'unlogged tokens: idem_token_status on the standby fails with 0A000');
+is(sqlstate_of($standby, 'unlogged', 'SELECT count(*) FROM idem.tokens'),
+	'0A000', 'unlogged tokens: a query of the table fails with the same SQLSTATE');
+is(sqlstate_of($standby, 'unlogged', q{SELECT idem_token_consume(token, 'u') FROM kept}),
+	'25006', 'unlogged tokens: idem_token_consume on the standby fails with 25006');
+is(sqlstate_of($standby, 'unlogged', q{SELECT idem_claim_info('u-1')}),
+	'0A000', 'unlogged claims: idem_claim_info on the standby fails with 0A000');
+
 ########################################################################
 # A transaction left open on the primary
 ########################################################################
@@ -442,6 +466,10 @@ foreach my $kind (@kinds)
 			$sqlstate, "$kind->{name}: promoted: $what");
 	}
 }
+
+# the promoted standby has the unlogged table, empty
+is($standby->safe_psql('unlogged', q{SELECT idem_token_status(token, 'u') FROM kept}),
+	'unknown', 'unlogged tokens: after the failover the token is unknown');
 
 $standby->stop;
 

@@ -57,7 +57,15 @@ CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, version bigint NO
 INSERT INTO orders (id, status) VALUES (1, 'new'), (2, 'new');
 SELECT idem_guard('orders', 'order', 'status', 'version');
 SELECT idem_transition('orders', '1', 'paid');
+SELECT idem_set_retention('huge', '10000 years');
+SELECT idem_claim('h-1', 'huge');
 });
+# 0.1.0 made the token key from two UUIDs: 12 of its bits are fixed
+my $uuid_shaped = q{
+SELECT octet_length(key) = 32 AND get_byte(key, 6) >> 4 = 4 AND get_byte(key, 8) >> 6 = 2
+       AND get_byte(key, 22) >> 4 = 4 AND get_byte(key, 24) >> 6 = 2 FROM idem.token_key};
+is($node->safe_psql('up', $uuid_shaped), 't', 'the key of 0.1.0 has the bits of two UUIDs');
+my $key_before = $node->safe_psql('up', q{SELECT encode(key, 'hex') FROM idem.token_key});
 my $rows_before = $node->safe_psql('up', q{
 SELECT (SELECT count(*) FROM idem.claims), (SELECT count(*) FROM idem.tokens),
        (SELECT count(*) FROM idem.transitions), (SELECT string_agg(n.ns || ' ' || n.retention, ',') FROM idem.namespaces n),
@@ -71,6 +79,17 @@ is($node->safe_psql('up', "SELECT extversion FROM pg_extension WHERE extname = '
 my $fresh = describe('fresh');
 my $diff = difference(describe('up'), $fresh);
 is($diff, '', 'the upgraded database has the objects of a fresh install');
+
+# the key is replaced by 256 random bits
+my $key_after = $node->safe_psql('up', q{SELECT encode(key, 'hex') FROM idem.token_key});
+isnt($key_after, $key_before, 'the update replaces the key made from UUIDs');
+like($key_after, qr/^[0-9a-f]{64}$/, 'the new key has 32 bytes');
+my $after_shaped = $node->safe_psql('up', $uuid_shaped);
+
+# a retention stored before the update that no timestamp can subtract does
+# not stop purge, of its namespace or of any other
+is($node->safe_psql('up', q{SELECT idem_purge('huge'), idem_purge() >= 0, idem_claim('h-1', 'huge')}),
+	'0|t|f', 'purge works beside a retention of 10000 years stored by 0.1.0');
 
 # (b) every row is kept, and every function answers as before
 is($node->safe_psql('up', q{
@@ -106,6 +125,10 @@ for my $script (@updates)
 	is($rc, 0, "$name runs a second time without an error") or diag $err;
 }
 is(difference(describe('up'), $fresh), '', 'running the update scripts again changed nothing');
+# A second run keeps the key, unless chance gave the new one the bits of
+# two UUIDs (one time in 4096): then it replaces it once more.
+ok($node->safe_psql('up', q{SELECT encode(key, 'hex') FROM idem.token_key}) eq $key_after
+	  || $after_shaped eq 't', 'a second run keeps the random key');
 
 # The comparison sees an upgrade that leaves something out: here, one that
 # forgot to revoke idem_release from PUBLIC.
