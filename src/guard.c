@@ -78,7 +78,8 @@
  *		   state and version
  *	22001  a machine name longer than 63 bytes
  *	42P01  no table has that OID
- *	42809  idem_guard on something that is not an ordinary table
+ *	42809  idem_guard or idem_transition on something that is not an
+ *		   ordinary table (idem_transition moves rows of a partition)
  *	42703  no such column (also when a guarded column was dropped or
  *		   renamed later: every UPDATE then fails until the table is guarded
  *		   again)
@@ -383,6 +384,13 @@ transitions_table_oid(void)
 				 errmsg("table \"%s.%s\" does not exist",
 						IDEM_SCHEMA, TRANSITIONS_TABLE),
 				 errhint("Install the extension idem.")));
+	/* it is scanned with the table access method, which only a table has */
+	if (get_rel_relkind(relid) != RELKIND_RELATION)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("\"%s.%s\" of the idem extension is not an ordinary table",
+						IDEM_SCHEMA, TRANSITIONS_TABLE),
+				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
 	return relid;
 }
 
@@ -1760,7 +1768,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 	estate->es_opened_result_relations = list_make1(rri);
 	estate->es_output_cid = GetCurrentCommandId(true);
 	estate->es_snapshot = snapshot;
-	CheckCmdReplicaIdentity(rel, CMD_UPDATE);
+	CheckValidResultRel(rri, CMD_UPDATE);
 	ExecOpenIndices(rri, false);
 	for (i = 0; i < rri->ri_NumIndices; i++)
 		if (RelationGetRelid(rri->ri_IndexRelationDescs[i]) == entry->key_index)
@@ -1966,6 +1974,19 @@ idem_transition(PG_FUNCTION_ARGS)
 			check_privilege(relid, ACL_UPDATE);
 	}
 	rel = open_table_arg(fcinfo, RowExclusiveLock);
+
+	/*
+	 * Only an ordinary table has rows of its own to update: a partitioned
+	 * table has no storage (and no table access method), and a guard can be
+	 * put on any table by hand.  Refuse the rest before anything reads it.
+	 */
+	if (rel->rd_rel->relkind != RELKIND_RELATION)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("\"%s\" is not a table", RelationGetRelationName(rel)),
+				 errdetail("idem_transition() moves rows of ordinary tables."),
+				 rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE ?
+				 errhint("Call it on the partition that holds the row.") : 0));
 	trigger = find_guard_trigger(rel, fcinfo->flinfo->fn_oid);
 	if (trigger == NULL)
 		ereport(ERROR,

@@ -179,6 +179,12 @@ token_load_key(void)
 		relid = get_relname_relid(TOKEN_KEY_TABLE, nspid);
 	/* dropped since the look-up: no key */
 	rel = OidIsValid(relid) ? try_table_open(relid, AccessShareLock) : NULL;
+	/* nor when it is not a table: only a table can be scanned */
+	if (rel != NULL && rel->rd_rel->relkind != RELKIND_RELATION)
+	{
+		table_close(rel, AccessShareLock);
+		rel = NULL;
+	}
 	if (rel != NULL)
 	{
 		TupleDesc	tupdesc = RelationGetDescr(rel);
