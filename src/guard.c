@@ -1406,10 +1406,14 @@ guard_prepare_key(GuardEntry *entry, Relation rel)
  * table and backend, again after the table changed):
  *
  *	UPDATE ONLY t SET state = $2 WHERE key = $1
- *	SELECT 1 FROM ONLY t WHERE key = $1
+ *	SELECT 1 FROM ONLY t WHERE key = $1 FOR KEY SHARE
  *
- * with the equality operator of the primary key's operator class.  Must be
- * called connected to SPI, after guard_prepare_key().
+ * with the equality operator of the primary key's operator class.  The
+ * second tells, after an UPDATE that found nothing to update, whether a row
+ * has the key: in its latest version, as the UPDATE judged it (a row deleted
+ * or given another key while the UPDATE waited is no row), and one that a
+ * trigger skipped is locked by this transaction already.  Must be called
+ * connected to SPI, after guard_prepare_key().
  */
 static void
 guard_prepare_plans(GuardEntry *entry, Relation rel)
@@ -1455,7 +1459,7 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 		elog(ERROR, "SPI_prepare of \"%s\" failed: %s", sql.data,
 			 SPI_result_code_string(SPI_result));
 	resetStringInfo(&sql);
-	appendStringInfo(&sql, "SELECT 1 FROM ONLY %s WHERE %s %s $1",
+	appendStringInfo(&sql, "SELECT 1 FROM ONLY %s WHERE %s %s $1 FOR KEY SHARE",
 					 relname, keycol, opname);
 	exists_plan = SPI_prepare(sql.data, 1, argtypes);
 	if (exists_plan == NULL)
@@ -1626,6 +1630,13 @@ guard_alone(TriggerDesc *td, GuardEntry *entry)
  * nothing, when the request is not applied on this version or the row
  * changed: the caller then locks the latest version and decides again, as
  * an UPDATE checks its condition again on it.
+ *
+ * Nothing may be refused on the snapshot's version, which may be old: an
+ * UPDATE with the guard locks the row first (a BEFORE ROW trigger does), so
+ * its checks see the latest version.  A row the guard would refuse (a NULL
+ * version, or one that cannot go up) takes the locking path, and the
+ * table's constraints are checked once the update has found the row
+ * unchanged: an error then undoes the update with the (sub)transaction.
  */
 static bool
 apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
@@ -1650,30 +1661,29 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
 
 	/*
 	 * SET state = $2, with the version the guard would write (so that the
-	 * row is formed once); guard_update still checks both, and refuses a
-	 * version that is NULL or cannot go up.
+	 * row is formed once); guard_update checks both again, and passes them:
+	 * decide() allowed the move and the version can go up.
 	 */
 	vals = palloc(desc->natts * sizeof(Datum));
 	nulls = palloc(desc->natts * sizeof(bool));
 	heap_deform_tuple(oldtup, desc, vals, nulls);
 	vals[entry->state_attnum - 1] = values[1];
 	nulls[entry->state_attnum - 1] = false;
-	if (entry->version_attnum != InvalidAttrNumber &&
-		!nulls[entry->version_attnum - 1])
+	if (entry->version_attnum != InvalidAttrNumber)
 	{
-		int64		v = version_value(entry, vals[entry->version_attnum - 1]);
+		int64		v;
 
-		if (v < version_max(entry))
-			vals[entry->version_attnum - 1] = version_datum(entry, v + 1);
+		if (nulls[entry->version_attnum - 1])
+			return false;
+		v = version_value(entry, vals[entry->version_attnum - 1]);
+		if (v >= version_max(entry))
+			return false;
+		vals[entry->version_attnum - 1] = version_datum(entry, v + 1);
 	}
 	newtup = guard_update(rel, entry, oldtup, heap_form_tuple(desc, vals, nulls));
 	newslot = table_slot_create(rel, &estate->es_tupleTable);
 	ExecForceStoreHeapTuple(newtup, newslot, false);
 
-	if (rel->rd_att->constr)
-		ExecConstraints(rri, newslot, estate);
-	if (rel->rd_rel->relispartition)
-		ExecPartitionCheck(rri, newslot, estate, true);
 	res = table_tuple_update(rel, &slot->tts_tid, newslot,
 							 estate->es_output_cid, estate->es_snapshot,
 							 InvalidSnapshot, true, &tmfd, &lockmode,
@@ -1690,6 +1700,12 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
 		default:
 			elog(ERROR, "unexpected table_tuple_update status: %u", res);
 	}
+
+	/* the row was the latest version: its checks are the UPDATE's */
+	if (rel->rd_att->constr)
+		ExecConstraints(rri, newslot, estate);
+	if (rel->rd_rel->relispartition)
+		ExecPartitionCheck(rri, newslot, estate, true);
 
 	req->fired = true;
 	req->outcome = OUTCOME_APPLIED;
