@@ -258,7 +258,9 @@ static Oid	guard_func_oid = InvalidOid;
 
 /*
  * A transition asked by idem_transition, decided by the trigger when it
- * fires on the row of that key.  Calls can nest (a trigger may call
+ * fires on the row of that key for the UPDATE that idem_transition runs: not
+ * for an UPDATE of the same row that another trigger runs meanwhile, which
+ * fires it one level deeper.  Calls can nest (a trigger may call
  * idem_transition), hence the chain.
  */
 typedef struct TransitionRequest
@@ -271,6 +273,7 @@ typedef struct TransitionRequest
 	const char *to_state;		/* as the state type prints it */
 	bool		has_expected;
 	int64		expected;
+	int			depth;			/* trigger depth of the guard's firing */
 	bool		fired;
 	TransitionOutcome outcome;
 	struct TransitionRequest *outer;
@@ -694,6 +697,16 @@ find_guard_trigger(Relation rel, Oid caller_fn)
 	return NULL;
 }
 
+/* The trigger depth, as pg_trigger_depth() tells it. */
+static int
+trigger_depth(void)
+{
+	LOCAL_FCINFO(fcinfo, 0);
+
+	InitFunctionCallInfoData(*fcinfo, NULL, 0, InvalidOid, NULL, NULL);
+	return DatumGetInt32(pg_trigger_depth(fcinfo));
+}
+
 /*
  * The cache entry of a guarded table, read from its trigger's arguments:
  * (machine, state column [, version column]).
@@ -1071,6 +1084,7 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 
 	req = active_request;
 	if (req != NULL && !req->fired && req->relid == RelationGetRelid(rel) &&
+		req->depth == trigger_depth() &&
 		request_matches(req, oldtup, RelationGetDescr(rel)))
 	{
 		req->fired = true;
@@ -1874,6 +1888,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 	{
 		TupleDesc	desc = RelationGetDescr(rel);
 		bool		skip = false;
+		bool		update_indexes = false;
 
 		/* the new row: the old one with the state set, as the UPDATE builds it */
 		slot_getallattrs(slot);
@@ -1898,15 +1913,44 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 				skip = true;
 			if (!skip)
 			{
-				List	   *recheck = NIL;
-				bool		update_indexes;
-
 				if (rel->rd_att->constr)
 					ExecConstraints(rri, newslot, estate);
 				if (rel->rd_rel->relispartition)
 					ExecPartitionCheck(rri, newslot, estate, true);
-				simple_table_tuple_update(rel, &tid, newslot, snapshot,
-										  &update_indexes);
+
+				/*
+				 * With the executor's command id: a row that a trigger of
+				 * this command changed meanwhile is then told apart, as
+				 * ExecUpdate does.
+				 */
+				res = table_tuple_update(rel, &tid, newslot,
+										 estate->es_output_cid, snapshot,
+										 InvalidSnapshot, true, &tmfd,
+										 &lockmode, &update_indexes);
+				switch (res)
+				{
+					case TM_Ok:
+						break;
+					case TM_SelfModified:
+						if (tmfd.cmax != estate->es_output_cid)
+							ereport(ERROR,
+									(errcode(ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION),
+									 errmsg("tuple to be updated was already modified by an operation triggered by the current command"),
+									 errhint("Consider using an AFTER trigger instead of a BEFORE trigger to propagate changes to other rows.")));
+						/* updated by this command already: nothing to do */
+						skip = true;
+						break;
+					default:
+						/* not possible: the row is locked */
+						elog(ERROR, "unexpected table_tuple_update status: %u",
+							 res);
+						break;
+				}
+			}
+			if (!skip)
+			{
+				List	   *recheck = NIL;
+
 				if (rri->ri_NumIndices > 0 && update_indexes)
 					recheck = ExecInsertIndexTuples(rri, newslot, estate,
 													true, false, NULL, NIL);
@@ -2041,6 +2085,7 @@ idem_transition(PG_FUNCTION_ARGS)
 	req.to_state = OutputFunctionCall(&entry->state_out, values[1]);
 	req.has_expected = !PG_ARGISNULL(3);
 	req.expected = req.has_expected ? PG_GETARG_INT64(3) : 0;
+	req.depth = trigger_depth() + 1;
 	req.fired = false;
 	req.outcome = OUTCOME_NOT_FOUND;
 	req.outer = active_request;
