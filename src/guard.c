@@ -219,6 +219,7 @@ typedef struct GuardEntry
 {
 	Oid			relid;			/* hash key */
 	bool		valid;			/* the guard part below is current */
+	MemoryContext fn_cxt;		/* fn_mcxt of the FmgrInfos below */
 	Oid			tgoid;			/* the trigger it was read from */
 	char		machine[NAMEDATALEN];
 	bool		machine_too_long;
@@ -697,6 +698,21 @@ find_guard_trigger(Relation rel, Oid caller_fn)
 	return NULL;
 }
 
+/*
+ * A new memory context for the entry's FmgrInfos, where their functions keep
+ * their own caches (record_eq and domain_in do).  A call in progress may
+ * still use the old one: it goes with the transaction.
+ */
+static void
+guard_entry_new_fn_cxt(GuardEntry *entry)
+{
+	if (entry->fn_cxt != NULL)
+		MemoryContextSetParent(entry->fn_cxt, TopTransactionContext);
+	entry->fn_cxt = AllocSetContextCreate(CacheMemoryContext,
+										  "idem guarded table",
+										  ALLOCSET_SMALL_SIZES);
+}
+
 /* The trigger depth, as pg_trigger_depth() tells it. */
 static int
 trigger_depth(void)
@@ -737,6 +753,7 @@ guard_entry_get(Relation rel, Trigger *trigger)
 	entry->valid = false;
 	entry->key_valid = false;
 	entry->plans_valid = false;
+	guard_entry_new_fn_cxt(entry);
 	if (trigger->tgnargs < 2 || trigger->tgnargs > 3)
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
@@ -772,7 +789,7 @@ guard_entry_get(Relation rel, Trigger *trigger)
 		bool		varlena;
 
 		getTypeOutputInfo(entry->state_type, &outfn, &varlena);
-		fmgr_info_cxt(outfn, &entry->state_out, CacheMemoryContext);
+		fmgr_info_cxt(outfn, &entry->state_out, entry->fn_cxt);
 	}
 
 	entry->version_attnum = InvalidAttrNumber;
@@ -1400,16 +1417,16 @@ guard_prepare_key(GuardEntry *entry, Relation rel)
 	if (!OidIsValid(eqop))
 		elog(ERROR, "no equality operator for the primary key of \"%s\"",
 			 RelationGetRelationName(rel));
-	fmgr_info_cxt(get_opcode(eqop), &entry->key_eq, CacheMemoryContext);
+	fmgr_info_cxt(get_opcode(eqop), &entry->key_eq, entry->fn_cxt);
 
 	att = TupleDescAttr(RelationGetDescr(rel), entry->key_attnum - 1);
 	entry->key_type = att->atttypid;
 	entry->key_typmod = att->atttypmod;
 	getTypeInputInfo(entry->key_type, &infn, &entry->key_ioparam);
-	fmgr_info_cxt(infn, &entry->key_in, CacheMemoryContext);
+	fmgr_info_cxt(infn, &entry->key_in, entry->fn_cxt);
 
 	getTypeInputInfo(entry->state_type, &infn, &entry->state_ioparam);
-	fmgr_info_cxt(infn, &entry->state_in, CacheMemoryContext);
+	fmgr_info_cxt(infn, &entry->state_in, entry->fn_cxt);
 
 	entry->key_index = pkoid;
 	entry->key_valid = true;
@@ -2080,7 +2097,8 @@ idem_transition(PG_FUNCTION_ARGS)
 	req.relid = RelationGetRelid(rel);
 	req.key_attnum = entry->key_attnum;
 	req.key = values[0];
-	req.key_eq = entry->key_eq;
+	/* its own copy: record_eq keeps a cache in fn_mcxt at every call */
+	fmgr_info_copy(&req.key_eq, &entry->key_eq, CurrentMemoryContext);
 	req.key_collation = entry->key_collation;
 	req.to_state = OutputFunctionCall(&entry->state_out, values[1]);
 	req.has_expected = !PG_ARGISNULL(3);
