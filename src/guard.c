@@ -89,8 +89,10 @@
  *		   state and version
  *	22001  a machine name longer than 63 bytes
  *	42P01  no table has that OID
- *	42809  idem_guard on something that is not an ordinary table, or on a
- *		   table of the schema idem (also a guard trigger made by hand there)
+ *	42809  idem_guard or idem_transition on something that is not an
+ *		   ordinary table (idem_transition moves rows of a partition), or
+ *		   idem_guard on a table of the schema idem (also a guard trigger
+ *		   made by hand there)
  *	42703  no such column (also when a guarded column was dropped or
  *		   renamed where the event trigger did not fire: every UPDATE then
  *		   fails until the table is guarded again)
@@ -246,6 +248,7 @@ typedef struct GuardEntry
 {
 	Oid			relid;			/* hash key */
 	bool		valid;			/* the guard part below is current */
+	MemoryContext fn_cxt;		/* fn_mcxt of the FmgrInfos below */
 	Oid			tgoid;			/* the trigger it was read from */
 	char		machine[NAMEDATALEN];
 	bool		machine_too_long;
@@ -285,7 +288,9 @@ static Oid	guard_func_oid = InvalidOid;
 
 /*
  * A transition asked by idem_transition, decided by the trigger when it
- * fires on the row of that key.  Calls can nest (a trigger may call
+ * fires on the row of that key for the UPDATE that idem_transition runs: not
+ * for an UPDATE of the same row that another trigger runs meanwhile, which
+ * fires it one level deeper.  Calls can nest (a trigger may call
  * idem_transition), hence the chain.
  */
 typedef struct TransitionRequest
@@ -298,6 +303,7 @@ typedef struct TransitionRequest
 	const char *to_state;		/* as the state type prints it */
 	bool		has_expected;
 	int64		expected;
+	int			depth;			/* trigger depth of the guard's firing */
 	bool		fired;
 	TransitionOutcome outcome;
 	struct TransitionRequest *outer;
@@ -411,6 +417,13 @@ transitions_table_oid(void)
 				 errmsg("table \"%s.%s\" does not exist",
 						IDEM_SCHEMA, TRANSITIONS_TABLE),
 				 errhint("Install the extension idem.")));
+	/* it is scanned with the table access method, which only a table has */
+	if (get_rel_relkind(relid) != RELKIND_RELATION)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("\"%s.%s\" of the idem extension is not an ordinary table",
+						IDEM_SCHEMA, TRANSITIONS_TABLE),
+				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
 	return relid;
 }
 
@@ -964,6 +977,31 @@ guard_definition(Relation rel, Trigger *trigger, bool strict, GuardDef *def,
 }
 
 /*
+ * A new memory context for the entry's FmgrInfos, where their functions keep
+ * their own caches (record_eq and domain_in do).  A call in progress may
+ * still use the old one: it goes with the transaction.
+ */
+static void
+guard_entry_new_fn_cxt(GuardEntry *entry)
+{
+	if (entry->fn_cxt != NULL)
+		MemoryContextSetParent(entry->fn_cxt, TopTransactionContext);
+	entry->fn_cxt = AllocSetContextCreate(CacheMemoryContext,
+										  "idem guarded table",
+										  ALLOCSET_SMALL_SIZES);
+}
+
+/* The trigger depth, as pg_trigger_depth() tells it. */
+static int
+trigger_depth(void)
+{
+	LOCAL_FCINFO(fcinfo, 0);
+
+	InitFunctionCallInfoData(*fcinfo, NULL, 0, InvalidOid, NULL, NULL);
+	return DatumGetInt32(pg_trigger_depth(fcinfo));
+}
+
+/*
  * The cache entry of a guarded table, read from its trigger's arguments:
  * (machine, state column [, version column]).  A trigger that cannot work
  * as a guard is refused here, whoever made it.
@@ -993,6 +1031,7 @@ guard_entry_get(Relation rel, Trigger *trigger)
 	entry->valid = false;
 	entry->key_valid = false;
 	entry->plans_valid = false;
+	guard_entry_new_fn_cxt(entry);
 	if (!guard_definition(rel, trigger, false, &def, &problem))
 		guard_problem_raise(&problem);
 
@@ -1010,7 +1049,7 @@ guard_entry_get(Relation rel, Trigger *trigger)
 		bool		varlena;
 
 		getTypeOutputInfo(entry->state_type, &outfn, &varlena);
-		fmgr_info_cxt(outfn, &entry->state_out, CacheMemoryContext);
+		fmgr_info_cxt(outfn, &entry->state_out, entry->fn_cxt);
 	}
 
 	entry->version_attnum = def.version_attnum;
@@ -1357,6 +1396,7 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 
 	req = active_request;
 	if (req != NULL && !req->fired && req->relid == RelationGetRelid(rel) &&
+		req->depth == trigger_depth() &&
 		request_matches(req, oldtup, RelationGetDescr(rel)))
 	{
 		req->fired = true;
@@ -1870,16 +1910,16 @@ guard_prepare_key(GuardEntry *entry, Relation rel)
 	if (!OidIsValid(eqop))
 		elog(ERROR, "no equality operator for the primary key of \"%s\"",
 			 RelationGetRelationName(rel));
-	fmgr_info_cxt(get_opcode(eqop), &entry->key_eq, CacheMemoryContext);
+	fmgr_info_cxt(get_opcode(eqop), &entry->key_eq, entry->fn_cxt);
 
 	att = TupleDescAttr(RelationGetDescr(rel), entry->key_attnum - 1);
 	entry->key_type = att->atttypid;
 	entry->key_typmod = att->atttypmod;
 	getTypeInputInfo(entry->key_type, &infn, &entry->key_ioparam);
-	fmgr_info_cxt(infn, &entry->key_in, CacheMemoryContext);
+	fmgr_info_cxt(infn, &entry->key_in, entry->fn_cxt);
 
 	getTypeInputInfo(entry->state_type, &infn, &entry->state_ioparam);
-	fmgr_info_cxt(infn, &entry->state_in, CacheMemoryContext);
+	fmgr_info_cxt(infn, &entry->state_in, entry->fn_cxt);
 
 	entry->key_index = pkoid;
 	entry->key_valid = true;
@@ -1918,10 +1958,14 @@ check_outcome_privileges(Relation rel, GuardEntry *entry)
  * table and backend, again after the table changed):
  *
  *	UPDATE ONLY t SET state = $2 WHERE key = $1
- *	SELECT 1 FROM ONLY t WHERE key = $1
+ *	SELECT 1 FROM ONLY t WHERE key = $1 FOR KEY SHARE
  *
- * with the equality operator of the primary key's operator class.  Must be
- * called connected to SPI, after guard_prepare_key().
+ * with the equality operator of the primary key's operator class.  The
+ * second tells, after an UPDATE that found nothing to update, whether a row
+ * has the key: in its latest version, as the UPDATE judged it (a row deleted
+ * or given another key while the UPDATE waited is no row), and one that a
+ * trigger skipped is locked by this transaction already.  Must be called
+ * connected to SPI, after guard_prepare_key().
  */
 static void
 guard_prepare_plans(GuardEntry *entry, Relation rel)
@@ -1967,7 +2011,7 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 		elog(ERROR, "SPI_prepare of \"%s\" failed: %s", sql.data,
 			 SPI_result_code_string(SPI_result));
 	resetStringInfo(&sql);
-	appendStringInfo(&sql, "SELECT 1 FROM ONLY %s WHERE %s %s $1",
+	appendStringInfo(&sql, "SELECT 1 FROM ONLY %s WHERE %s %s $1 FOR KEY SHARE",
 					 relname, keycol, opname);
 	exists_plan = SPI_prepare(sql.data, 1, argtypes);
 	if (exists_plan == NULL)
@@ -2138,6 +2182,13 @@ guard_alone(TriggerDesc *td, GuardEntry *entry)
  * nothing, when the request is not applied on this version or the row
  * changed: the caller then locks the latest version and decides again, as
  * an UPDATE checks its condition again on it.
+ *
+ * Nothing may be refused on the snapshot's version, which may be old: an
+ * UPDATE with the guard locks the row first (a BEFORE ROW trigger does), so
+ * its checks see the latest version.  A row the guard would refuse (a NULL
+ * version, or one that cannot go up) takes the locking path, and the
+ * table's constraints are checked once the update has found the row
+ * unchanged: an error then undoes the update with the (sub)transaction.
  */
 static bool
 apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
@@ -2162,30 +2213,29 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
 
 	/*
 	 * SET state = $2, with the version the guard would write (so that the
-	 * row is formed once); guard_update still checks both, and refuses a
-	 * version that is NULL or cannot go up.
+	 * row is formed once); guard_update checks both again, and passes them:
+	 * decide() allowed the move and the version can go up.
 	 */
 	vals = palloc(desc->natts * sizeof(Datum));
 	nulls = palloc(desc->natts * sizeof(bool));
 	heap_deform_tuple(oldtup, desc, vals, nulls);
 	vals[entry->state_attnum - 1] = values[1];
 	nulls[entry->state_attnum - 1] = false;
-	if (entry->version_attnum != InvalidAttrNumber &&
-		!nulls[entry->version_attnum - 1])
+	if (entry->version_attnum != InvalidAttrNumber)
 	{
-		int64		v = version_value(entry, vals[entry->version_attnum - 1]);
+		int64		v;
 
-		if (v < version_max(entry))
-			vals[entry->version_attnum - 1] = version_datum(entry, v + 1);
+		if (nulls[entry->version_attnum - 1])
+			return false;
+		v = version_value(entry, vals[entry->version_attnum - 1]);
+		if (v >= version_max(entry))
+			return false;
+		vals[entry->version_attnum - 1] = version_datum(entry, v + 1);
 	}
 	newtup = guard_update(rel, entry, oldtup, heap_form_tuple(desc, vals, nulls));
 	newslot = table_slot_create(rel, &estate->es_tupleTable);
 	ExecForceStoreHeapTuple(newtup, newslot, false);
 
-	if (rel->rd_att->constr)
-		ExecConstraints(rri, newslot, estate);
-	if (rel->rd_rel->relispartition)
-		ExecPartitionCheck(rri, newslot, estate, true);
 	res = table_tuple_update(rel, &slot->tts_tid, newslot,
 							 estate->es_output_cid, estate->es_snapshot,
 							 InvalidSnapshot, true, &tmfd, &lockmode,
@@ -2202,6 +2252,12 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
 		default:
 			elog(ERROR, "unexpected table_tuple_update status: %u", res);
 	}
+
+	/* the row was the latest version: its checks are the UPDATE's */
+	if (rel->rd_att->constr)
+		ExecConstraints(rri, newslot, estate);
+	if (rel->rd_rel->relispartition)
+		ExecPartitionCheck(rri, newslot, estate, true);
 
 	req->fired = true;
 	req->outcome = OUTCOME_APPLIED;
@@ -2280,7 +2336,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 	estate->es_opened_result_relations = list_make1(rri);
 	estate->es_output_cid = GetCurrentCommandId(true);
 	estate->es_snapshot = snapshot;
-	CheckCmdReplicaIdentity(rel, CMD_UPDATE);
+	CheckValidResultRel(rri, CMD_UPDATE);
 	ExecOpenIndices(rri, false);
 	for (i = 0; i < rri->ri_NumIndices; i++)
 		if (RelationGetRelid(rri->ri_IndexRelationDescs[i]) == entry->key_index)
@@ -2370,6 +2426,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 	{
 		TupleDesc	desc = RelationGetDescr(rel);
 		bool		skip = false;
+		bool		update_indexes = false;
 
 		/* the new row: the old one with the state set, as the UPDATE builds it */
 		slot_getallattrs(slot);
@@ -2394,15 +2451,44 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 				skip = true;
 			if (!skip)
 			{
-				List	   *recheck = NIL;
-				bool		update_indexes;
-
 				if (rel->rd_att->constr)
 					ExecConstraints(rri, newslot, estate);
 				if (rel->rd_rel->relispartition)
 					ExecPartitionCheck(rri, newslot, estate, true);
-				simple_table_tuple_update(rel, &tid, newslot, snapshot,
-										  &update_indexes);
+
+				/*
+				 * With the executor's command id: a row that a trigger of
+				 * this command changed meanwhile is then told apart, as
+				 * ExecUpdate does.
+				 */
+				res = table_tuple_update(rel, &tid, newslot,
+										 estate->es_output_cid, snapshot,
+										 InvalidSnapshot, true, &tmfd,
+										 &lockmode, &update_indexes);
+				switch (res)
+				{
+					case TM_Ok:
+						break;
+					case TM_SelfModified:
+						if (tmfd.cmax != estate->es_output_cid)
+							ereport(ERROR,
+									(errcode(ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION),
+									 errmsg("tuple to be updated was already modified by an operation triggered by the current command"),
+									 errhint("Consider using an AFTER trigger instead of a BEFORE trigger to propagate changes to other rows.")));
+						/* updated by this command already: nothing to do */
+						skip = true;
+						break;
+					default:
+						/* not possible: the row is locked */
+						elog(ERROR, "unexpected table_tuple_update status: %u",
+							 res);
+						break;
+				}
+			}
+			if (!skip)
+			{
+				List	   *recheck = NIL;
+
 				if (rri->ri_NumIndices > 0 && update_indexes)
 					recheck = ExecInsertIndexTuples(rri, newslot, estate,
 													true, false, NULL, NIL);
@@ -2486,6 +2572,19 @@ idem_transition(PG_FUNCTION_ARGS)
 			check_privilege(relid, ACL_UPDATE);
 	}
 	rel = open_table_arg(fcinfo, RowExclusiveLock);
+
+	/*
+	 * Only an ordinary table has rows of its own to update: a partitioned
+	 * table has no storage (and no table access method), and a guard can be
+	 * put on any table by hand.  Refuse the rest before anything reads it.
+	 */
+	if (rel->rd_rel->relkind != RELKIND_RELATION)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("\"%s\" is not a table", RelationGetRelationName(rel)),
+				 errdetail("idem_transition() moves rows of ordinary tables."),
+				 rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE ?
+				 errhint("Call it on the partition that holds the row.") : 0));
 	trigger = find_guard_trigger(rel, fcinfo->flinfo->fn_oid);
 	if (trigger == NULL)
 		ereport(ERROR,
@@ -2520,11 +2619,13 @@ idem_transition(PG_FUNCTION_ARGS)
 	req.relid = RelationGetRelid(rel);
 	req.key_attnum = entry->key_attnum;
 	req.key = values[0];
-	req.key_eq = entry->key_eq;
+	/* its own copy: record_eq keeps a cache in fn_mcxt at every call */
+	fmgr_info_copy(&req.key_eq, &entry->key_eq, CurrentMemoryContext);
 	req.key_collation = entry->key_collation;
 	req.to_state = OutputFunctionCall(&entry->state_out, values[1]);
 	req.has_expected = !PG_ARGISNULL(3);
 	req.expected = req.has_expected ? PG_GETARG_INT64(3) : 0;
+	req.depth = trigger_depth() + 1;
 	req.fired = false;
 	req.outcome = OUTCOME_NOT_FOUND;
 	req.outer = active_request;

@@ -369,6 +369,17 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 	}
 
 	/*
+	 * Whatever carries the name must be an ordinary table: the access
+	 * methods are called on it below, and a partitioned table has none.
+	 */
+	if (rel->rd_rel->relkind != RELKIND_RELATION)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("\"%s.%s\" of the idem extension is not an ordinary table",
+						IDEM_SCHEMA, relname),
+				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
+
+	/*
 	 * A standby has only the init fork of an unlogged table (idem.tokens may
 	 * be made unlogged): refuse it as the planner does (get_relation_info)
 	 * rather than fail on the missing file.

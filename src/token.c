@@ -183,8 +183,12 @@ token_load_key(void)
 		relid = get_relname_relid(TOKEN_KEY_TABLE, nspid);
 	/* dropped since the look-up: no key */
 	rel = OidIsValid(relid) ? try_table_open(relid, AccessShareLock) : NULL;
-	/* an unlogged key table has no rows on a standby: no key there */
-	if (rel != NULL && !RelationIsPermanent(rel) && RecoveryInProgress())
+	/*
+	 * an unlogged key table has no rows on a standby, and only a table can
+	 * be scanned: no key then either
+	 */
+	if (rel != NULL && ((!RelationIsPermanent(rel) && RecoveryInProgress()) ||
+						rel->rd_rel->relkind != RELKIND_RELATION))
 	{
 		table_close(rel, AccessShareLock);
 		rel = NULL;

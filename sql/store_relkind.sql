@@ -1,0 +1,80 @@
+-- idem reaches its own tables by name, through the table and index access
+-- methods.  A relation that carries one of those names but is not an
+-- ordinary table (a partitioned table has no access method of its own) is
+-- refused with 55000, or (the hint key) ignored, never scanned: each case
+-- runs in a transaction that is rolled back.
+\set VERBOSITY terse
+
+CREATE FUNCTION err(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    st text; msg text;
+BEGIN
+    EXECUTE q;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    RETURN st || ': ' || msg;
+END;
+$$;
+
+-- the claims, partitioned
+SELECT idem_claim('sr_before');
+BEGIN;
+ALTER EXTENSION idem DROP TABLE idem.claims;
+DROP TABLE idem.claims;
+CREATE TABLE idem.claims (ns text COLLATE "C", msg_id text COLLATE "C",
+                          claimed_at timestamptz NOT NULL DEFAULT now(),
+                          PRIMARY KEY (ns, msg_id)) PARTITION BY LIST (ns);
+CREATE TABLE idem.claims_default PARTITION OF idem.claims DEFAULT;
+SELECT err($$SELECT idem_claim('sr_1')$$);
+SELECT err($$SELECT idem_try_claim('sr_1')$$);
+SELECT err($$SELECT idem_claim_batch(ARRAY['sr_1', 'sr_2'])$$);
+SELECT err($$SELECT idem_claim_info('sr_1')$$);
+SELECT 1 AS still_here;
+ROLLBACK;
+SELECT idem_claim('sr_before') AS first, idem_claim('sr_after') AS first;
+
+-- the tokens, partitioned
+SELECT length(idem_token_issue()) AS issued;
+BEGIN;
+ALTER EXTENSION idem DROP TABLE idem.tokens;
+DROP TABLE idem.tokens;
+CREATE TABLE idem.tokens (scope text COLLATE "C", digest bytea,
+                          expires_at timestamptz NOT NULL, consumed_at timestamptz,
+                          PRIMARY KEY (scope, digest)) PARTITION BY LIST (scope);
+CREATE TABLE idem.tokens_default PARTITION OF idem.tokens DEFAULT;
+SELECT err($$SELECT idem_token_issue()$$);
+SELECT err($$SELECT idem_token_consume(repeat('A', 51))$$);
+SELECT 1 AS still_here;
+ROLLBACK;
+
+-- the hint key, a view in a new session: tokens still work, hints unhidden
+\c
+BEGIN;
+ALTER EXTENSION idem DROP TABLE idem.token_key;
+ALTER TABLE idem.token_key RENAME TO token_key_table;
+CREATE VIEW idem.token_key AS SELECT * FROM idem.token_key_table;
+SELECT idem_token_consume(idem_token_issue()) AS consumed;
+ROLLBACK;
+
+-- the machines, partitioned
+SELECT idem_allow('sr', 'new', 'paid');
+CREATE TABLE sr_orders (id integer PRIMARY KEY, status text NOT NULL);
+INSERT INTO sr_orders VALUES (1, 'new');
+\c
+BEGIN;
+ALTER EXTENSION idem DROP TABLE idem.transitions;
+ALTER TABLE idem.transitions RENAME TO transitions_table;
+CREATE TABLE idem.transitions (machine text, from_state text, to_state text)
+    PARTITION BY LIST (machine);
+CREATE TABLE idem.transitions_default PARTITION OF idem.transitions DEFAULT;
+SELECT err($$SELECT idem_guard('sr_orders', 'sr', 'status')$$);
+SELECT 1 AS still_here;
+ROLLBACK;
+SELECT idem_guard('sr_orders', 'sr', 'status');
+SELECT idem_transition('sr_orders', '1', 'paid');
+
+DROP TABLE sr_orders;
+DROP FUNCTION err(text);
+DELETE FROM idem.claims WHERE msg_id LIKE 'sr\_%';
+DELETE FROM idem.transitions;
