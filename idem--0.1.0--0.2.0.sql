@@ -41,8 +41,10 @@ CREATE TABLE IF NOT EXISTS idem.requests (
     expires_at      pg_catalog.timestamptz,
     CONSTRAINT requests_pkey PRIMARY KEY (ns, key)
 );
--- purge finds expired requests through this index, oldest first
-CREATE INDEX IF NOT EXISTS requests_expires_at_idx ON idem.requests (expires_at);
+-- purge finds expired requests through this index, oldest first; a request
+-- in flight has no expiry and no entry
+CREATE INDEX IF NOT EXISTS requests_expires_at_idx ON idem.requests (expires_at)
+    WHERE expires_at IS NOT NULL;
 COMMENT ON TABLE idem.requests IS
     'request idempotency keys: fingerprint, owner while in flight, stored response once finished';
 REVOKE ALL ON TABLE idem.requests FROM PUBLIC;

@@ -163,6 +163,11 @@ SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', 'default', NULL)$$);
 SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', 'default', '0')$$);
 SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', 'default', '-1 minute')$$);
 SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', 'default', '1 day 1 second')$$);
+-- months and mixed signs are refused: "at most a day" must not depend on the date
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', 'default', '-1 month 31 days')$$);
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', 'default', '1 day -1 second')$$);
+SELECT pg_temp.err($$SELECT idem_request_begin('b1', 'fp', 'default', '1 month')$$);
+SELECT (idem_request_begin('b3', 'fp', 'default', '23:59:59.999999')).status AS lease_under_a_day;
 SELECT (idem_request_begin('b2', 'fp', 'default', '1 day')).status AS lease_of_a_day;
 SELECT pg_temp.err($$SELECT idem_request_checkpoint('never', 'p')$$);
 SELECT pg_temp.err($$SELECT idem_request_checkpoint('b2', NULL)$$);
@@ -175,4 +180,8 @@ SELECT pg_temp.err($$SELECT idem_request_finish('b2', 600)$$);
 SELECT pg_temp.err($$SELECT idem_request_finish('b2', 200, NULL, 'default', NULL)$$);
 SELECT pg_temp.err($$SELECT idem_request_fingerprint(NULL)$$);
 SELECT count(*) FROM idem.requests WHERE key IN ('b1', 'never');
+-- a request in flight has no entry in the purge's index
+SELECT count(*) FILTER (WHERE expires_at IS NULL) > 0 AS in_flight_rows,
+       pg_get_indexdef('idem.requests_expires_at_idx'::regclass) LIKE '%WHERE (expires_at IS NOT NULL)' AS partial
+  FROM idem.requests;
 SELECT pg_temp.row('b2');

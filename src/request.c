@@ -184,7 +184,9 @@ request_arg_lease(FunctionCallInfo fcinfo, int argno)
 				 errmsg("lease must not be null"),
 				 errhint("Give how long a request may stay in flight on a connection that stays open, such as '5 minutes'.")));
 	lease = PG_GETARG_INTERVAL_P(argno);
-	if (DatumGetBool(DirectFunctionCall2(interval_le, IntervalPGetDatum(lease),
+	/* months and mixed signs would make "at most a day" depend on the date */
+	if (lease->month != 0 || lease->day < 0 || lease->time < 0 ||
+		DatumGetBool(DirectFunctionCall2(interval_le, IntervalPGetDatum(lease),
 										 IntervalPGetDatum(&zero))) ||
 		DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(lease),
 										 IntervalPGetDatum(&day))))
@@ -337,6 +339,11 @@ begin_decide(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 	bool		finished = !isnull[RQ_RESPONSE_CODE];
 	bool		released = !finished && isnull[RQ_OWNER_PID];
 	int32		attempts = DatumGetInt32(values[RQ_ATTEMPTS]);
+	int			i;
+
+	/* the store judges again when the row changed under it: start afresh */
+	for (i = 0; i < OUT_NATTS; i++)
+		st->outnull[i] = true;
 
 	/* a finished request past its expiry is gone, whatever it was */
 	if (finished && !isnull[RQ_EXPIRES_AT] &&
@@ -371,9 +378,11 @@ begin_decide(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 
 	/* unfinished: ours, alive elsewhere, or abandoned */
 	if (!request_owned_by_me(values, isnull) &&
+		!isnull[RQ_LEASE_UNTIL] &&
+		DatumGetTimestampTz(values[RQ_LEASE_UNTIL]) > st->now &&
+		!isnull[RQ_OWNER_STARTED] &&
 		request_owner_alive(DatumGetInt32(values[RQ_OWNER_PID]),
-							DatumGetTimestampTz(values[RQ_OWNER_STARTED])) &&
-		DatumGetTimestampTz(values[RQ_LEASE_UNTIL]) > st->now)
+							DatumGetTimestampTz(values[RQ_OWNER_STARTED])))
 	{
 		st->status = REQUEST_IN_FLIGHT;
 		begin_answer(st, values, isnull, false, false);
@@ -383,6 +392,29 @@ begin_decide(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 	values[RQ_ATTEMPTS] = Int32GetDatum(attempts + 1);
 	st->status = REQUEST_RESUME;
 	begin_answer(st, values, isnull, false, true);
+	return true;
+}
+
+/* The composite idem_request as the C code forms it (the type may be altered). */
+static bool
+request_result_shape_ok(TupleDesc tupdesc)
+{
+	static const Oid types[OUT_NATTS] = {
+		InvalidOid, INT4OID, JSONBOID, TEXTOID, JSONBOID, INT4OID, TIMESTAMPTZOID
+	};
+	int			i;
+
+	if (tupdesc->natts != OUT_NATTS)
+		return false;
+	for (i = 0; i < OUT_NATTS; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+
+		if (att->attisdropped)
+			return false;
+		if (i == OUT_STATUS ? !type_is_enum(att->atttypid) : att->atttypid != types[i])
+			return false;
+	}
 	return true;
 }
 
@@ -409,8 +441,11 @@ idem_request_begin(PG_FUNCTION_ARGS)
 	int			i;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE ||
-		tupdesc->natts != OUT_NATTS)
-		elog(ERROR, "return type of idem_request_begin must be idem_request");
+		!request_result_shape_ok(tupdesc))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("type idem_request does not have the expected attributes"),
+				 errhint("Undo the change to the type.")));
 	tupdesc = BlessTupleDesc(tupdesc);
 
 	memset(&st, 0, sizeof(st));
