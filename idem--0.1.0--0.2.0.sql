@@ -150,6 +150,19 @@ BEGIN
                   DETAIL = pg_catalog.format('The retention given was %s.', retention),
                   HINT = 'Give how long finished requests are replayed, such as ''24 hours''.';
     END IF;
+    -- a field of the other sign makes the span depend on the date: one month
+    -- less 29 days is a day from March 1st and a negative span from February 1st
+    IF pg_catalog.date_part('year', retention) OPERATOR(pg_catalog.<) 0
+       OR pg_catalog.date_part('month', retention) OPERATOR(pg_catalog.<) 0
+       OR pg_catalog.date_part('day', retention) OPERATOR(pg_catalog.<) 0
+       OR pg_catalog.date_part('hour', retention) OPERATOR(pg_catalog.<) 0
+       OR pg_catalog.date_part('minute', retention) OPERATOR(pg_catalog.<) 0
+       OR pg_catalog.date_part('second', retention) OPERATOR(pg_catalog.<) 0 THEN
+        RAISE EXCEPTION 'retention must not mix positive and negative fields'
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('The retention given was %s.', retention),
+                  HINT = 'Give how long finished requests are replayed, such as ''24 hours''.';
+    END IF;
     INSERT INTO idem.request_retention AS r (ns, retention)
         VALUES (idem_request_set_retention.ns, idem_request_set_retention.retention)
         ON CONFLICT ON CONSTRAINT request_retention_pkey
@@ -284,6 +297,19 @@ BEGIN
     END IF;
     IF retention OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
         RAISE EXCEPTION 'retention must be positive'
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('The retention given was %s.', retention),
+                  HINT = 'Give the dedup horizon as a positive interval, such as ''7 days''.';
+    END IF;
+    -- a field of the other sign makes the span depend on the date: one month
+    -- less 29 days is a day from March 1st and a negative span from February 1st
+    IF pg_catalog.date_part('year', retention) OPERATOR(pg_catalog.<) 0
+       OR pg_catalog.date_part('month', retention) OPERATOR(pg_catalog.<) 0
+       OR pg_catalog.date_part('day', retention) OPERATOR(pg_catalog.<) 0
+       OR pg_catalog.date_part('hour', retention) OPERATOR(pg_catalog.<) 0
+       OR pg_catalog.date_part('minute', retention) OPERATOR(pg_catalog.<) 0
+       OR pg_catalog.date_part('second', retention) OPERATOR(pg_catalog.<) 0 THEN
+        RAISE EXCEPTION 'retention must not mix positive and negative fields'
             USING ERRCODE = '22023',
                   DETAIL = pg_catalog.format('The retention given was %s.', retention),
                   HINT = 'Give the dedup horizon as a positive interval, such as ''7 days''.';

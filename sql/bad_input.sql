@@ -94,6 +94,9 @@ INSERT INTO cases (fn, call, expected_sqlstate) VALUES
 ('idem_set_retention', $$SELECT idem_set_retention(repeat('n', 64), '1 day')$$,    '22001'),
 ('idem_set_retention', $$SELECT idem_set_retention('bi', '0')$$,                   '22023'),
 ('idem_set_retention', $$SELECT idem_set_retention('bi', '-1 day')$$,              '22023'),
+('idem_set_retention', $$SELECT idem_set_retention('bi', '1 mon -29 days')$$,      '22023'),
+('idem_set_retention', $$SELECT idem_set_retention('bi', '-1 mon 40 days')$$,      '22023'),
+('idem_set_retention', $$SELECT idem_set_retention('bi', '1 day -00:00:01')$$,     '22023'),
 ('idem_set_retention', $$SELECT idem_set_retention('bi', 'soon')$$,                '22007'),
 ('idem_purge',         $$SELECT idem_purge('bi', NULL)$$,                          '22004'),
 ('idem_purge',         $$SELECT idem_purge('bi', 0)$$,                             '22023'),
@@ -222,6 +225,8 @@ INSERT INTO cases (fn, call, expected_sqlstate) VALUES
 ('idem_request_fingerprint', $$SELECT idem_request_fingerprint('{')$$,                        '22P02'),
 ('idem_request_set_retention', $$SELECT idem_request_set_retention('bi', NULL)$$,             '22004'),
 ('idem_request_set_retention', $$SELECT idem_request_set_retention('bi', '-1 day')$$,         '22023'),
+('idem_request_set_retention', $$SELECT idem_request_set_retention('bi', '1 day -1 hour')$$,  '22023'),
+('idem_request_set_retention', $$SELECT idem_request_set_retention('bi', '23:00')$$,           '00000'),
 ('idem_request_purge',      $$SELECT idem_request_purge(0)$$,                                 '22023'),
 ('idem_request_purge',      $$SELECT idem_request_purge(NULL)$$,                              '22004');
 
