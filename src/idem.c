@@ -78,6 +78,14 @@ idem_arg_ns(FunctionCallInfo fcinfo, int argno)
 	return idem_arg_key(fcinfo, argno, "ns", IDEM_MAX_NS_LEN);
 }
 
+/* An interval as the server prints it, for error details. */
+char *
+idem_interval_text(Interval *span)
+{
+	return DatumGetCString(DirectFunctionCall1(interval_out,
+											   IntervalPGetDatum(span)));
+}
+
 /*
  * Writes are refused where the server would refuse an INSERT.
  */

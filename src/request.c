@@ -159,13 +159,6 @@ request_arg_key(FunctionCallInfo fcinfo, int argno)
 	return idem_arg_key(fcinfo, argno, "key", REQUEST_MAX_KEY_LEN);
 }
 
-static char *
-interval_text(Interval *span)
-{
-	return DatumGetCString(DirectFunctionCall1(interval_out,
-											   IntervalPGetDatum(span)));
-}
-
 /*
  * The lease argument: more than nothing and at most one day.  A lease only
  * bounds how long a request stays in flight while its session stays
@@ -193,7 +186,7 @@ request_arg_lease(FunctionCallInfo fcinfo, int argno)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease must be positive and at most one day"),
-				 errdetail("The lease given was %s.", interval_text(lease)),
+				 errdetail("The lease given was %s.", idem_interval_text(lease)),
 				 errhint("Give how long a request may stay in flight on a connection that stays open, such as '5 minutes'.")));
 	return lease;
 }

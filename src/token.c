@@ -365,13 +365,6 @@ tokens_open(LOCKMODE lockmode)
 	return store;
 }
 
-static char *
-interval_text(Interval *span)
-{
-	return DatumGetCString(DirectFunctionCall1(interval_out,
-											   IntervalPGetDatum(span)));
-}
-
 /*
  * The expiry of a token issued at "now" with the given ttl.  The ttl must
  * put the expiry after now and no later than one calendar year after now.
@@ -405,7 +398,7 @@ token_expiry(Interval *ttl, TimestampTz now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("ttl must be positive"),
-				 errdetail("The ttl given was %s.", interval_text(ttl)),
+				 errdetail("The ttl given was %s.", idem_interval_text(ttl)),
 				 errhint("Give how long the token stays valid, such as '30 minutes'.")));
 	limit = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
 													TimestampTzGetDatum(now),
@@ -414,7 +407,7 @@ token_expiry(Interval *ttl, TimestampTz now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("ttl must not exceed one year"),
-				 errdetail("The ttl given was %s.", interval_text(ttl)),
+				 errdetail("The ttl given was %s.", idem_interval_text(ttl)),
 				 errhint("Issue a token for at most one year; issue a new one when it expires.")));
 	return expires;
 }
