@@ -10,6 +10,11 @@
 #    between a new request, a retry and a mismatch), the business INSERT,
 #    UPDATE of the key's row with the response.
 #
+# A second scenario replays: every transaction is a retry of one of the
+# ROWS finished requests (a random one), answered with its stored response:
+# idem_request_begin against the hand-written SELECT ... FOR UPDATE of the
+# key's row (whose parameters the application then compares).
+#
 # Both tables start with ROWS finished requests.  Every configuration runs
 # REPEAT times, the side that goes first alternating; the table shows the
 # median TPS and the server's CPU per request, with ratios (target: idem
@@ -108,6 +113,19 @@ UPDATE bench.idempotency_keys
  WHERE user_id = 1 AND idempotency_key = 'r' || :r;
 END;
 EOF2
+cat > "$scripts/idem_replay.sql" <<EOF2
+\\set k random(1, $ROWS)
+BEGIN;
+SELECT status, response_code, response_body FROM idem_request_begin('p' || :k, idem_request_fingerprint(('{"amount": ' || :k || ', "currency": "EUR"}')::jsonb));
+END;
+EOF2
+cat > "$scripts/hand_replay.sql" <<EOF2
+\\set k random(1, $ROWS)
+BEGIN;
+SELECT id, request_params, response_code, response_body, recovery_point, locked_at
+  FROM bench.idempotency_keys WHERE user_id = 1 AND idempotency_key = 'p' || :k FOR UPDATE;
+END;
+EOF2
 chmod 644 "$scripts"/*.sql
 
 # Both sides start from ROWS finished requests (and their payments).
@@ -116,7 +134,8 @@ reset_side() {
         sql <<SQL >/dev/null || die "reset of idem failed"
 TRUNCATE idem.requests, bench.payments_idem;
 INSERT INTO idem.requests (ns, key, fingerprint, attempts, created_at, response_code, response_body, finished_at, expires_at)
-    SELECT 'default', 'p' || g, md5(g::text) || md5(g::text), 1, now(), 201,
+    SELECT 'default', 'p' || g,
+           idem_request_fingerprint(('{"amount": ' || g || ', "currency": "EUR"}')::jsonb), 1, now(), 201,
            ('{"amount": ' || g || ', "status": "succeeded"}')::jsonb, now(), now() + interval '1 day'
       FROM generate_series(1, $ROWS) g;
 INSERT INTO bench.payments_idem (amount, currency) SELECT g, 'EUR' FROM generate_series(1, $ROWS) g;
@@ -167,6 +186,11 @@ check_side() {
     [ "$got" = "$((ROWS + n))" ] || echo "warning: $side: $n transactions, payments $got" >&2
 }
 
+# what the replay scenario relies on: a pre-filled request is replayed
+reset_side idem
+[ "$(sql -c "SELECT status FROM idem_request_begin('p1', idem_request_fingerprint('{\"amount\": 1, \"currency\": \"EUR\"}'))")" = replay ] ||
+    die "a pre-filled request is not replayed"
+
 declare -A tps cpu
 record() { tps["$1,$2"]="${tps["$1,$2"]:-} $3"; cpu["$1,$2"]="${cpu["$1,$2"]:-} $4"; }
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {if (NR==0) print 0; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
@@ -175,13 +199,14 @@ echo "== $(nproc) CPUs, $(sql -c 'SHOW server_version'), load average $(cut -d' 
 echo "== $REPEAT x $DURATION s per configuration, clients: $CLIENTS, synchronous_commit = $SYNC_COMMIT, $ROWS requests in each table"
 for rep in $(seq 1 "$REPEAT"); do
     for c in $CLIENTS; do
-        if ((rep % 2)); then order="idem hand"; else order="hand idem"; fi
+        if ((rep % 2)); then order="idem hand idem_replay hand_replay"
+        else order="hand idem hand_replay idem_replay"; fi
         for v in $order; do
-            reset_side "$v"
+            reset_side "${v%_replay}"
             read -r r n u <<<"$(run_pgbench "$v" "$c")"
-            check_side "$v" "$n"
+            [ "$v" = "${v%_replay}" ] && check_side "$v" "$n"
             record "$v" "$c" "$r" "$u"
-            printf '  run %d  %-5s %2d clients  %10.1f tps  %7.1f us CPU\n' "$rep" "$v" "$c" "$r" "$u"
+            printf '  run %d  %-11s %2d clients  %10.1f tps  %7.1f us CPU\n' "$rep" "$v" "$c" "$r" "$u"
         done
     done
 done
@@ -202,5 +227,15 @@ for c in $CLIENTS; do
     ok=$(awk -v r="$r" 'BEGIN { print (r >= 1.0) ? ">= 1.0 met" : ">= 1.0 MISSED" }')
     printf '%-8s %12.1f %12.1f %10s %10s %14.1f %14.1f %12s\n' "$c" "$i" "$h" "$r" "$ok" "$ic" "$hc" "$(ratio "$hc" "$ic")"
 done
+echo
+echo "== a retry of a finished request, answered with its stored response: medians of $REPEAT rounds"
+printf '%-8s %12s %12s %10s %14s %14s %12s\n' clients "idem tps" "hand tps" "tps ratio" \
+    "idem us CPU" "hand us CPU" "CPU ratio"
+for c in $CLIENTS; do
+    i=$(med idem_replay "$c"); h=$(med hand_replay "$c"); ic=$(medcpu idem_replay "$c"); hc=$(medcpu hand_replay "$c")
+    printf '%-8s %12.1f %12.1f %10s %14.1f %14.1f %12s\n' "$c" "$i" "$h" "$(ratio "$i" "$h")" "$ic" "$hc" "$(ratio "$hc" "$ic")"
+done
+echo "  idem: idem_request_begin (replay); hand-written: SELECT ... FOR UPDATE of the key's row"
+echo
 echo "  tps ratio = idem / hand-written; CPU ratio = hand-written / idem (server CPU per request,"
 echo "  every backend of the run together): above 1 when idem does the request for less"
