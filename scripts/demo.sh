@@ -13,7 +13,8 @@
 # transaction as idem_claim(msg_id), commits, then acks; now and then a
 # worker dies in the middle of a message and its message is delivered again.
 # The ledger has no unique constraint: a message applied twice would show.
-# Then a few calls of the API, and the server is stopped.
+# Then a few calls of the API (claims, tokens, the guard, request keys), and
+# the server is stopped.
 #
 # Settings (environment): MESSAGES (20000), REDELIVER (0.3), WORKERS (4),
 # KILL_EVERY (a worker dies once per this many deliveries, 2000; 0: never).
@@ -159,5 +160,41 @@ EOF
 # any UPDATE, from any code path, is checked too
 sql -e -c "UPDATE orders SET status = 'new' WHERE id = 4711" 2>&1 | sed 's/^/   /'
 
-echo "== done: every message applied exactly once; tokens and transitions shown above"
+echo "== request idempotency keys: an API call retried with its Idempotency-Key"
+sql -e <<'EOF'
+CREATE TABLE charges (id bigserial PRIMARY KEY, amount numeric NOT NULL);
+-- the first attempt: begin, the business write, the response, in one transaction
+BEGIN;
+SELECT status AS first_attempt FROM idem_request_begin('key-1', idem_request_fingerprint('{"amount": 19.99}'));
+INSERT INTO charges (amount) VALUES (19.99);
+SELECT idem_request_finish('key-1', 201, '{"charge": 1, "amount": 19.99}');
+COMMIT;
+-- the client retries (its payload written otherwise): the first response, exactly
+SELECT status AS retry, response_code, response_body
+  FROM idem_request_begin('key-1', idem_request_fingerprint('{ "amount":19.990 }'));
+-- the same key with another payload: 422
+SELECT status AS other_payload FROM idem_request_begin('key-1', idem_request_fingerprint('{"amount": 500}'));
+-- a 5xx is not kept: the next attempt runs anew
+SELECT status AS attempt FROM idem_request_begin('key-2', idem_request_fingerprint('{"amount": 5}'));
+SELECT idem_request_finish('key-2', 503, '{"error": "upstream"}', cache => false);
+SELECT status AS next_attempt, attempts FROM idem_request_begin('key-2', idem_request_fingerprint('{"amount": 5}'));
+SELECT count(*) AS charges FROM charges;
+EOF
+[ $? = 0 ] || die "psql failed"
+
+# An attempt that checkpointed and whose worker then left is resumed at
+# once, without waiting for its lease; while its worker runs it is in flight.
+sql -c "SELECT idem_request_begin('key-3', 'fp', lease => '1 hour')" \
+    -c "SELECT idem_request_checkpoint('key-3', 'charged', '{\"charge\": 3}')" \
+    -c "SELECT pg_sleep(2)" >/dev/null &
+holder=$!
+for _ in $(seq 50); do
+    [ "$(sql -Atc "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'")" = 1 ] && break
+    sleep 0.1
+done
+sql -e -c "SELECT status AS while_its_worker_runs FROM idem_request_begin('key-3', 'fp')"
+wait "$holder"
+sql -e -c "SELECT status AS after_its_worker_left, recovery_point, recovery_data FROM idem_request_begin('key-3', 'fp')"
+
+echo "== done: every message applied exactly once; tokens, transitions and request keys shown above"
 exit 0
