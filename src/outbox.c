@@ -8,7 +8,9 @@
  * caller's transaction and deleted by idem_outbox_ack.  Its seq, from the
  * sequence idem.outbox_seq, is the order of sending; the index on
  * (aggregatetype, aggregateid, seq) gives each key's head, its oldest
- * message not yet acknowledged.  A transaction that committed before
+ * message not yet acknowledged; the index holds a 64-bit hash of (topic,
+ * key) rather than the two strings, and the head is the first entry whose
+ * row has the topic and key sought.  A transaction that committed before
  * another began sending has the smaller seq, and any snapshot that sees the
  * later message sees the earlier one.
  *
@@ -58,6 +60,7 @@
 #include "miscadmin.h"
 #include "mb/pg_wchar.h"
 #include "storage/lock.h"
+#include "common/hashfn.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
@@ -82,7 +85,7 @@
 #define OUTBOX_TOPICS_PKEY	"outbox_topics_pkey"
 
 /* idem.outbox */
-#define OB_NATTS			8
+#define OB_NATTS			9
 #define OB_ID				0
 #define OB_TOPIC			1
 #define OB_KEY				2
@@ -91,6 +94,7 @@
 #define OB_HEADERS			5
 #define OB_SEQ				6
 #define OB_CREATED_AT		7
+#define OB_KEY_HASH			8
 
 /* idem.outbox_keys */
 #define OK_NATTS			8
@@ -224,7 +228,8 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 		{"payload", JSONBOID, true, InvalidOid},
 		{"headers", JSONBOID, false, InvalidOid},
 		{"seq", INT8OID, true, InvalidOid},
-		{"created_at", TIMESTAMPTZOID, true, InvalidOid}
+		{"created_at", TIMESTAMPTZOID, true, InvalidOid},
+		{"key_hash", INT8OID, true, InvalidOid}
 	};
 
 	outbox_lookup_relids();
@@ -241,7 +246,7 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 	r->pkey = index_open(outbox_pkey_oid, lockmode);
 	outbox_check_index(r->pkey, r->rel, 1);
 	r->key_seq = index_open(outbox_key_seq_oid, lockmode);
-	outbox_check_index(r->key_seq, r->rel, 3);
+	outbox_check_index(r->key_seq, r->rel, 2);
 	r->slot = table_slot_create(r->rel, NULL);
 }
 
@@ -541,6 +546,30 @@ outbox_sent(text *topic)
  * ---- Messages ----
  */
 
+/* The hash of (topic, key) that idem.outbox's key_hash holds. */
+static int64
+outbox_key_hash(text *topic, text *key)
+{
+	uint64		h;
+
+	h = DatumGetUInt64(hash_any_extended((unsigned char *) VARDATA_ANY(topic),
+										 VARSIZE_ANY_EXHDR(topic), 0));
+	h = DatumGetUInt64(hash_any_extended((unsigned char *) VARDATA_ANY(key),
+										 VARSIZE_ANY_EXHDR(key), h));
+	return (int64) h;
+}
+
+/*
+ * idem._outbox_key_hash(topic, key) returns bigint, for the functions written
+ * in SQL.
+ */
+PG_FUNCTION_INFO_V1(idem_outbox_key_hash);
+Datum
+idem_outbox_key_hash(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT64(outbox_key_hash(PG_GETARG_TEXT_PP(0), PG_GETARG_TEXT_PP(1)));
+}
+
 /*
  * A time-ordered UUID (version 7): milliseconds since 1970 in the first 48
  * bits, then 74 random bits.  New ids land at the right end of the primary
@@ -656,6 +685,7 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	values[OB_HEADERS] = JsonbPGetDatum(headers);
 	values[OB_SEQ] = Int64GetDatum(nextval_internal(outbox_seq_oid, false));
 	values[OB_CREATED_AT] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+	values[OB_KEY_HASH] = Int64GetDatum(outbox_key_hash(topic, key));
 	memset(isnull, false, sizeof(isnull));
 	isnull[OB_TYPE] = (type == NULL);
 	isnull[OB_HEADERS] = (headers == NULL);
@@ -697,20 +727,35 @@ outbox_find(OutboxRels *r, pg_uuid_t *id)
 static bool
 outbox_head(OutboxRels *r, Datum topic, Datum key)
 {
-	ScanKeyData skeys[2];
+	ScanKeyData skey;
 	IndexScanDesc scan;
 	Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
-	bool		found;
+	text	   *t = DatumGetTextPP(topic);
+	text	   *k = DatumGetTextPP(key);
+	bool		found = false;
 
-	ScanKeyInit(&skeys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, topic);
-	skeys[0].sk_collation = C_COLLATION_OID;
-	ScanKeyInit(&skeys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, key);
-	skeys[1].sk_collation = C_COLLATION_OID;
-	scan = index_beginscan(r->rel, r->key_seq, snap, 2, 0);
-	index_rescan(scan, skeys, 2, NULL, 0);
-	found = index_getnext_slot(scan, ForwardScanDirection, r->slot);
-	if (found)
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_INT8EQ,
+				Int64GetDatum(outbox_key_hash(t, k)));
+	scan = index_beginscan(r->rel, r->key_seq, snap, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, r->slot))
+	{
+		text	   *mt;
+		text	   *mk;
+
 		slot_getallattrs(r->slot);
+		mt = DatumGetTextPP(r->slot->tts_values[OB_TOPIC]);
+		mk = DatumGetTextPP(r->slot->tts_values[OB_KEY]);
+		/* another (topic, key) with the same hash: not ours */
+		if (VARSIZE_ANY_EXHDR(mt) == VARSIZE_ANY_EXHDR(t) &&
+			VARSIZE_ANY_EXHDR(mk) == VARSIZE_ANY_EXHDR(k) &&
+			memcmp(VARDATA_ANY(mt), VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t)) == 0 &&
+			memcmp(VARDATA_ANY(mk), VARDATA_ANY(k), VARSIZE_ANY_EXHDR(k)) == 0)
+		{
+			found = true;
+			break;
+		}
+	}
 	index_endscan(scan);
 	UnregisterSnapshot(snap);
 	return found;
@@ -731,6 +776,7 @@ typedef struct LeaseCandidate
 	text	   *topic;
 	text	   *key;
 	TimestampTz available_at;
+	ItemPointerData tid;		/* where the scan saw the key's row */
 } LeaseCandidate;
 
 typedef struct LeaseArg
@@ -889,6 +935,7 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 		cands[ncands].topic = DatumGetTextPCopy(slot_getattr(kslot, OK_TOPIC + 1, &dnull));
 		cands[ncands].key = DatumGetTextPCopy(slot_getattr(kslot, OK_KEY + 1, &dnull));
 		cands[ncands].available_at = DatumGetTimestampTz(avail);
+		cands[ncands].tid = kslot->tts_tid;
 		ncands++;
 		CHECK_FOR_INTERRUPTS();
 	}
@@ -906,6 +953,8 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 
 		CHECK_FOR_INTERRUPTS();
 		arg->topic = outbox_topic(topics, cands[i].topic);
+		/* the row was just seen there: no descent of the primary key */
+		idem_store_hint(store, &cands[i].tid);
 		res = idem_store_try_update(store, PointerGetDatum(cands[i].topic),
 									PointerGetDatum(cands[i].key),
 									lease_key, arg);
