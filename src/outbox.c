@@ -774,9 +774,9 @@ uuid_datum_eq(Datum a, pg_uuid_t *b)
 typedef struct LeaseCandidate
 {
 	text	   *topic;
-	text	   *key;
 	TimestampTz available_at;
 	ItemPointerData tid;		/* where the scan saw the key's row */
+	HeapTuple	row;			/* and what it saw */
 } LeaseCandidate;
 
 typedef struct LeaseArg
@@ -910,9 +910,14 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 	int			maxcands = 64;
 	int			nleased = 0;
 	int			i;
+	TupleDesc	tupdesc = idem_store_tupdesc(store);
+	Datum		values[OK_NATTS];
+	bool		isnull[OK_NATTS];
 
 	arg->now = GetCurrentTimestamp();
 	cands = palloc(sizeof(LeaseCandidate) * maxcands);
+	/* this call's own updates (a first pass) must be seen */
+	CommandCounterIncrement();
 	keys_rel = table_open(outbox_keys_relid, RowExclusiveLock);
 	snap = RegisterSnapshot(GetLatestSnapshot());
 	kslot = table_slot_create(keys_rel, NULL);
@@ -933,9 +938,9 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 			cands = repalloc(cands, sizeof(LeaseCandidate) * maxcands);
 		}
 		cands[ncands].topic = DatumGetTextPCopy(slot_getattr(kslot, OK_TOPIC + 1, &dnull));
-		cands[ncands].key = DatumGetTextPCopy(slot_getattr(kslot, OK_KEY + 1, &dnull));
 		cands[ncands].available_at = DatumGetTimestampTz(avail);
 		cands[ncands].tid = kslot->tts_tid;
+		cands[ncands].row = ExecCopySlotHeapTuple(kslot);
 		ncands++;
 		CHECK_FOR_INTERRUPTS();
 	}
@@ -953,11 +958,14 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 
 		CHECK_FOR_INTERRUPTS();
 		arg->topic = outbox_topic(topics, cands[i].topic);
-		/* the row was just seen there: no descent of the primary key */
-		idem_store_hint(store, &cands[i].tid);
-		res = idem_store_try_update(store, PointerGetDatum(cands[i].topic),
-									PointerGetDatum(cands[i].key),
-									lease_key, arg);
+
+		/*
+		 * The row is updated where the scan saw it, if no transaction has
+		 * changed it since: one that has, or is changing it, is skipped.
+		 */
+		heap_deform_tuple(cands[i].row, tupdesc, values, isnull);
+		res = idem_store_try_update_at(store, &cands[i].tid, values, isnull,
+									   lease_key, arg);
 		if (res == IDEM_UPDATE_DONE && arg->leased)
 		{
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
