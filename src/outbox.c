@@ -204,12 +204,24 @@ typedef struct OutboxRels
 	LOCKMODE	lockmode;
 } OutboxRels;
 
+/*
+ * An index is scanned with keys of the types of the columns it is expected
+ * on: one on other columns (an expression is column 0) would compare them
+ * with the wrong functions.
+ */
 static void
-outbox_check_index(Relation index, Relation rel, int nkeys)
+outbox_check_index(Relation index, Relation rel, int nkeys,
+				   const AttrNumber *attnums)
 {
-	if (index->rd_index->indrelid != RelationGetRelid(rel) ||
-		index->rd_rel->relam != BTREE_AM_OID ||
-		index->rd_index->indnkeyatts != nkeys)
+	bool		ok;
+	int			i;
+
+	ok = index->rd_index->indrelid == RelationGetRelid(rel) &&
+		index->rd_rel->relam == BTREE_AM_OID &&
+		index->rd_index->indnkeyatts == nkeys;
+	for (i = 0; ok && i < nkeys; i++)
+		ok = index->rd_index->indkey.values[i] == attnums[i];
+	if (!ok)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("index \"%s.%s\" of the idem extension is not the one idem made",
@@ -231,6 +243,8 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 		{"created_at", TIMESTAMPTZOID, true, InvalidOid},
 		{"key_hash", INT8OID, true, InvalidOid}
 	};
+	static const AttrNumber pkey_cols[1] = {OB_ID + 1};
+	static const AttrNumber key_seq_cols[2] = {OB_KEY_HASH + 1, OB_SEQ + 1};
 
 	outbox_lookup_relids();
 	r->lockmode = lockmode;
@@ -244,9 +258,9 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 	idem_check_columns(RelationGetDescr(r->rel), OUTBOX_TABLE, columns,
 					   OB_NATTS);
 	r->pkey = index_open(outbox_pkey_oid, lockmode);
-	outbox_check_index(r->pkey, r->rel, 1);
+	outbox_check_index(r->pkey, r->rel, 1, pkey_cols);
 	r->key_seq = index_open(outbox_key_seq_oid, lockmode);
-	outbox_check_index(r->key_seq, r->rel, 2);
+	outbox_check_index(r->key_seq, r->rel, 2, key_seq_cols);
 	r->slot = table_slot_create(r->rel, NULL);
 }
 
@@ -368,6 +382,7 @@ outbox_topic(List **cache, text *topic)
 	ScanKeyData skey;
 	TupleTableSlot *slot;
 	Snapshot	snap;
+	static const AttrNumber topic_cols[1] = {1};
 
 	foreach(lc, *cache)
 	{
@@ -387,8 +402,9 @@ outbox_topic(List **cache, text *topic)
 	outbox_lookup_relids();
 	rel = table_open(outbox_topics_relid, AccessShareLock);
 	index = index_open(outbox_topics_pkey_oid, AccessShareLock);
-	outbox_check_index(index, rel, 1);
+	outbox_check_index(index, rel, 1, topic_cols);
 	if (RelationGetDescr(rel)->natts == OT_NATTS &&
+		TupleDescAttr(RelationGetDescr(rel), 0)->atttypid == TEXTOID &&
 		TupleDescAttr(RelationGetDescr(rel), 1)->atttypid == INT4OID &&
 		TupleDescAttr(RelationGetDescr(rel), 2)->atttypid == INTERVALOID &&
 		TupleDescAttr(RelationGetDescr(rel), 3)->atttypid == INTERVALOID)
