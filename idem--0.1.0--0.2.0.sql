@@ -703,16 +703,24 @@ BEGIN
         RAISE EXCEPTION 'lock_wait must be between 0 and 1 minute'
             USING ERRCODE = '22023';
     END IF;
-    -- the deletion's snapshot must be taken after the lock
-    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+    -- the deletion's snapshot must be taken after the lock (READ UNCOMMITTED
+    -- is READ COMMITTED in PostgreSQL)
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) ALL
+       (ARRAY['read committed', 'read uncommitted']) THEN
         RAISE EXCEPTION 'idem_outbox_purge must run at the READ COMMITTED isolation level'
             USING ERRCODE = '25001';
     END IF;
     BEGIN
-        PERFORM pg_catalog.set_config('lock_timeout',
-            (pg_catalog.date_part('epoch', lock_wait) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8::pg_catalog.text
-                OPERATOR(pg_catalog.||) 'ms', true);
-        LOCK TABLE idem.outbox_keys IN SHARE MODE;
+        -- a lock_timeout of 0 would wait for ever: 0 is NOWAIT, and a wait
+        -- shorter than a millisecond is one millisecond
+        IF lock_wait OPERATOR(pg_catalog.=) '0'::pg_catalog.interval THEN
+            LOCK TABLE idem.outbox_keys IN SHARE MODE NOWAIT;
+        ELSE
+            PERFORM pg_catalog.set_config('lock_timeout',
+                pg_catalog.ceil(pg_catalog.date_part('epoch', lock_wait) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8::pg_catalog.text
+                    OPERATOR(pg_catalog.||) 'ms', true);
+            LOCK TABLE idem.outbox_keys IN SHARE MODE;
+        END IF;
     EXCEPTION WHEN lock_not_available THEN
         RETURN 0;
     END;
