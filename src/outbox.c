@@ -692,7 +692,20 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	kisnull[OK_ATTEMPTS] = false;
 	kvalues[OK_AVAILABLE_AT] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
 	kisnull[OK_AVAILABLE_AT] = false;
-	(void) idem_store_insert(store, kvalues, kisnull, IDEM_WAIT);
+
+	/*
+	 * A sender inserting the row is waited for: its row goes if it rolls
+	 * back.  A relay updating it (a lease, an ack or a nack in a transaction
+	 * still open) is not: the row stays whatever the relay does, and a
+	 * producer's transaction must not wait for a relay's (unless the update
+	 * moved the row to another page, which the table's fillfactor makes
+	 * rare: its new version looks like an insertion).  Only a purge deletes
+	 * key rows, and it cannot run while this transaction sends.
+	 */
+	if (idem_store_insert(store, kvalues, kisnull, IDEM_NOWAIT) == IDEM_STORE_IN_FLIGHT &&
+		idem_store_lookup(store, PointerGetDatum(topic), PointerGetDatum(key),
+						  IDEM_NOWAIT, NULL, NULL) != IDEM_STORE_EXISTS)
+		(void) idem_store_insert(store, kvalues, kisnull, IDEM_WAIT);
 	idem_store_close(store);
 
 	/* the message */
