@@ -489,12 +489,29 @@ outbox_idle_locktag(LOCKTAG *tag)
 						 OUTBOX_IDLE_LOCK_ID2, OUTBOX_IDLE_LOCK_ID4);
 }
 
+/*
+ * Whether this session holds the idle lock.  pg_advisory_unlock_all() and
+ * DISCARD ALL release it with the session's advisory locks.
+ */
+static bool
+outbox_relay_is_idle(void)
+{
+	LOCKTAG		tag;
+
+	if (outbox_relay_idle)
+	{
+		outbox_idle_locktag(&tag);
+		outbox_relay_idle = LockHeldByMe(&tag, RowExclusiveLock);
+	}
+	return outbox_relay_idle;
+}
+
 static void
 outbox_set_relay_idle(bool idle)
 {
 	LOCKTAG		tag;
 
-	if (idle == outbox_relay_idle)
+	if (idle == outbox_relay_is_idle())
 		return;
 	outbox_idle_locktag(&tag);
 	if (idle)
@@ -1067,7 +1084,7 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	arg.relay = relay;
 	arg.lease = lease;
 	nleased = lease_pass(store, &r, rsinfo, &arg, max_messages, &topics);
-	if (nleased == 0 && !outbox_relay_idle)
+	if (nleased == 0 && !outbox_relay_is_idle())
 	{
 		/* idle from now on, then a last look: see "Waking relays" */
 		outbox_set_relay_idle(true);
