@@ -596,9 +596,16 @@ BEGIN
         RAISE EXCEPTION 'arguments of idem_outbox_configure must not be null'
             USING ERRCODE = '22004';
     END IF;
-    IF topic OPERATOR(pg_catalog.=) '' OR pg_catalog.octet_length(topic) OPERATOR(pg_catalog.>) 255 THEN
-        RAISE EXCEPTION 'topic must be between 1 and 255 bytes long'
-            USING ERRCODE = '22023';
+    -- as idem_outbox_send checks a topic
+    IF topic OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'topic must not be empty'
+            USING ERRCODE = '22023', HINT = 'Give a non-empty identifier.';
+    END IF;
+    IF pg_catalog.octet_length(topic) OPERATOR(pg_catalog.>) 255 THEN
+        RAISE EXCEPTION 'topic is too long'
+            USING ERRCODE = '22001',
+                  DETAIL = pg_catalog.format('The topic is %s bytes long; the limit is 255 bytes.',
+                                             pg_catalog.octet_length(topic));
     END IF;
     IF max_attempts OPERATOR(pg_catalog.<) 1 OR max_attempts OPERATOR(pg_catalog.>) 1000 THEN
         RAISE EXCEPTION 'max_attempts must be between 1 and 1000'

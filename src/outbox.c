@@ -167,7 +167,7 @@ outbox_lookup(Oid nspid, const char *name)
 
 	if (!OidIsValid(relid))
 		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				(errcode(ERRCODE_UNDEFINED_TABLE),
 				 errmsg("relation \"%s.%s\" of the idem extension does not exist",
 						IDEM_SCHEMA, name),
 				 errhint("Update the extension with ALTER EXTENSION idem UPDATE.")));
