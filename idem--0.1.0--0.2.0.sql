@@ -577,11 +577,12 @@ COMMENT ON FUNCTION idem_outbox_ack(pg_catalog.uuid[]) IS
     'acknowledge leased messages as delivered; returns how many were newly acknowledged';
 
 CREATE OR REPLACE FUNCTION idem_outbox_nack(id pg_catalog.uuid, error pg_catalog.text,
-                                            retry_after pg_catalog.interval DEFAULT NULL)
+                                            retry_after pg_catalog.interval DEFAULT NULL,
+                                            relay pg_catalog.text DEFAULT NULL)
 RETURNS pg_catalog.bool
 AS 'MODULE_PATHNAME', 'idem_outbox_nack'
 LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_catalog.interval) IS
+COMMENT ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_catalog.interval, pg_catalog.text) IS
     'report a failed delivery: retried after retry_after or a backoff, dead after the topic''s maximum attempts';
 
 CREATE OR REPLACE FUNCTION idem_outbox_configure(topic pg_catalog.text, max_attempts pg_catalog.int4,
@@ -596,9 +597,16 @@ BEGIN
         RAISE EXCEPTION 'arguments of idem_outbox_configure must not be null'
             USING ERRCODE = '22004';
     END IF;
-    IF topic OPERATOR(pg_catalog.=) '' OR pg_catalog.octet_length(topic) OPERATOR(pg_catalog.>) 255 THEN
-        RAISE EXCEPTION 'topic must be between 1 and 255 bytes long'
-            USING ERRCODE = '22023';
+    -- as idem_outbox_send checks a topic
+    IF topic OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'topic must not be empty'
+            USING ERRCODE = '22023', HINT = 'Give a non-empty identifier.';
+    END IF;
+    IF pg_catalog.octet_length(topic) OPERATOR(pg_catalog.>) 255 THEN
+        RAISE EXCEPTION 'topic is too long'
+            USING ERRCODE = '22001',
+                  DETAIL = pg_catalog.format('The topic is %s bytes long; the limit is 255 bytes.',
+                                             pg_catalog.octet_length(topic));
     END IF;
     IF max_attempts OPERATOR(pg_catalog.<) 1 OR max_attempts OPERATOR(pg_catalog.>) 1000 THEN
         RAISE EXCEPTION 'max_attempts must be between 1 and 1000'
@@ -703,16 +711,24 @@ BEGIN
         RAISE EXCEPTION 'lock_wait must be between 0 and 1 minute'
             USING ERRCODE = '22023';
     END IF;
-    -- the deletion's snapshot must be taken after the lock
-    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+    -- the deletion's snapshot must be taken after the lock (READ UNCOMMITTED
+    -- is READ COMMITTED in PostgreSQL)
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) ALL
+       (ARRAY['read committed', 'read uncommitted']) THEN
         RAISE EXCEPTION 'idem_outbox_purge must run at the READ COMMITTED isolation level'
             USING ERRCODE = '25001';
     END IF;
     BEGIN
-        PERFORM pg_catalog.set_config('lock_timeout',
-            (pg_catalog.date_part('epoch', lock_wait) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8::pg_catalog.text
-                OPERATOR(pg_catalog.||) 'ms', true);
-        LOCK TABLE idem.outbox_keys IN SHARE MODE;
+        -- a lock_timeout of 0 would wait for ever: 0 is NOWAIT, and a wait
+        -- shorter than a millisecond is one millisecond
+        IF lock_wait OPERATOR(pg_catalog.=) '0'::pg_catalog.interval THEN
+            LOCK TABLE idem.outbox_keys IN SHARE MODE NOWAIT;
+        ELSE
+            PERFORM pg_catalog.set_config('lock_timeout',
+                pg_catalog.ceil(pg_catalog.date_part('epoch', lock_wait) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8::pg_catalog.text
+                    OPERATOR(pg_catalog.||) 'ms', true);
+            LOCK TABLE idem.outbox_keys IN SHARE MODE;
+        END IF;
     EXCEPTION WHEN lock_not_available THEN
         RETURN 0;
     END;
@@ -732,7 +748,7 @@ COMMENT ON FUNCTION idem_outbox_purge(pg_catalog.interval) IS
 
 REVOKE ALL ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_ack(pg_catalog.uuid[]) FROM PUBLIC;
-REVOKE ALL ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_catalog.interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_catalog.interval, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_configure(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_redrive(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_stats() FROM PUBLIC;

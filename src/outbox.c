@@ -167,7 +167,7 @@ outbox_lookup(Oid nspid, const char *name)
 
 	if (!OidIsValid(relid))
 		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				(errcode(ERRCODE_UNDEFINED_TABLE),
 				 errmsg("relation \"%s.%s\" of the idem extension does not exist",
 						IDEM_SCHEMA, name),
 				 errhint("Update the extension with ALTER EXTENSION idem UPDATE.")));
@@ -204,12 +204,24 @@ typedef struct OutboxRels
 	LOCKMODE	lockmode;
 } OutboxRels;
 
+/*
+ * An index is scanned with keys of the types of the columns it is expected
+ * on: one on other columns (an expression is column 0) would compare them
+ * with the wrong functions.
+ */
 static void
-outbox_check_index(Relation index, Relation rel, int nkeys)
+outbox_check_index(Relation index, Relation rel, int nkeys,
+				   const AttrNumber *attnums)
 {
-	if (index->rd_index->indrelid != RelationGetRelid(rel) ||
-		index->rd_rel->relam != BTREE_AM_OID ||
-		index->rd_index->indnkeyatts != nkeys)
+	bool		ok;
+	int			i;
+
+	ok = index->rd_index->indrelid == RelationGetRelid(rel) &&
+		index->rd_rel->relam == BTREE_AM_OID &&
+		index->rd_index->indnkeyatts == nkeys;
+	for (i = 0; ok && i < nkeys; i++)
+		ok = index->rd_index->indkey.values[i] == attnums[i];
+	if (!ok)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("index \"%s.%s\" of the idem extension is not the one idem made",
@@ -231,6 +243,8 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 		{"created_at", TIMESTAMPTZOID, true, InvalidOid},
 		{"key_hash", INT8OID, true, InvalidOid}
 	};
+	static const AttrNumber pkey_cols[1] = {OB_ID + 1};
+	static const AttrNumber key_seq_cols[2] = {OB_KEY_HASH + 1, OB_SEQ + 1};
 
 	outbox_lookup_relids();
 	r->lockmode = lockmode;
@@ -244,9 +258,9 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 	idem_check_columns(RelationGetDescr(r->rel), OUTBOX_TABLE, columns,
 					   OB_NATTS);
 	r->pkey = index_open(outbox_pkey_oid, lockmode);
-	outbox_check_index(r->pkey, r->rel, 1);
+	outbox_check_index(r->pkey, r->rel, 1, pkey_cols);
 	r->key_seq = index_open(outbox_key_seq_oid, lockmode);
-	outbox_check_index(r->key_seq, r->rel, 2);
+	outbox_check_index(r->key_seq, r->rel, 2, key_seq_cols);
 	r->slot = table_slot_create(r->rel, NULL);
 }
 
@@ -368,6 +382,7 @@ outbox_topic(List **cache, text *topic)
 	ScanKeyData skey;
 	TupleTableSlot *slot;
 	Snapshot	snap;
+	static const AttrNumber topic_cols[1] = {1};
 
 	foreach(lc, *cache)
 	{
@@ -387,8 +402,9 @@ outbox_topic(List **cache, text *topic)
 	outbox_lookup_relids();
 	rel = table_open(outbox_topics_relid, AccessShareLock);
 	index = index_open(outbox_topics_pkey_oid, AccessShareLock);
-	outbox_check_index(index, rel, 1);
+	outbox_check_index(index, rel, 1, topic_cols);
 	if (RelationGetDescr(rel)->natts == OT_NATTS &&
+		TupleDescAttr(RelationGetDescr(rel), 0)->atttypid == TEXTOID &&
 		TupleDescAttr(RelationGetDescr(rel), 1)->atttypid == INT4OID &&
 		TupleDescAttr(RelationGetDescr(rel), 2)->atttypid == INTERVALOID &&
 		TupleDescAttr(RelationGetDescr(rel), 3)->atttypid == INTERVALOID)
@@ -473,12 +489,29 @@ outbox_idle_locktag(LOCKTAG *tag)
 						 OUTBOX_IDLE_LOCK_ID2, OUTBOX_IDLE_LOCK_ID4);
 }
 
+/*
+ * Whether this session holds the idle lock.  pg_advisory_unlock_all() and
+ * DISCARD ALL release it with the session's advisory locks.
+ */
+static bool
+outbox_relay_is_idle(void)
+{
+	LOCKTAG		tag;
+
+	if (outbox_relay_idle)
+	{
+		outbox_idle_locktag(&tag);
+		outbox_relay_idle = LockHeldByMe(&tag, RowExclusiveLock);
+	}
+	return outbox_relay_idle;
+}
+
 static void
 outbox_set_relay_idle(bool idle)
 {
 	LOCKTAG		tag;
 
-	if (idle == outbox_relay_idle)
+	if (idle == outbox_relay_is_idle())
 		return;
 	outbox_idle_locktag(&tag);
 	if (idle)
@@ -676,7 +709,20 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	kisnull[OK_ATTEMPTS] = false;
 	kvalues[OK_AVAILABLE_AT] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
 	kisnull[OK_AVAILABLE_AT] = false;
-	(void) idem_store_insert(store, kvalues, kisnull, IDEM_WAIT);
+
+	/*
+	 * A sender inserting the row is waited for: its row goes if it rolls
+	 * back.  A relay updating it (a lease, an ack or a nack in a transaction
+	 * still open) is not: the row stays whatever the relay does, and a
+	 * producer's transaction must not wait for a relay's (unless the update
+	 * moved the row to another page, which the table's fillfactor makes
+	 * rare: its new version looks like an insertion).  Only a purge deletes
+	 * key rows, and it cannot run while this transaction sends.
+	 */
+	if (idem_store_insert(store, kvalues, kisnull, IDEM_NOWAIT) == IDEM_STORE_IN_FLIGHT &&
+		idem_store_lookup(store, PointerGetDatum(topic), PointerGetDatum(key),
+						  IDEM_NOWAIT, NULL, NULL) != IDEM_STORE_EXISTS)
+		(void) idem_store_insert(store, kvalues, kisnull, IDEM_WAIT);
 	idem_store_close(store);
 
 	/* the message */
@@ -1047,7 +1093,7 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	arg.relay = relay;
 	arg.lease = lease;
 	nleased = lease_pass(store, &r, rsinfo, &arg, max_messages, &topics);
-	if (nleased == 0 && !outbox_relay_idle)
+	if (nleased == 0 && !outbox_relay_is_idle())
 	{
 		/* idle from now on, then a last look: see "Waking relays" */
 		outbox_set_relay_idle(true);
@@ -1075,6 +1121,7 @@ typedef struct AckArg
 	OutboxTopic *topic;
 	text	   *error;
 	int64		retry_after;	/* -1: backoff */
+	text	   *relay;			/* NULL: any relay's lease */
 	bool		died;
 } AckArg;
 
@@ -1106,6 +1153,16 @@ nack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	if (isnull[OK_HEAD_ID] || !uuid_datum_eq(values[OK_HEAD_ID], arg->id) ||
 		isnull[OK_LEASED_BY] || DatumGetBool(values[OK_DEAD]))
 		return false;
+	/* a relay whose lease ran out must not end the lease of another */
+	if (arg->relay != NULL)
+	{
+		text	   *holder = DatumGetTextPP(values[OK_LEASED_BY]);
+
+		if (VARSIZE_ANY_EXHDR(holder) != VARSIZE_ANY_EXHDR(arg->relay) ||
+			memcmp(VARDATA_ANY(holder), VARDATA_ANY(arg->relay),
+				   VARSIZE_ANY_EXHDR(holder)) != 0)
+			return false;
+	}
 	attempts = DatumGetInt32(values[OK_ATTEMPTS]);
 	values[OK_LAST_ERROR] = PointerGetDatum(arg->error);
 	isnull[OK_LAST_ERROR] = false;
@@ -1210,12 +1267,12 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 }
 
 /*
- * idem_outbox_nack(id, error, retry_after) returns boolean
+ * idem_outbox_nack(id, error, retry_after, relay) returns boolean
  *
  * The delivery of a leased head failed: it may be leased again after
  * retry_after exactly when given, else after the topic's backoff; once it
  * has had the topic's maximum attempts it is dead.  Returns whether id was
- * the leased head of its key.
+ * the leased head of its key (leased to relay, when given).
  */
 PG_FUNCTION_INFO_V1(idem_outbox_nack);
 Datum
@@ -1251,6 +1308,9 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 
 		error = cstring_to_text_with_len(VARDATA_ANY(error), len);
 	}
+	arg.relay = NULL;
+	if (!PG_ARGISNULL(3))
+		arg.relay = idem_arg_key(fcinfo, 3, "relay", OUTBOX_MAX_RELAY_LEN);
 	arg.retry_after = -1;
 	if (!PG_ARGISNULL(2))
 		arg.retry_after = outbox_span(PG_GETARG_INTERVAL_P(2), "retry_after", true,

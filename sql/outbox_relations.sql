@@ -1,0 +1,51 @@
+-- the outbox's tables and indexes altered by their owner: refused with
+-- 55000, never scanned with keys of the wrong types (a crash, or wrong
+-- answers); each change is rolled back
+\set VERBOSITY terse
+
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END;
+$$;
+
+SELECT idem_outbox_send('relations', 'k', '{"n": 1}') IS NOT NULL AS sent;
+SELECT idem_outbox_configure('relations', 3, '1 second', '1 minute');
+
+-- (leases show the messages of this test only: other tests leave some)
+
+-- the index of heads on other columns
+BEGIN;
+DROP INDEX idem.outbox_key_seq_idx;
+CREATE INDEX outbox_key_seq_idx ON idem.outbox (aggregatetype, seq);
+SELECT pg_temp.err($$SELECT count(*) FROM idem_outbox_lease('relay')$$);
+ROLLBACK;
+BEGIN;
+DROP INDEX idem.outbox_key_seq_idx;
+CREATE INDEX outbox_key_seq_idx ON idem.outbox ((key_hash + 1), seq);
+SELECT pg_temp.err($$SELECT count(*) FROM idem_outbox_lease('relay')$$);
+ROLLBACK;
+
+-- the primary key on another column
+BEGIN;
+DELETE FROM idem.outbox WHERE aggregatetype <> 'relations';
+ALTER TABLE idem.outbox DROP CONSTRAINT outbox_pkey;
+ALTER TABLE idem.outbox ADD CONSTRAINT outbox_pkey UNIQUE (aggregatetype);
+SELECT pg_temp.err($$SELECT idem_outbox_ack(ARRAY[gen_random_uuid()])$$);
+ROLLBACK;
+
+-- a topic that is not text: the topic's settings are the defaults
+BEGIN;
+DELETE FROM idem.outbox_topics WHERE topic <> 'relations';
+ALTER TABLE idem.outbox_topics ALTER topic TYPE int USING 0;
+SELECT topic, key, attempt FROM idem_outbox_lease('relay') WHERE topic = 'relations';
+ROLLBACK;
+
+-- as they were
+SELECT topic, key, attempt FROM idem_outbox_lease('relay') WHERE topic = 'relations';
+SELECT idem_outbox_ack(array_agg(id)) AS acked FROM idem.outbox WHERE aggregatetype = 'relations';
+DELETE FROM idem.outbox_topics WHERE topic = 'relations';
+DELETE FROM idem.outbox_keys WHERE topic = 'relations';
