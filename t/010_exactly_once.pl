@@ -13,9 +13,15 @@
 # ledger, which has no unique constraint, must hold exactly one row per
 # message and the accounts exactly the sum of the messages.
 #
+# The outbox round: producers commit business rows, each with its message
+# sent by idem_outbox_send, while relays lease, apply under idem_claim and
+# ack them, under the same faults; every committed message must be applied
+# exactly once and in send order per key, and none that rolled back leased.
+#
 # The checker is proven live: consumers that skip idem_claim must be caught
-# applying messages twice, and consumers that ack before they commit must
-# be caught losing messages.
+# applying messages twice, consumers that ack before they commit must be
+# caught losing messages, and relays that ignore the order of a key must be
+# caught leasing and applying out of order.
 
 use strict;
 use warnings;
@@ -200,6 +206,79 @@ cmp_ok($f->{twice} // 0, '>=', 0.3 * 3000,
 	'without idem the retried requests are applied twice');
 
 ########################################################################
+# Outbox: producers send in their business transaction, relays deliver
+########################################################################
+
+# Four producers commit 6,000 orders, each with its message sent by
+# idem_outbox_send in the same transaction, to 64 keys (each key belongs to
+# one producer, which sends to it one transaction after the other); one
+# transaction in ten rolls back on purpose and producers die before their
+# commit.  Four relays lease batches of 32, apply each message in a consumer
+# transaction guarded by idem_claim(message id), and ack the batch; one
+# delivery in 50 fails and is nacked.  Relays die at every point of that
+# path, backends of both are terminated, and the server crashes twice.
+# Every committed order's message must be applied exactly once, leased and
+# applied in send order per key, and no message of a transaction that
+# rolled back may ever be leased.
+($rc, $out, $err) = chaos('setup', '--kind', 'outbox');
+is($rc, 0, 'setup of the outbox kind') or diag($err);
+$log_offset = -s $log;
+($rc, $out, $err) = chaos(
+	'run',
+	'--kind'         => 'outbox',
+	'--messages'     => 6000,
+	'--producers'    => 4,
+	'--keys'         => 64,
+	'--consumers'    => 4,
+	'--seed'         => 27,
+	'--kill-every'   => 150,
+	'--nack-every'   => 50,
+	'--sigkill-ms'   => 1500,
+	'--terminate-ms' => 400,
+	'--lease-ms'     => 500,
+	'--timeout-s'    => 600,
+	'--crashes'      => 2,
+	'--crash-cmd'    => "pg_ctl -D '$pgdata' -m immediate stop >/dev/null 2>&1",
+	'--crash-cmd'    => "kill -KILL \$(head -n 1 '$pgdata/postmaster.pid')",
+	'--start-cmd'    => "pg_ctl -w -D '$pgdata' -l '$log' start >/dev/null 2>&1");
+is($rc, 0, 'the outbox run under faults ends') or diag($err);
+$node->_update_pid(1);
+cmp_ok(recoveries($log_offset), '>=', 2,
+	'the server went through crash recovery at least twice');
+($rc, $out, $err) = chaos('check', '--kind', 'outbox');
+diag($out);
+$f = figures($out);
+is($rc, 0, 'check says every committed message was applied exactly once, in order');
+cmp_ok($f->{messages} // 0, '>=', 0.8 * 6000 * 0.9,
+	'most messages sent were committed');
+cmp_ok($f->{messages} // 0, '>=', $f->{sends} // 0,
+	'every message whose commit a producer saw has its order');
+is($f->{lost}, 0, 'no committed message lost');
+is($f->{twice}, 0, 'no message applied twice');
+is($f->{strangers}, 0, 'no message of a rolled back transaction applied');
+is($f->{unacked}, 0, 'every committed message acked');
+is($f->{sum_ok}, 1, 'account balances equal the sum of the committed orders');
+is($f->{kind_bad}, 0,
+	'nothing leased or applied out of order, nothing rolled back leased, the outbox empty');
+like($out, qr/^leased out of order\s+0$/m, 'nothing leased out of order per key');
+like($out, qr/^applied out of order\s+0$/m, 'nothing applied out of order per key');
+like($out, qr/^leased but rolled back\s+0$/m,
+	'no message of a transaction that rolled back was leased');
+is($f->{unexpected}, 0, 'no error other than lost connections');
+cmp_ok($f->{rolled_back} // 0, '>', 0, 'producers rolled back transactions');
+cmp_ok($f->{producer_kills} // 0, '>', 0, 'producers died before their commit');
+cmp_ok($f->{kills} // 0, '>=', 10, 'relays killed');
+cmp_ok($f->{kills_after_claim} // 0, '>', 0,
+	'relays killed between the claim and the commit');
+cmp_ok($f->{kills_after_commit} // 0, '>', 0,
+	'relays killed between the commit and the ack');
+cmp_ok($f->{terminations} // 0, '>', 0, 'backends terminated');
+cmp_ok($f->{crashes} // 0, '>=', 2, 'at least two server crashes');
+cmp_ok($f->{nacks} // 0, '>', 0, 'failed deliveries nacked');
+cmp_ok($f->{redelivered} // 0, '>', 0, 'messages delivered more than once');
+cmp_ok($f->{absorbed} // 0, '>', 0, 'idem_claim absorbed redeliveries');
+
+########################################################################
 # The checker catches broken consumers
 ########################################################################
 
@@ -233,6 +312,48 @@ $f = figures($out);
 is($rc, 1, 'check fails when acking before the commit');
 cmp_ok($f->{lost} // 0, '>', 0, 'acking before the commit loses messages');
 is($f->{twice}, 0, 'acking before the commit applies nothing twice');
+
+# Outbox relays whose consumers skip idem_claim apply the messages
+# redelivered after a kill twice.
+chaos('setup', '--kind', 'outbox');
+($rc, $out, $err) = chaos('run', '--kind', 'outbox', '--no-idem',
+	'--messages' => 1000, '--seed' => 28, '--kill-every' => 25,
+	'--lease-ms' => 100);
+is($rc, 0, 'outbox run without idem_claim');
+($rc, $out, $err) = chaos('check', '--kind', 'outbox');
+note($out);
+$f = figures($out);
+is($rc, 1, 'check fails without idem_claim');
+is($f->{lost}, 0, 'without idem_claim no outbox message is lost');
+cmp_ok($f->{twice} // 0, '>', 0,
+	'without idem_claim outbox messages are applied twice');
+
+# Relays that ack before they apply lose the messages of those that die
+# in between.
+chaos('setup', '--kind', 'outbox');
+($rc, $out, $err) = chaos('run', '--kind', 'outbox', '--broken', 'ack-first',
+	'--messages' => 1000, '--seed' => 29, '--kill-every' => 25,
+	'--lease-ms' => 100);
+is($rc, 0, 'outbox run acking before the commit');
+($rc, $out, $err) = chaos('check', '--kind', 'outbox');
+note($out);
+$f = figures($out);
+is($rc, 1, 'check fails when relays ack before the commit');
+cmp_ok($f->{lost} // 0, '>', 0, 'acking before the commit loses outbox messages');
+
+# Relays that take pending messages in any order, as a plain queue would,
+# are caught leasing and applying them out of order.
+chaos('setup', '--kind', 'outbox');
+($rc, $out, $err) = chaos('run', '--kind', 'outbox', '--broken', 'unordered',
+	'--messages' => 2000, '--seed' => 30);
+is($rc, 0, 'outbox run without order per key');
+($rc, $out, $err) = chaos('check', '--kind', 'outbox');
+note($out);
+$f = figures($out);
+is($rc, 1, 'check fails without order per key');
+unlike($out, qr/^leased out of order\s+0$/m, 'messages leased out of order are caught');
+unlike($out, qr/^applied out of order\s+0$/m, 'messages applied out of order are caught');
+is($f->{lost}, 0, 'without order per key nothing is lost');
 
 $node->stop;
 done_testing();

@@ -19,7 +19,7 @@
  *
  * Modes:
  *	  chaos setup    create the tables (dropping earlier ones)
- *	  chaos produce  fill the source
+ *	  chaos produce  fill the source (the outbox kind produces during the run)
  *	  chaos run      consume with several processes under faults: consumers
  *	                 exit abruptly at chosen points, a chaos process
  *	                 terminates their backends, the server is crashed and
@@ -29,6 +29,18 @@
  *
  * Each consumer "kind" (the business effect and where it may die) is a row
  * of the kinds[] table below: later capabilities add their own.
+ *
+ * The outbox kind has no source table: producer processes, started by
+ * "chaos run" beside the consumers, write a business row (orders) and send
+ * its message with idem_outbox_send in one transaction; some transactions
+ * roll back on purpose and some producers die before their commit.  The
+ * consumers are relays: they lease messages with idem_outbox_lease, apply
+ * each in a consumer transaction guarded by idem_claim(message id), and
+ * then ack the batch with idem_outbox_ack; a consumer that fails rolls back
+ * and nacks.  The orders committed are the truth: each of their messages
+ * must be applied exactly once, in send order per key (each key belongs to
+ * one producer, which sends to it one transaction after the other), and no
+ * message of a transaction that rolled back may ever be leased.
  *
  *-------------------------------------------------------------------------
  */
@@ -54,6 +66,8 @@
 #define MAX_CONSUMERS	64
 #define MAX_CRASH_CMDS	8
 #define MSG_ID_LEN		64
+#define MAX_PRODUCERS	16
+#define MAX_KEYS		4096
 
 /* Exit codes of a consumer process. */
 #define EXIT_DONE		0		/* every delivery acked */
@@ -86,6 +100,15 @@ typedef struct Shared
 	long		terminations;	/* backends terminated by the chaos process */
 	long		kills[N_POINTS];
 	Point		slot_point[MAX_CONSUMERS];	/* where a slot's process died */
+	long		nacks;			/* deliveries that failed and were nacked */
+	/* the producers of the outbox kind */
+	long		sends;			/* messages of committed transactions */
+	long		rolled_back;	/* messages of transactions rolled back */
+	long		producer_txns;	/* transactions committed */
+	long		producer_kills; /* producers dead before their commit */
+	long		attempted[MAX_PRODUCERS];	/* messages sent, whatever came of them */
+	long		key_n[MAX_KEYS];	/* the last n sent to each key */
+	int			producers_done; /* every producer has finished, and its backend */
 } Shared;
 
 typedef struct Options
@@ -99,6 +122,9 @@ typedef struct Options
 	int			accounts;
 	unsigned long seed;
 	int			consumers;
+	int			producers;		/* outbox kind: producer processes */
+	int			keys;			/* outbox kind: keys messages are sent to */
+	long		nack_every;		/* one failed delivery per this many, 0 none */
 	int			batch;
 	int			lease_ms;
 	long		kill_every;		/* one kill per this many deliveries, 0 none */
@@ -110,7 +136,7 @@ typedef struct Options
 	const char *start_cmd;
 	int			reconnect_s;	/* give up reaching the server after this */
 	int			timeout_s;		/* give up a run after this */
-	const char *broken;			/* NULL, "no-idem" or "ack-first" */
+	const char *broken;			/* NULL, "no-idem", "ack-first" or "unordered" */
 	bool		quiet;
 } Options;
 
@@ -124,6 +150,9 @@ static Options opt = {
 	.accounts = 100,
 	.seed = 1,
 	.consumers = 4,
+	.producers = 4,
+	.keys = 64,
+	.nack_every = 0,
 	.batch = 32,
 	.lease_ms = 1000,
 	.kill_every = 0,
@@ -311,10 +340,12 @@ query_long(PGconn *conn, const char *sql)
 
 typedef struct Delivery
 {
-	char		seq[24];
+	char		seq[40];		/* what the ack names: a row of src, a message id */
 	char		msg_id[MSG_ID_LEN];
 	char		amount[16];
 	char		account[16];
+	char		key[32];		/* outbox kind: the message's key ... */
+	char		n[16];			/* ... and its place in the key's order */
 } Delivery;
 
 /* What became of one delivery. */
@@ -332,6 +363,8 @@ typedef struct Consumer
 	PGconn	   *conn;
 	Rng			rng;
 	Point		kill_at;		/* the point this delivery dies at, if any */
+	bool		fail;			/* this delivery fails: roll back, nack */
+	int			effect_params;	/* 4, or 6 with the key and n */
 	bool		use_idem;
 } Consumer;
 
@@ -436,9 +469,31 @@ typedef struct Kind
 	const char *prepare_sql[6];
 	Outcome		(*apply) (Consumer *c, const Delivery *d);
 	const char *checks_sql;
+
+	/*
+	 * Where the deliveries come from, when not from src: statements "lease"
+	 * (batch, lease in ms; returning seq, msg_id, amount, account, key, n),
+	 * "ack" (an array of seq; returning how many were acked) and "nack" (one
+	 * seq), a query telling whether anything is left to deliver, and the
+	 * statement that creates the checker's "truth" table (msg_id, amount,
+	 * account, rows, deliveries, acked).  producers: the deliveries are
+	 * produced during the run, by producer processes.
+	 */
+	const char *lease_sql;
+	const char *ack_sql;
+	const char *nack_sql;
+	const char *pending_sql;
+	const char *truth_sql;
+	bool		producers;
+	int			effect_params;	/* parameters of "effect": 4 or 6 */
 } Kind;
 
-/* The claim kind: idem_claim(msg_id) guards a credit and a ledger row. */
+/*
+ * The claim kind: idem_claim(msg_id) guards a credit and a ledger row.  The
+ * outbox kind runs the same transaction, its effect also recording the key
+ * and n of the message.  A delivery chosen to fail rolls back after its
+ * effect.
+ */
 static Outcome
 claim_apply(Consumer *c, const Delivery *d)
 {
@@ -478,13 +533,20 @@ claim_apply(Consumer *c, const Delivery *d)
 	chaos_point(c, P_AFTER_CLAIM);
 	if (first)
 	{
-		const char *params[] = {d->msg_id, d->amount, d->account, consumer};
+		const char *params[] = {d->msg_id, d->amount, d->account, consumer, d->key, d->n};
 
 		snprintf(consumer, sizeof(consumer), "%d", c->slot);
-		if ((o = run_prepared(c, "effect", 4, params, PGRES_COMMAND_OK, NULL)) != O_DONE)
+		if ((o = run_prepared(c, "effect", c->effect_params, params, PGRES_COMMAND_OK,
+							  NULL)) != O_DONE)
 			return o;
 	}
 	chaos_point(c, P_BEFORE_COMMIT);
+	if (c->fail)
+	{
+		if ((o = run_command(c, "ROLLBACK", "ROLLBACK")) != O_DONE)
+			return o;
+		return O_FAILED;
+	}
 	if ((o = commit(c)) != O_DONE)
 		return o;
 	count(&shared->committed, 1);
@@ -658,7 +720,101 @@ static const Kind kinds[] = {
 		"         WHERE NOT EXISTS (SELECT 1 FROM idem.requests r WHERE r.ns = $1 "
 		"                             AND r.key = p.msg_id AND r.response_body = p.body))",
 	},
+	{
+		.name = "outbox",
+		.setup_sql =
+		"DROP TABLE IF EXISTS orders, key_state, deliveries;"
+	/* the business rows: one per message sent, committed with it */
+		"CREATE TABLE orders (msg_id uuid PRIMARY KEY, key text NOT NULL, n int NOT NULL,"
+		"  amount int NOT NULL, account int NOT NULL);"
+	/* the consumer's side: the last n applied per key */
+		"CREATE TABLE key_state (key text PRIMARY KEY, last_n int NOT NULL, prev_n int);"
+	/* every lease, committed with it, in the order leases were made */
+		"CREATE TABLE deliveries (id bigserial PRIMARY KEY, msg_id uuid NOT NULL,"
+		"  attempt int NOT NULL);"
+		"ALTER TABLE ledger ADD COLUMN key text, ADD COLUMN n int, ADD COLUMN prev_n int;"
+		"DELETE FROM idem.outbox WHERE aggregatetype = 'chaos';"
+		"DELETE FROM idem.outbox_keys WHERE topic = 'chaos';"
+	/* relays die often: no message may run out of attempts */
+		"SELECT idem_outbox_configure('chaos', 1000, '10 ms', '100 ms');",
+		.prepare_sql = {
+			"PREPARE effect(text, int, int, int, text, int) AS "
+			"WITH k AS (INSERT INTO key_state(key, last_n) VALUES ($5, $6) "
+			"           ON CONFLICT (key) DO UPDATE "
+			"           SET prev_n = key_state.last_n, last_n = excluded.last_n "
+			"           RETURNING prev_n), "
+			"     credit AS (UPDATE accounts SET balance = balance + $2 WHERE id = $3) "
+			"INSERT INTO ledger(msg_id, amount, account, consumer, key, n, prev_n) "
+			"SELECT $1, $2, $3, $4, $5, $6, prev_n FROM k",
+			NULL
+		},
+		.apply = claim_apply,
+		.checks_sql =
+	/* a later message of a key leased before an earlier one */
+		"SELECT 'leased out of order', "
+		"       (SELECT count(*) FROM ("
+		"          SELECT o.n, max(o.n) OVER (PARTITION BY o.key ORDER BY d.id "
+		"                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before "
+		"            FROM deliveries d JOIN orders o USING (msg_id)) x "
+		"         WHERE before > n) "
+		"UNION ALL "
+		"SELECT 'applied out of order', (SELECT count(*) FROM ledger WHERE prev_n > n) "
+		"UNION ALL "
+		"SELECT 'leased but rolled back', "
+		"       (SELECT count(*) FROM deliveries d "
+		"         WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.msg_id = d.msg_id)) "
+		"UNION ALL "
+		"SELECT 'left in the outbox', "
+		"       (SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'chaos') "
+		"UNION ALL "
+		"SELECT 'dead keys', "
+		"       (SELECT count(*) FROM idem.outbox_keys WHERE topic = 'chaos' AND dead) "
+		"UNION ALL "
+		"SELECT 'claims not matching a message', "
+		"       CASE WHEN (SELECT value FROM chaos_stats WHERE name = 'no_idem') = 1 THEN 0 "
+		"            ELSE (SELECT count(*) FROM ("
+		"                    SELECT msg_id FROM idem.claims WHERE ns = $1 "
+		"                    EXCEPT ALL SELECT msg_id::text FROM orders) x) "
+		"               + (SELECT count(*) FROM ("
+		"                    SELECT msg_id::text FROM orders "
+		"                    EXCEPT ALL SELECT msg_id FROM idem.claims WHERE ns = $1) y) END",
+		.lease_sql =
+		"PREPARE lease(int, int) AS "
+		"WITH l AS (SELECT * FROM idem_outbox_lease(current_setting('application_name'), $1,"
+		"                                          $2 * interval '1 ms')), "
+		"     d AS (INSERT INTO deliveries(msg_id, attempt) SELECT id, attempt FROM l) "
+		"SELECT id, id::text, payload->>'amount', payload->>'account', key, payload->>'n' FROM l",
+		.ack_sql = "PREPARE ack(uuid[]) AS SELECT idem_outbox_ack($1)",
+		.nack_sql = "PREPARE nack(uuid) AS "
+		"SELECT idem_outbox_nack($1, 'the consumer failed', '1 millisecond')",
+		.pending_sql = "SELECT EXISTS (SELECT 1 FROM idem.outbox WHERE aggregatetype = 'chaos')",
+		.truth_sql =
+		"CREATE TEMP TABLE truth AS "
+		"SELECT o.msg_id::text AS msg_id, o.amount, o.account, 1::bigint AS rows, "
+		"       coalesce(d.n, 0) AS deliveries, "
+		"       NOT EXISTS (SELECT 1 FROM idem.outbox x WHERE x.id = o.msg_id) AS acked "
+		"  FROM orders o "
+		"  LEFT JOIN (SELECT msg_id, count(*) AS n FROM deliveries GROUP BY msg_id) d USING (msg_id)",
+		.producers = true,
+		.effect_params = 6,
+	},
 };
+
+/*
+ * Broken relays of the outbox kind, to prove the order check live: they take
+ * any pending messages, in no order and without a lease, as a plain queue
+ * would, and ack by deleting them.
+ */
+static const char *unordered_lease_sql =
+"PREPARE lease(int, int) AS "
+"WITH l AS (SELECT id, aggregateid AS key, payload, 1 AS attempt FROM idem.outbox "
+"            WHERE aggregatetype = 'chaos' ORDER BY random() LIMIT $1), "
+"     d AS (INSERT INTO deliveries(msg_id, attempt) SELECT id, attempt FROM l) "
+"SELECT id, id::text, payload->>'amount', payload->>'account', key, payload->>'n' FROM l";
+static const char *unordered_ack_sql =
+"PREPARE ack(uuid[]) AS "
+"WITH a AS (DELETE FROM idem.outbox WHERE id = ANY ($1) RETURNING 1) SELECT count(*) FROM a";
+
 static const Kind *
 find_kind(const char *name)
 {
@@ -672,22 +828,30 @@ find_kind(const char *name)
 static bool
 consumer_connect(Consumer *c, const Kind *kind)
 {
-	char		sql[400];
+	const char *lease_sql =
+		"PREPARE lease(int, int) AS "
+		"UPDATE src s SET leased_until = clock_timestamp() + $2 * interval '1 ms', "
+		"       deliveries = s.deliveries + 1 "
+		"FROM (SELECT seq FROM src WHERE NOT acked AND leased_until < clock_timestamp() "
+		"      ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED) p "
+		"WHERE s.seq = p.seq RETURNING s.seq, s.msg_id, s.amount, s.account";
+	const char *ack_sql =
+		"PREPARE ack(bigint[]) AS UPDATE src SET acked = true WHERE seq = ANY ($1)";
 	Outcome		o;
 
+	if (kind->lease_sql)
+	{
+		bool		unordered = opt.broken && strcmp(opt.broken, "unordered") == 0;
+
+		lease_sql = unordered ? unordered_lease_sql : kind->lease_sql;
+		ack_sql = unordered ? unordered_ack_sql : kind->ack_sql;
+	}
 	c->conn = connect_retry(c->appname);
 	if (c->conn == NULL)
 		return false;
-	snprintf(sql, sizeof(sql),
-			 "PREPARE lease(int, int) AS "
-			 "UPDATE src s SET leased_until = clock_timestamp() + $2 * interval '1 ms', "
-			 "       deliveries = s.deliveries + 1 "
-			 "FROM (SELECT seq FROM src WHERE NOT acked AND leased_until < clock_timestamp() "
-			 "      ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED) p "
-			 "WHERE s.seq = p.seq RETURNING s.seq, s.msg_id, s.amount, s.account");
-	if ((o = run_command(c, sql, "PREPARE lease")) != O_DONE ||
-		(o = run_command(c, "PREPARE ack(bigint[]) AS UPDATE src SET acked = true WHERE seq = ANY ($1)",
-						 "PREPARE ack")) != O_DONE ||
+	if ((o = run_command(c, lease_sql, "PREPARE lease")) != O_DONE ||
+		(o = run_command(c, ack_sql, "PREPARE ack")) != O_DONE ||
+		(kind->nack_sql && (o = run_command(c, kind->nack_sql, "PREPARE nack")) != O_DONE) ||
 		(o = run_command(c, "SET statement_timeout = '60s'", "SET")) != O_DONE)
 		goto failed;
 	for (int i = 0; kind->prepare_sql[i]; i++)
@@ -702,9 +866,13 @@ failed:
 	return o == O_LOST;
 }
 
-/* Ack the deliveries listed in seqs (an array literal); empties the list. */
+/*
+ * Ack the deliveries listed in seqs (an array literal); empties the list.
+ * The ack of src is an UPDATE, that of a kind with its own source returns
+ * how many it acked.
+ */
 static Outcome
-ack(Consumer *c, char *seqs)
+ack(Consumer *c, const Kind *kind, char *seqs)
 {
 	const char *params[] = {seqs};
 	PGresult   *res;
@@ -713,13 +881,34 @@ ack(Consumer *c, char *seqs)
 	if (strcmp(seqs, "{") == 0)
 		return O_DONE;
 	strcat(seqs, "}");
-	o = run_prepared(c, "ack", 1, params, PGRES_COMMAND_OK, &res);
+	o = run_prepared(c, "ack", 1, params,
+					 kind->ack_sql ? PGRES_TUPLES_OK : PGRES_COMMAND_OK, &res);
 	if (o == O_DONE)
 	{
-		count(&shared->acks, atol(PQcmdTuples(res)));
+		count(&shared->acks, atol(kind->ack_sql ? PQgetvalue(res, 0, 0) : PQcmdTuples(res)));
 		PQclear(res);
 	}
 	strcpy(seqs, "{");
+	return o;
+}
+
+/* A delivery failed: give it back at once (kinds with a nack only). */
+static Outcome
+nack(Consumer *c, const Kind *kind, const Delivery *d)
+{
+	const char *params[] = {d->seq};
+	PGresult   *res;
+	Outcome		o;
+
+	if (kind->nack_sql == NULL)
+		return O_DONE;
+	o = run_prepared(c, "nack", 1, params, PGRES_TUPLES_OK, &res);
+	if (o == O_DONE)
+	{
+		if (strcmp(PQgetvalue(res, 0, 0), "t") == 0)
+			count(&shared->nacks, 1);
+		PQclear(res);
+	}
 	return o;
 }
 
@@ -737,7 +926,7 @@ consumer_main(int slot, unsigned long generation)
 	const Kind *kind = find_kind(opt.kind);
 	Consumer	c = {.slot = slot};
 	Delivery   *batch = calloc(opt.batch, sizeof(Delivery));
-	char	   *seqs = malloc(opt.batch * 24 + 4);
+	char	   *seqs = malloc(opt.batch * sizeof(batch->seq) + 4);
 	bool		ack_first = opt.broken && strcmp(opt.broken, "ack-first") == 0;
 	char		lease_ms[16];
 	char		batch_n[16];
@@ -748,6 +937,7 @@ consumer_main(int slot, unsigned long generation)
 	snprintf(batch_n, sizeof(batch_n), "%d", opt.batch);
 	rng_seed(&c.rng, opt.seed * 1000003 + slot * 7919 + generation);
 	c.use_idem = !(opt.broken && strcmp(opt.broken, "no-idem") == 0);
+	c.effect_params = kind->effect_params ? kind->effect_params : 4;
 
 	for (;;)
 	{
@@ -780,14 +970,29 @@ consumer_main(int slot, unsigned long generation)
 			snprintf(batch[i].msg_id, sizeof(batch[i].msg_id), "%s", PQgetvalue(res, i, 1));
 			snprintf(batch[i].amount, sizeof(batch[i].amount), "%s", PQgetvalue(res, i, 2));
 			snprintf(batch[i].account, sizeof(batch[i].account), "%s", PQgetvalue(res, i, 3));
+			batch[i].key[0] = batch[i].n[0] = '\0';
+			if (PQnfields(res) >= 6)
+			{
+				snprintf(batch[i].key, sizeof(batch[i].key), "%s", PQgetvalue(res, i, 4));
+				snprintf(batch[i].n, sizeof(batch[i].n), "%s", PQgetvalue(res, i, 5));
+			}
 		}
 		PQclear(res);
 		count(&shared->leased, n);
 
 		if (n == 0)
 		{
-			/* nothing to lease: done if nothing is left unacked */
-			res = PQexec(c.conn, "SELECT EXISTS (SELECT 1 FROM src WHERE NOT acked)");
+			/*
+			 * nothing to lease: done if nothing is left unacked, once every
+			 * message is produced
+			 */
+			if (kind->producers && !__atomic_load_n(&shared->producers_done, __ATOMIC_SEQ_CST))
+			{
+				sleep_ms(20);
+				continue;
+			}
+			res = PQexec(c.conn, kind->pending_sql ? kind->pending_sql :
+						 "SELECT EXISTS (SELECT 1 FROM src WHERE NOT acked)");
 			if (PQresultStatus(res) != PGRES_TUPLES_OK)
 			{
 				failure(&c, res, "done?");
@@ -820,12 +1025,13 @@ consumer_main(int slot, unsigned long generation)
 			c.kill_at = P_NONE;
 			if (opt.kill_every > 0 && rng_below(&c.rng, opt.kill_every) == 0)
 				c.kill_at = (Point) (P_BEFORE_CLAIM + rng_below(&c.rng, 4));
+			c.fail = opt.nack_every > 0 && rng_below(&c.rng, opt.nack_every) == 0;
 
 			if (ack_first)
 			{
 				/* deliberately wrong: ack, then apply */
 				ack_later(seqs, &batch[i]);
-				o = ack(&c, seqs);
+				o = ack(&c, kind, seqs);
 				if (o == O_DONE)
 					o = kind->apply(&c, &batch[i]);
 			}
@@ -837,6 +1043,8 @@ consumer_main(int slot, unsigned long generation)
 					ack_later(seqs, &batch[i]);
 					chaos_point(&c, P_AFTER_COMMIT);
 				}
+				else if (o == O_FAILED)
+					o = nack(&c, kind, &batch[i]);
 			}
 			if (o == O_LOST)
 			{
@@ -845,7 +1053,7 @@ consumer_main(int slot, unsigned long generation)
 				c.conn = NULL;
 			}
 		}
-		if (c.conn && ack(&c, seqs) == O_LOST)
+		if (c.conn && ack(&c, kind, seqs) == O_LOST)
 		{
 			PQfinish(c.conn);
 			c.conn = NULL;
@@ -853,7 +1061,10 @@ consumer_main(int slot, unsigned long generation)
 	}
 }
 
-/* The chaos process: terminates a random consumer backend now and then. */
+/*
+ * The chaos process: terminates a random consumer (or producer) backend now
+ * and then.
+ */
 static int
 terminator_main(void)
 {
@@ -870,6 +1081,7 @@ terminator_main(void)
 					 "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) "
 					 "FROM (SELECT pid FROM pg_stat_activity "
 					 "      WHERE application_name LIKE 'chaos-consumer-%' "
+					 "         OR application_name LIKE 'chaos-producer-%' "
 					 "      ORDER BY random() LIMIT 1) s");
 		if (PQresultStatus(res) == PGRES_TUPLES_OK)
 			count(&shared->terminations, atol(PQgetvalue(res, 0, 0)));
@@ -958,7 +1170,9 @@ save_stats(long crashes, double seconds)
 			 "('unexpected', %ld), ('terminations', %ld), ('crashes', %ld), ('kills', %ld), "
 			 "('kills_before_claim', %ld), ('kills_after_claim', %ld), "
 			 "('kills_before_commit', %ld), ('kills_after_commit', %ld), "
-			 "('kills_external', %ld), ('no_idem', %d), ('ack_first', %d), ('ms', %ld) "
+			 "('kills_external', %ld), ('no_idem', %d), ('ack_first', %d), ('ms', %ld), "
+			 "('nacks', %ld), ('sends', %ld), ('rolled_back', %ld), ('producer_txns', %ld), "
+			 "('producer_kills', %ld) "
 			 "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
 			 opt.consumers, shared->leased, shared->committed, shared->applied,
 			 shared->absorbed, shared->acks, shared->conn_lost, shared->reconnects,
@@ -968,7 +1182,9 @@ save_stats(long crashes, double seconds)
 			 shared->kills[P_EXTERNAL],
 			 opt.broken && strcmp(opt.broken, "no-idem") == 0,
 			 opt.broken && strcmp(opt.broken, "ack-first") == 0,
-			 (long) (seconds * 1000));
+			 (long) (seconds * 1000),
+			 shared->nacks, shared->sends, shared->rolled_back, shared->producer_txns,
+			 shared->producer_kills);
 	must_exec(conn, sql);
 	PQfinish(conn);
 }
@@ -979,12 +1195,160 @@ consumer_entry(int slot, unsigned long generation)
 	return consumer_main(slot, generation);
 }
 
+/* ---------- producers of the outbox kind ---------- */
+
+/*
+ * A producer sends transactions of one to three messages, each with its
+ * business row, to keys of its own (key i belongs to producer i % producers),
+ * so that its messages of one key are sent one transaction after the other
+ * and must be applied in that order.  One transaction in ten rolls back on
+ * purpose; with --kill-every, a producer now and then dies after its sends,
+ * before its commit.  Where it stands (messages sent, the last n of each
+ * key) is in shared memory, so that the producer started in place of one
+ * that died goes on from there.
+ */
+static int
+producer_main(int slot, unsigned long generation)
+{
+	Consumer	p = {.slot = slot};
+	long		quota = opt.messages / opt.producers + (slot < opt.messages % opt.producers);
+	long		own = (opt.keys - slot + opt.producers - 1) / opt.producers;
+
+	snprintf(p.appname, sizeof(p.appname), "chaos-producer-%d", slot);
+	rng_seed(&p.rng, opt.seed * 2000003 + slot * 6007 + generation);
+
+	while (shared->attempted[slot] < quota)
+	{
+		long		k = 1 + rng_below(&p.rng, 3);
+		bool		rollback = rng_below(&p.rng, 10) == 0;
+		bool		die_here = opt.kill_every > 0 && rng_below(&p.rng, opt.kill_every) == 0;
+		Outcome		o = O_DONE;
+
+		if (p.conn == NULL)
+		{
+			p.conn = connect_retry(p.appname);
+			if (p.conn == NULL)
+				_exit(EXIT_GAVE_UP);
+			o = run_command(&p,
+							"PREPARE send(text, int, int, int) AS "
+							"WITH m AS (SELECT idem_outbox_send('chaos', $1, jsonb_build_object("
+							"  'n', $2, 'amount', $3, 'account', $4)) AS id) "
+							"INSERT INTO orders(msg_id, key, n, amount, account) "
+							"SELECT id, $1, $2, $3, $4 FROM m", "PREPARE send");
+			if (o == O_DONE)
+				o = run_command(&p, "SET statement_timeout = '60s'", "SET");
+			if (o != O_DONE)
+			{
+				PQfinish(p.conn);
+				p.conn = NULL;
+				if (o == O_LOST)
+					continue;
+				_exit(EXIT_GAVE_UP);
+			}
+		}
+
+		if (k > quota - shared->attempted[slot])
+			k = quota - shared->attempted[slot];
+		o = run_command(&p, "BEGIN", "BEGIN");
+		for (long i = 0; i < k && o == O_DONE; i++)
+		{
+			long		key = slot + opt.producers * rng_below(&p.rng, own);
+			char		key_s[32],
+						n_s[24],
+						amount_s[16],
+						account_s[16];
+			const char *params[] = {key_s, n_s, amount_s, account_s};
+
+			snprintf(key_s, sizeof(key_s), "k%04ld", key);
+			snprintf(n_s, sizeof(n_s), "%ld", ++shared->key_n[key]);
+			snprintf(amount_s, sizeof(amount_s), "%d", 1 + (int) rng_below(&p.rng, 1000));
+			snprintf(account_s, sizeof(account_s), "%d",
+					 1 + (int) rng_below(&p.rng, opt.accounts));
+			shared->attempted[slot]++;
+			o = run_prepared(&p, "send", 4, params, PGRES_COMMAND_OK, NULL);
+		}
+		if (o == O_DONE && die_here)
+		{
+			count(&shared->producer_kills, 1);
+			__atomic_thread_fence(__ATOMIC_SEQ_CST);
+			if (rng_below(&p.rng, 2) == 0)
+				kill(getpid(), SIGKILL);
+			_exit(EXIT_KILLED);
+		}
+		if (o == O_DONE && rollback)
+		{
+			o = run_command(&p, "ROLLBACK", "ROLLBACK");
+			if (o == O_DONE)
+				count(&shared->rolled_back, k);
+		}
+		else if (o == O_DONE)
+		{
+			/* a commit whose answer is lost may have happened or not */
+			o = commit(&p);
+			if (o == O_DONE)
+			{
+				count(&shared->sends, k);
+				count(&shared->producer_txns, 1);
+			}
+		}
+		if (o == O_LOST)
+		{
+			PQfinish(p.conn);
+			p.conn = NULL;
+		}
+		else if (o == O_FAILED)
+			PQclear(PQexec(p.conn, "ROLLBACK"));
+	}
+	if (p.conn)
+		PQfinish(p.conn);
+	return EXIT_DONE;
+}
+
+static int
+producer_entry(int slot, unsigned long generation)
+{
+	return producer_main(slot, generation);
+}
+
+/*
+ * Every producer has finished: wait until their backends are gone too (one
+ * that was terminated may still be on its way out), then let the consumers
+ * end once nothing is left to deliver.
+ */
+static void
+producers_finished(void)
+{
+	for (;;)
+	{
+		PGconn	   *conn = connect_retry("chaos-supervisor");
+		PGresult   *res;
+		bool		gone;
+
+		if (conn == NULL)
+			die("cannot connect");
+		res = PQexec(conn, "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity "
+					 "WHERE application_name LIKE 'chaos-producer-%')");
+		gone = PQresultStatus(res) == PGRES_TUPLES_OK && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+		PQclear(res);
+		PQfinish(conn);
+		if (gone)
+			break;
+		sleep_ms(20);
+	}
+	__atomic_store_n(&shared->producers_done, 1, __ATOMIC_SEQ_CST);
+	note("chaos: every producer is done");
+}
+
 static int
 mode_run(void)
 {
-	pid_t		pids[MAX_CONSUMERS];
-	bool		done[MAX_CONSUMERS];
-	unsigned long generation[MAX_CONSUMERS];
+	pid_t		pids[MAX_CONSUMERS + MAX_PRODUCERS];
+	bool		done[MAX_CONSUMERS + MAX_PRODUCERS];
+	unsigned long generation[MAX_CONSUMERS + MAX_PRODUCERS];
+	const Kind *kind = find_kind(opt.kind);
+	/* slots 0 .. consumers - 1 are consumers, the next ones producers */
+	int			nslots = opt.consumers + (kind->producers ? opt.producers : 0);
+	int			producing = kind->producers ? opt.producers : 0;
 	int			running;
 	pid_t		terminator = 0;
 	long		total;
@@ -996,7 +1360,6 @@ mode_run(void)
 
 	if (opt.crashes > 0 && (opt.n_crash_cmds == 0 || opt.start_cmd == NULL))
 		die("--crashes needs --crash-cmd and --start-cmd");
-	find_kind(opt.kind);
 	rng_seed(&rng, opt.seed ^ 0xC4A05);
 
 	shared = mmap(NULL, sizeof(Shared), PROT_READ | PROT_WRITE,
@@ -1008,19 +1371,27 @@ mode_run(void)
 	/* no connection of ours may cross a fork */
 	if ((conn = connect_retry("chaos-supervisor")) == NULL)
 		die("cannot connect");
-	total = query_long(conn, "SELECT count(*) FROM src WHERE NOT acked");
+	/* with producers, the messages to send (some will roll back) */
+	total = kind->producers ? opt.messages :
+		query_long(conn, "SELECT count(*) FROM src WHERE NOT acked");
 	must_exec(conn, "DELETE FROM chaos_stats");
 	PQfinish(conn);
 
-	note("chaos: %d %s consumers on %ld deliveries%s%s", opt.consumers, opt.kind, total,
-		 opt.broken ? ", broken: " : "", opt.broken ? opt.broken : "");
-	for (int i = 0; i < opt.consumers; i++)
+	if (kind->producers)
+		note("chaos: %d producers sending %ld messages to %d keys, %d %s consumers%s%s",
+			 opt.producers, total, opt.keys, opt.consumers, opt.kind,
+			 opt.broken ? ", broken: " : "", opt.broken ? opt.broken : "");
+	else
+		note("chaos: %d %s consumers on %ld deliveries%s%s", opt.consumers, opt.kind, total,
+			 opt.broken ? ", broken: " : "", opt.broken ? opt.broken : "");
+	for (int i = 0; i < nslots; i++)
 	{
 		generation[i] = 0;
 		done[i] = false;
-		pids[i] = spawn(consumer_entry, i, 0);
+		pids[i] = i < opt.consumers ? spawn(consumer_entry, i, 0) :
+			spawn(producer_entry, i - opt.consumers, 0);
 	}
-	running = opt.consumers;
+	running = nslots;
 	if (opt.terminate_ms > 0)
 		terminator = spawn(terminator_entry, 0, 0);
 	next_sigkill = opt.sigkill_ms > 0 ? now_s() + opt.sigkill_ms / 1000.0 : 0;
@@ -1034,7 +1405,7 @@ mode_run(void)
 		{
 			int			slot = -1;
 
-			for (int i = 0; i < opt.consumers; i++)
+			for (int i = 0; i < nslots; i++)
 				if (pids[i] == pid && !done[i])
 					slot = i;
 			if (slot < 0)
@@ -1047,6 +1418,16 @@ mode_run(void)
 			{
 				done[slot] = true;
 				running--;
+				if (slot >= opt.consumers && --producing == 0)
+					producers_finished();
+				continue;
+			}
+			if (slot >= opt.consumers &&
+				((WIFEXITED(status) && WEXITSTATUS(status) == EXIT_KILLED) ||
+				 (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)))
+			{
+				/* a producer died before its commit: another takes over */
+				pids[slot] = spawn(producer_entry, slot - opt.consumers, ++generation[slot]);
 				continue;
 			}
 			if ((WIFEXITED(status) && WEXITSTATUS(status) == EXIT_KILLED) ||
@@ -1059,19 +1440,20 @@ mode_run(void)
 				pids[slot] = spawn(consumer_entry, slot, ++generation[slot]);
 				continue;
 			}
-			for (int i = 0; i < opt.consumers; i++)
+			for (int i = 0; i < nslots; i++)
 				if (!done[i] && pids[i] != pid)
 					kill(pids[i], SIGKILL);
 			if (terminator)
 				kill(terminator, SIGKILL);
-			die("consumer %d failed (%s %d)", slot,
+			die("%s %d failed (%s %d)", slot < opt.consumers ? "consumer" : "producer",
+				slot < opt.consumers ? slot : slot - opt.consumers,
 				WIFEXITED(status) ? "exit status" : "signal",
 				WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 		}
 
 		if (now_s() - t0 > opt.timeout_s)
 		{
-			for (int i = 0; i < opt.consumers; i++)
+			for (int i = 0; i < nslots; i++)
 				if (!done[i])
 					kill(pids[i], SIGKILL);
 			if (terminator)
@@ -1155,6 +1537,14 @@ mode_setup(void)
 			  "CREATE TABLE chaos_stats (name text PRIMARY KEY, value bigint NOT NULL);");
 	if (kind->setup_sql[0])
 		must_exec(conn, kind->setup_sql);
+	if (kind->producers)
+	{
+		char		sql[200];
+
+		snprintf(sql, sizeof(sql),
+				 "INSERT INTO accounts(id) SELECT g FROM generate_series(1, %d) g", opt.accounts);
+		must_exec(conn, sql);
+	}
 	res = PQexecParams(conn, "DELETE FROM idem.claims WHERE ns = $1", 1, NULL, params,
 					   NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK)
@@ -1182,6 +1572,8 @@ mode_produce(void)
 
 	if (conn == NULL)
 		die("cannot connect");
+	if (find_kind(opt.kind)->producers)
+		die("the %s kind produces during the run", opt.kind);
 	if (n <= 0 || opt.redeliver < 0 || opt.redeliver > 1 || opt.max_copies < 1)
 		die("bad --messages, --redeliver or --max-copies");
 	rng_seed(&rng, opt.seed);
@@ -1278,12 +1670,14 @@ mode_check(void)
 
 	if (conn == NULL)
 		die("cannot connect");
-	must_exec(conn,
+	/* every message and how it was delivered */
+	must_exec(conn, kind->truth_sql ? kind->truth_sql :
 			  "CREATE TEMP TABLE truth AS "
 			  "SELECT msg_id, min(amount) AS amount, min(account) AS account, "
 			  "       count(*) AS rows, sum(deliveries) AS deliveries, "
 			  "       bool_and(acked) AS acked "
-			  "FROM src GROUP BY msg_id;"
+			  "FROM src GROUP BY msg_id");
+	must_exec(conn,
 			  "CREATE TEMP TABLE applied AS "
 			  "SELECT msg_id, count(*) AS n FROM ledger GROUP BY msg_id;");
 	res = must_query(conn,
@@ -1407,14 +1801,17 @@ usage(void)
 	fprintf(stderr,
 			"usage: chaos setup|produce|run|check [options]\n"
 			"  -d, --dbname CONNINFO      where to connect (default: libpq environment)\n"
-			"  --kind NAME                consumer kind: claim (default) or request\n"
+			"  --kind NAME                consumer kind: claim (default), request or outbox\n"
 			"  --ns NAME                  idem namespace (chaos)\n"
-			"  --messages N               messages to produce (100000)\n"
+			"  --messages N               messages to produce, or for the outbox kind to send (100000)\n"
 			"  --redeliver F              share of messages given extra copies (0.35)\n"
 			"  --max-copies N             at most N extra copies of a message (3)\n"
 			"  --accounts N               accounts credited (100)\n"
 			"  --seed N                   random seed (1)\n"
 			"  --consumers N              consumer processes (4)\n"
+			"  --producers N              outbox kind: producer processes (4)\n"
+			"  --keys N                   outbox kind: keys the messages are sent to (64)\n"
+			"  --nack-every N             one delivery in N fails and is nacked (outbox kind)\n"
 			"  --batch N                  rows leased at a time (32)\n"
 			"  --lease-ms N               lease of a row before redelivery (1000)\n"
 			"  --kill-every N             a consumer dies once per N deliveries on average\n"
@@ -1426,7 +1823,8 @@ usage(void)
 			"  --reconnect-s N            give up reaching the server after N seconds (120)\n"
 			"  --timeout-s N              give up a run after N seconds (1800)\n"
 			"  --no-idem                  broken consumer: skip idem_claim\n"
-			"  --broken no-idem|ack-first broken consumer, to prove the checker live\n"
+			"  --broken no-idem|ack-first|unordered\n"
+			"                             broken consumer, to prove the checker live\n"
 			"  -q, --quiet                no progress on stderr\n");
 	exit(2);
 }
@@ -1444,6 +1842,9 @@ main(int argc, char **argv)
 		{"accounts", required_argument, NULL, 'a'},
 		{"seed", required_argument, NULL, 's'},
 		{"consumers", required_argument, NULL, 'c'},
+		{"producers", required_argument, NULL, 'P'},
+		{"keys", required_argument, NULL, 'y'},
+		{"nack-every", required_argument, NULL, 'F'},
 		{"batch", required_argument, NULL, 'b'},
 		{"lease-ms", required_argument, NULL, 'l'},
 		{"kill-every", required_argument, NULL, 'K'},
@@ -1497,6 +1898,15 @@ main(int argc, char **argv)
 			case 'c':
 				opt.consumers = atoi(optarg);
 				break;
+			case 'P':
+				opt.producers = atoi(optarg);
+				break;
+			case 'y':
+				opt.keys = atoi(optarg);
+				break;
+			case 'F':
+				opt.nack_every = atol(optarg);
+				break;
 			case 'b':
 				opt.batch = atoi(optarg);
 				break;
@@ -1533,8 +1943,9 @@ main(int argc, char **argv)
 				opt.broken = "no-idem";
 				break;
 			case 'B':
-				if (strcmp(optarg, "no-idem") != 0 && strcmp(optarg, "ack-first") != 0)
-					die("--broken takes no-idem or ack-first");
+				if (strcmp(optarg, "no-idem") != 0 && strcmp(optarg, "ack-first") != 0 &&
+					strcmp(optarg, "unordered") != 0)
+					die("--broken takes no-idem, ack-first or unordered");
 				opt.broken = optarg;
 				break;
 			case 'q':
@@ -1550,6 +1961,12 @@ main(int argc, char **argv)
 		die("--consumers must be between 1 and %d", MAX_CONSUMERS);
 	if (opt.batch < 1 || opt.lease_ms < 1 || opt.accounts < 1)
 		die("--batch, --lease-ms and --accounts must be positive");
+	if (opt.producers < 1 || opt.producers > MAX_PRODUCERS)
+		die("--producers must be between 1 and %d", MAX_PRODUCERS);
+	if (opt.keys < opt.producers || opt.keys > MAX_KEYS)
+		die("--keys must be between --producers and %d", MAX_KEYS);
+	if (opt.broken && strcmp(opt.broken, "unordered") == 0 && !find_kind(opt.kind)->lease_sql)
+		die("--broken unordered is for the outbox kind");
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	if (strcmp(mode, "setup") == 0)

@@ -1,0 +1,311 @@
+
+# Copyright (c) idem contributors
+#
+# The transactional outbox across crashes.  Messages committed before an
+# immediate shutdown, or a SIGKILL of the postmaster, are delivered after the
+# restart, in send order per key; none of a transaction that rolled back, or
+# was still open at the crash, ever is.  Leases, acks and backoffs committed
+# before the crash hold after it.  A prepared transaction's messages are
+# delivered only after COMMIT PREPARED, also across a crash, and never after
+# ROLLBACK PREPARED.  Logical decoding (test_decoding) sees a committed send
+# and none of a rolled-back one, in commit order, and after a crash too.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+use IdemTest;
+
+my $node = idem_node('outbox', 'max_prepared_transactions = 10',
+	'restart_after_crash = on', 'wal_level = logical',
+	'max_replication_slots = 4', 'max_wal_senders = 4');
+
+# Leases every message that can be leased and acks it, round after round
+# (a key gives one message a round), each round committed, until a round
+# leases nothing.  Returns what was delivered, one line per key in the order
+# of the keys: the payloads' n in delivery order, each followed by @attempt
+# if not the first.
+sub deliver
+{
+	return $node->safe_psql(
+		'postgres', q{
+	CREATE TEMP TABLE got (round int, id uuid, topic text, key text, n text, attempt int);
+	DO $$
+	DECLARE
+		r int := 0;
+		leased bigint;
+	BEGIN
+		LOOP
+			r := r + 1;
+			INSERT INTO got
+			SELECT r, id, topic, key, payload->>'n', attempt
+			  FROM idem_outbox_lease('tap', 10000, '1 hour');
+			GET DIAGNOSTICS leased = ROW_COUNT;
+			EXIT WHEN leased = 0;
+			IF idem_outbox_ack(ARRAY(SELECT id FROM got WHERE round = r)) <> leased THEN
+				RAISE EXCEPTION 'not every leased message was acked';
+			END IF;
+			COMMIT;
+		END LOOP;
+	END $$;
+	SELECT topic || '/' || key || ': '
+	       || string_agg(n || CASE WHEN attempt > 1 THEN '@' || attempt ELSE '' END, ','
+	                     ORDER BY round)
+	  FROM got GROUP BY topic, key ORDER BY topic, key;});
+}
+
+# Sends one message in its own transaction, or in the current one.
+sub send_sql
+{
+	my ($topic, $key, $n) = @_;
+	return "SELECT idem_outbox_send('$topic', '$key', '{\"n\": $n}') IS NOT NULL;";
+}
+
+# Runs SQL in a transaction and prepares it; psql's errors, '' if none.
+sub prepare
+{
+	my ($gid, $sql) = @_;
+	my ($ret, $out, $err) = $node->psql('postgres',
+		"\\set VERBOSITY terse\nBEGIN;\n$sql\nPREPARE TRANSACTION '$gid';");
+	return $err;
+}
+
+# COMMIT or ROLLBACK PREPARED; psql's errors, '' if none.
+sub finish_prepared
+{
+	my ($how, $gid) = @_;
+	my ($ret, $out, $err) =
+	  $node->psql('postgres', "\\set VERBOSITY terse\n$how PREPARED '$gid';");
+	return $err;
+}
+
+sub recovered
+{
+	my ($offset) = @_;
+	return slurp_file($node->logfile, $offset) =~
+	  /database system was (?:interrupted|not properly shut down)/;
+}
+
+########################################################################
+# Immediate shutdown
+########################################################################
+
+# Everything below is written after this checkpoint: after the crash it
+# exists only through WAL replay.
+$node->safe_psql('postgres', 'CHECKPOINT');
+
+# Keys whose heads are leased, acked and nacked before the crash.
+$node->safe_psql('postgres',
+	join('', map { send_sql('c', @$_) }
+		  ([ 'leased', 1 ], [ 'leased', 2 ], [ 'acked', 1 ], [ 'acked', 2 ],
+			[ 'nacked', 1 ])));
+is( $node->safe_psql(
+		'postgres', q{
+	CREATE TABLE before_crash AS
+	  SELECT * FROM idem_outbox_lease('tap', 10, '1 hour');
+	SELECT idem_outbox_ack(ARRAY(SELECT id FROM before_crash WHERE key = 'acked')),
+	       idem_outbox_nack((SELECT id FROM before_crash WHERE key = 'nacked'),
+	                        'broker down', '1 hour');
+	SELECT string_agg(key || ':' || (payload->>'n') || '@' || attempt, ',' ORDER BY key)
+	  FROM before_crash;}),
+	"1|t\nacked:1\@1,leased:1\@1,nacked:1\@1",
+	'heads leased; one acked, one nacked with a retry in an hour');
+
+# Messages committed one transaction at a time, interleaved over keys.
+$node->safe_psql('postgres',
+	join('', map { my $n = $_; map { send_sql('c', $_, $n) } qw(k1 k2 k3) }
+		  1 .. 5));
+# 1,000 messages of one key in one transaction.
+is( $node->safe_psql(
+		'postgres', q{
+	SELECT count(DISTINCT idem_outbox_send('c', 'bulk', jsonb_build_object('n', n)))
+	  FROM generate_series(1, 1000) n;}),
+	'1000', '1,000 messages sent in one transaction');
+
+# A transaction that rolls back, and a savepoint that is rolled back.
+$node->safe_psql(
+	'postgres', q{
+	BEGIN;
+	SELECT idem_outbox_send('c', 'k1', '{"n": 100}');
+	SELECT idem_outbox_send('c', 'gone', '{"n": 100}');
+	ROLLBACK;
+	BEGIN;
+	SAVEPOINT sp;
+	SELECT idem_outbox_send('c', 'k2', '{"n": 101}');
+	SELECT idem_outbox_send('c', 'gone', '{"n": 101}');
+	ROLLBACK TO SAVEPOINT sp;
+	SELECT idem_outbox_send('c', 'k2', '{"n": 6}');
+	COMMIT;});
+
+# Two prepared transactions, one to commit and one to roll back.  (Each
+# sends to a key of its own that has no row yet: until COMMIT or ROLLBACK
+# PREPARED, a send to such a key waits for the prepared transaction, as an
+# insert into a unique index would.)
+is( prepare(
+		'ob_commit',
+		q{SELECT idem_outbox_send('c', 'k1', '{"n": 6}');
+		  SELECT idem_outbox_send('c', 'prep', '{"n": 1}');}),
+	'',
+	'a transaction that sent messages is prepared');
+is( prepare(
+		'ob_abort',
+		q{SELECT idem_outbox_send('c', 'k3', '{"n": 99}');
+		  SELECT idem_outbox_send('c', 'prep-abort', '{"n": 99}');}),
+	'',
+	'another one is prepared');
+
+# A transaction still open at the crash.
+my $open = IdemTest::Session->new($node, 'postgres');
+is( $open->query(
+		q{BEGIN;
+		  SELECT idem_outbox_send('c', 'k3', '{"n": 102}') IS NOT NULL;
+		  SELECT idem_outbox_send('c', 'open', '{"n": 102}') IS NOT NULL;}),
+	"t\nt", 'messages sent in a transaction left open');
+
+my $log_offset = -s $node->logfile;
+$node->stop('immediate');
+ok($open->lost, 'the open session lost its connection');
+$node->start;
+ok(recovered($log_offset), 'the restart ran crash recovery');
+
+is( $node->safe_psql(
+		'postgres', q{SELECT string_agg(gid, ',' ORDER BY gid) FROM pg_prepared_xacts}),
+	'ob_abort,ob_commit',
+	'the prepared transactions survive the crash');
+
+is( deliver(),
+	join("\n",
+		'c/acked: 2',
+		'c/bulk: ' . join(',', 1 .. 1000),
+		'c/k1: 1,2,3,4,5',
+		'c/k2: 1,2,3,4,5,6',
+		'c/k3: 1,2,3,4,5'),
+	'after the crash every committed message is delivered once, in send order per key; '
+	  . 'none that rolled back, was open or is prepared');
+is( $node->safe_psql(
+		'postgres', q{
+	SELECT key, attempts, leased_by
+	  FROM idem.outbox_keys WHERE key IN ('leased', 'nacked') ORDER BY key}),
+	"leased|1|tap\nnacked|1|",
+	'the lease and the backoff made before the crash hold after it');
+
+# The lease and the backoff run out: their heads come again, second attempt.
+$node->safe_psql('postgres',
+	q{UPDATE idem.outbox_keys SET available_at = now() - interval '1 second'
+	   WHERE key IN ('leased', 'nacked')});
+is(deliver(), "c/leased: 1\@2,2\nc/nacked: 1\@2",
+	'a lease and a backoff made before the crash end, and their heads are leased again');
+
+is(finish_prepared('ROLLBACK', 'ob_abort'), '', 'ROLLBACK PREPARED');
+is(deliver(), '', 'after ROLLBACK PREPARED, nothing to deliver');
+is(finish_prepared('COMMIT', 'ob_commit'), '', 'COMMIT PREPARED');
+is(deliver(), "c/k1: 6\nc/prep: 1",
+	'COMMIT PREPARED: its messages are delivered, after the earlier ones of their keys');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM idem.outbox'),
+	'0', 'the outbox is empty');
+
+########################################################################
+# SIGKILL of the postmaster
+########################################################################
+
+$node->safe_psql('postgres', 'CHECKPOINT');
+$node->safe_psql('postgres',
+	join('', map { send_sql('k', 'kill', $_) } 1 .. 3) . q{
+	BEGIN;
+	SELECT idem_outbox_send('k', 'kill', '{"n": 100}');
+	ROLLBACK;});
+# a prepared transaction, committed only after the crash
+is(prepare('ob_kill', q{SELECT idem_outbox_send('k', 'kill', '{"n": 4}');}),
+	'', 'a transaction that sent a message is prepared');
+my $open2 = IdemTest::Session->new($node, 'postgres');
+is( $open2->query(
+		q{BEGIN; SELECT idem_outbox_send('k', 'kill', '{"n": 101}') IS NOT NULL;}),
+	't', 'a message sent in a transaction left open');
+
+my $open2_pid = $open2->query('SELECT pg_backend_pid();');
+
+$log_offset = -s $node->logfile;
+$node->kill9;
+# The backend notices that the postmaster is gone when it next waits; a
+# query sent before that would still be answered.
+for (my $i = 0; $i < 10 * $PostgreSQL::Test::Utils::timeout_default; $i++)
+{
+	last unless kill(0, $open2_pid);
+	usleep(100_000);
+}
+ok($open2->lost, 'the open session lost its connection');
+# The backends of the killed postmaster may take a moment to go away.
+my $started = 0;
+for (my $i = 0; $i < 10 * $PostgreSQL::Test::Utils::timeout_default; $i++)
+{
+	last if $started = $node->start(fail_ok => 1);
+	usleep(100_000);
+}
+ok($started, 'the server starts again after a SIGKILL of the postmaster');
+ok(recovered($log_offset), 'the restart ran crash recovery');
+
+is(deliver(), 'k/kill: 1,2,3',
+	'the messages committed before the SIGKILL are delivered, in order; '
+	  . 'none that rolled back, was open or is prepared');
+is(finish_prepared('COMMIT', 'ob_kill'), '', 'COMMIT PREPARED after the SIGKILL');
+is(deliver(), 'k/kill: 4', 'the prepared message is delivered after COMMIT PREPARED');
+
+########################################################################
+# Logical decoding
+########################################################################
+
+# What test_decoding shows of the inserts into idem.outbox: n of each, in
+# the order decoding gives them.
+sub decoded
+{
+	my $rows = $node->safe_psql(
+		'postgres', q{
+	SELECT data FROM pg_logical_slot_get_changes('outbox', NULL, NULL,
+	                                             'include-xids', '0')
+	 WHERE data LIKE 'table idem.outbox: INSERT:%'});
+	return join(',', $rows =~ /payload\[jsonb\]:'\{"n": (\d+)\}'/g);
+}
+
+$node->safe_psql('postgres',
+	q{SELECT 'init' FROM pg_create_logical_replication_slot('outbox', 'test_decoding')});
+
+# s1 sends first and commits last: decoding gives s2's message first.
+my $s1 = IdemTest::Session->new($node, 'postgres');
+my $s2 = IdemTest::Session->new($node, 'postgres');
+$s1->query(q{BEGIN; } . send_sql('ld', 'a', 1));
+$s2->query(q{BEGIN; } . send_sql('ld', 'b', 2));
+$s2->query(q{COMMIT;});
+$node->safe_psql('postgres',
+	q{BEGIN; } . send_sql('ld', 'c', 3) . q{ ROLLBACK;});
+$s1->query(q{COMMIT;});
+$s1->close;
+$s2->close;
+is(decoded(), '2,1',
+	'decoding shows the committed sends in commit order, none of the rolled back one');
+$node->safe_psql('postgres', send_sql('ld', 'd', 4));
+like(
+	$node->safe_psql(
+		'postgres', q{
+	SELECT data FROM pg_logical_slot_peek_changes('outbox', NULL, NULL)
+	 WHERE data LIKE 'table idem.outbox: INSERT:%'}),
+	qr/^table idem\.outbox: INSERT: id\[uuid\]:'[0-9a-f-]{36}' aggregatetype\[text\]:'ld' aggregateid\[text\]:'d' .*payload\[jsonb\]:'\{"n": 4\}'/,
+	'a decoded insert carries the columns the Outbox Event Router reads');
+
+# A send committed just before a crash is decoded after the restart.  (The
+# checkpoint saves how far the slot was read: without it, decoding after the
+# crash would give again what was read since the last checkpoint.)
+$node->safe_psql('postgres', 'CHECKPOINT');
+$node->safe_psql('postgres', send_sql('ld', 'e', 5));
+$node->stop('immediate');
+$node->start;
+is(decoded(), '4,5', 'sends committed before the crash are decoded after it');
+
+$node->safe_psql('postgres', q{SELECT pg_drop_replication_slot('outbox')});
+$node->stop;
+done_testing();
