@@ -9,7 +9,8 @@ OBJS = \
 	src/claim.o \
 	src/token.o \
 	src/guard.o \
-	src/request.o
+	src/request.o \
+	src/outbox.o
 
 DATA = $(wildcard idem--*.sql)
 PGFILEDESC = "idem - idempotency primitives"

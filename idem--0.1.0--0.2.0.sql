@@ -441,3 +441,287 @@ CREATE OR REPLACE TRIGGER transitions_writers
     BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON idem.transitions
     FOR EACH STATEMENT EXECUTE FUNCTION idem._transitions_writer();
 -- ==== END transitions writers ====
+
+-- ==== BEGIN outbox ====
+-- The transactional outbox.  A message is a row of idem.outbox, written in
+-- the sender's transaction and deleted when a relay acknowledges it.  The
+-- columns id, aggregatetype (the topic), aggregateid (the key), type and
+-- payload are those Debezium's outbox event router reads.  seq is the order
+-- of sending; messages of one (topic, key) are delivered in that order.
+CREATE SEQUENCE IF NOT EXISTS idem.outbox_seq;
+COMMENT ON SEQUENCE idem.outbox_seq IS 'order of sending of outbox messages';
+REVOKE ALL ON SEQUENCE idem.outbox_seq FROM PUBLIC;
+CREATE TABLE IF NOT EXISTS idem.outbox (
+    id              pg_catalog.uuid NOT NULL,
+    aggregatetype   pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    aggregateid     pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    type            pg_catalog.text,
+    payload         pg_catalog.jsonb NOT NULL,
+    headers         pg_catalog.jsonb,
+    seq             pg_catalog.int8 NOT NULL,
+    created_at      pg_catalog.timestamptz NOT NULL,
+    CONSTRAINT outbox_pkey PRIMARY KEY (id)
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,
+        autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 50000);
+-- a key's messages in the order of sending: the lease reads its head here
+CREATE INDEX IF NOT EXISTS outbox_key_seq_idx ON idem.outbox (aggregatetype, aggregateid, seq);
+COMMENT ON TABLE idem.outbox IS
+    'transactional outbox: messages sent and not yet acknowledged (aggregatetype = topic, aggregateid = key)';
+REVOKE ALL ON TABLE idem.outbox FROM PUBLIC;
+
+-- One row per (topic, key) that has messages: the state of its head, the
+-- oldest message not yet acknowledged.  Only the head of a key is ever
+-- leased, so this row is the lease, the retry schedule and the dead letter
+-- of the key.  Its updates change no indexed column and stay on their page
+-- (HOT).
+CREATE TABLE IF NOT EXISTS idem.outbox_keys (
+    topic           pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    key             pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    dead            pg_catalog.bool NOT NULL,
+    attempts        pg_catalog.int4 NOT NULL,
+    available_at    pg_catalog.timestamptz NOT NULL,
+    head_id         pg_catalog.uuid,
+    leased_by       pg_catalog.text,
+    last_error      pg_catalog.text,
+    CONSTRAINT outbox_keys_pkey PRIMARY KEY (topic, key)
+) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0,
+        autovacuum_vacuum_threshold = 5000);
+COMMENT ON TABLE idem.outbox_keys IS
+    'transactional outbox: the lease, retry schedule and dead letter of each key''s oldest message';
+REVOKE ALL ON TABLE idem.outbox_keys FROM PUBLIC;
+
+-- Per-topic delivery settings; see idem_outbox_configure for the defaults.
+CREATE TABLE IF NOT EXISTS idem.outbox_topics (
+    topic           pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    max_attempts    pg_catalog.int4 NOT NULL,
+    backoff_base    pg_catalog.interval NOT NULL,
+    backoff_max     pg_catalog.interval NOT NULL,
+    CONSTRAINT outbox_topics_pkey PRIMARY KEY (topic)
+);
+COMMENT ON TABLE idem.outbox_topics IS
+    'transactional outbox: maximum attempts and backoff per topic (10, 1 second, 10 minutes without a row)';
+REVOKE ALL ON TABLE idem.outbox_topics FROM PUBLIC;
+
+SELECT pg_catalog.pg_extension_config_dump('idem.outbox', '')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension e
+                    WHERE e.extname OPERATOR(pg_catalog.=) 'idem'
+                      AND 'idem.outbox'::pg_catalog.regclass OPERATOR(pg_catalog.=) ANY (e.extconfig));
+SELECT pg_catalog.pg_extension_config_dump('idem.outbox_keys', '')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension e
+                    WHERE e.extname OPERATOR(pg_catalog.=) 'idem'
+                      AND 'idem.outbox_keys'::pg_catalog.regclass OPERATOR(pg_catalog.=) ANY (e.extconfig));
+SELECT pg_catalog.pg_extension_config_dump('idem.outbox_topics', '')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension e
+                    WHERE e.extname OPERATOR(pg_catalog.=) 'idem'
+                      AND 'idem.outbox_topics'::pg_catalog.regclass OPERATOR(pg_catalog.=) ANY (e.extconfig));
+SELECT pg_catalog.pg_extension_config_dump('idem.outbox_seq', '')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension e
+                    WHERE e.extname OPERATOR(pg_catalog.=) 'idem'
+                      AND 'idem.outbox_seq'::pg_catalog.regclass OPERATOR(pg_catalog.=) ANY (e.extconfig));
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_type t
+                    WHERE t.typname OPERATOR(pg_catalog.=) 'idem_outbox_message'
+                      AND t.typnamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace) THEN
+        CREATE TYPE @extschema@.idem_outbox_message AS (
+            id          pg_catalog.uuid,
+            topic       pg_catalog.text,
+            key         pg_catalog.text,
+            type        pg_catalog.text,
+            payload     pg_catalog.jsonb,
+            headers     pg_catalog.jsonb,
+            attempt     pg_catalog.int4,
+            created_at  pg_catalog.timestamptz);
+    END IF;
+END;
+$$;
+COMMENT ON TYPE idem_outbox_message IS 'a message leased by idem_outbox_lease';
+
+CREATE OR REPLACE FUNCTION idem_outbox_send(topic pg_catalog.text, key pg_catalog.text,
+                                            payload pg_catalog.jsonb,
+                                            headers pg_catalog.jsonb DEFAULT NULL,
+                                            type pg_catalog.text DEFAULT NULL)
+RETURNS pg_catalog.uuid
+AS 'MODULE_PATHNAME', 'idem_outbox_send'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_outbox_send(pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.text) IS
+    'send a message in this transaction: delivered at least once if it commits, in order per (topic, key)';
+
+CREATE OR REPLACE FUNCTION idem_outbox_lease(relay pg_catalog.text,
+                                             max_messages pg_catalog.int4 DEFAULT 100,
+                                             lease pg_catalog.interval DEFAULT '30 seconds')
+RETURNS SETOF idem_outbox_message
+AS 'MODULE_PATHNAME', 'idem_outbox_lease'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE ROWS 100;
+COMMENT ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval) IS
+    'lease up to max_messages messages to deliver, at most one per key, each the oldest of its key';
+
+CREATE OR REPLACE FUNCTION idem_outbox_ack(ids pg_catalog.uuid[])
+RETURNS pg_catalog.int4
+AS 'MODULE_PATHNAME', 'idem_outbox_ack'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_outbox_ack(pg_catalog.uuid[]) IS
+    'acknowledge leased messages as delivered; returns how many were newly acknowledged';
+
+CREATE OR REPLACE FUNCTION idem_outbox_nack(id pg_catalog.uuid, error pg_catalog.text,
+                                            retry_after pg_catalog.interval DEFAULT NULL)
+RETURNS pg_catalog.bool
+AS 'MODULE_PATHNAME', 'idem_outbox_nack'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_catalog.interval) IS
+    'report a failed delivery: retried after retry_after or a backoff, dead after the topic''s maximum attempts';
+
+CREATE OR REPLACE FUNCTION idem_outbox_configure(topic pg_catalog.text, max_attempts pg_catalog.int4,
+                                                 backoff_base pg_catalog.interval,
+                                                 backoff_max pg_catalog.interval)
+RETURNS void
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF topic IS NULL OR max_attempts IS NULL OR backoff_base IS NULL OR backoff_max IS NULL THEN
+        RAISE EXCEPTION 'arguments of idem_outbox_configure must not be null'
+            USING ERRCODE = '22004';
+    END IF;
+    IF topic OPERATOR(pg_catalog.=) '' OR pg_catalog.octet_length(topic) OPERATOR(pg_catalog.>) 255 THEN
+        RAISE EXCEPTION 'topic must be between 1 and 255 bytes long'
+            USING ERRCODE = '22023';
+    END IF;
+    IF max_attempts OPERATOR(pg_catalog.<) 1 OR max_attempts OPERATOR(pg_catalog.>) 1000 THEN
+        RAISE EXCEPTION 'max_attempts must be between 1 and 1000'
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('The value given was %s.', max_attempts);
+    END IF;
+    -- days and smaller units of one sign: a span must not depend on the date
+    IF pg_catalog.date_part('epoch', backoff_base) OPERATOR(pg_catalog.<=) 0
+       OR backoff_max OPERATOR(pg_catalog.<) backoff_base
+       OR backoff_max OPERATOR(pg_catalog.>) '1 day'::pg_catalog.interval
+       OR EXISTS (SELECT 1 FROM (VALUES (backoff_base), (backoff_max)) v(b),
+                         (VALUES ('year'), ('month')) f(u)
+                   WHERE pg_catalog.date_part(f.u, v.b) OPERATOR(pg_catalog.<>) 0)
+       OR EXISTS (SELECT 1 FROM (VALUES (backoff_base), (backoff_max)) v(b),
+                         (VALUES ('day'), ('hour'), ('minute'), ('second')) f(u)
+                   WHERE pg_catalog.date_part(f.u, v.b) OPERATOR(pg_catalog.<) 0) THEN
+        RAISE EXCEPTION 'backoff must be positive, at most one day, with backoff_base <= backoff_max'
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('The values given were %s and %s.', backoff_base, backoff_max);
+    END IF;
+    INSERT INTO idem.outbox_topics AS t (topic, max_attempts, backoff_base, backoff_max)
+        VALUES (idem_outbox_configure.topic, idem_outbox_configure.max_attempts,
+                idem_outbox_configure.backoff_base, idem_outbox_configure.backoff_max)
+        ON CONFLICT ON CONSTRAINT outbox_topics_pkey
+        DO UPDATE SET max_attempts = excluded.max_attempts,
+                      backoff_base = excluded.backoff_base,
+                      backoff_max = excluded.backoff_max;
+END;
+$$;
+COMMENT ON FUNCTION idem_outbox_configure(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval) IS
+    'set a topic''s maximum attempts (every lease counts) and the bounds of its exponential backoff';
+
+CREATE OR REPLACE FUNCTION idem_outbox_redrive(topic pg_catalog.text DEFAULT NULL,
+                                               key pg_catalog.text DEFAULT NULL)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n pg_catalog.int8;
+BEGIN
+    IF topic IS NULL AND key IS NOT NULL THEN
+        RAISE EXCEPTION 'a key needs its topic'
+            USING ERRCODE = '22004',
+                  HINT = 'Give the topic with the key, or neither to redrive every dead message.';
+    END IF;
+    UPDATE idem.outbox_keys k
+       SET dead = false, attempts = 0, available_at = pg_catalog.now(), leased_by = NULL
+     WHERE k.dead
+       AND (idem_outbox_redrive.topic IS NULL OR k.topic OPERATOR(pg_catalog.=) idem_outbox_redrive.topic)
+       AND (idem_outbox_redrive.key IS NULL OR k.key OPERATOR(pg_catalog.=) idem_outbox_redrive.key);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION idem_outbox_redrive(pg_catalog.text, pg_catalog.text) IS
+    'put dead messages (of a topic, of a key, or all) back to pending with their attempts reset; returns how many';
+
+CREATE OR REPLACE FUNCTION idem_outbox_stats()
+RETURNS TABLE (topic pg_catalog.text, pending pg_catalog.int8, leased pg_catalog.int8,
+               dead pg_catalog.int8, oldest_pending_age pg_catalog.interval)
+LANGUAGE sql STABLE PARALLEL SAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT m.aggregatetype,
+           pg_catalog.count(*) FILTER (WHERE NOT m.is_dead AND NOT m.is_leased),
+           pg_catalog.count(*) FILTER (WHERE m.is_leased),
+           pg_catalog.count(*) FILTER (WHERE m.is_dead),
+           pg_catalog.now() OPERATOR(pg_catalog.-)
+               pg_catalog.min(m.created_at) FILTER (WHERE NOT m.is_dead AND NOT m.is_leased)
+      FROM (SELECT o.aggregatetype, o.created_at,
+                   COALESCE(k.head_id OPERATOR(pg_catalog.=) o.id AND k.dead, false) AS is_dead,
+                   COALESCE(k.head_id OPERATOR(pg_catalog.=) o.id AND NOT k.dead
+                                       AND k.leased_by IS NOT NULL
+                                       AND k.available_at OPERATOR(pg_catalog.>) pg_catalog.now(), false) AS is_leased
+              FROM idem.outbox o
+              LEFT JOIN idem.outbox_keys k
+                ON k.topic OPERATOR(pg_catalog.=) o.aggregatetype
+               AND k.key OPERATOR(pg_catalog.=) o.aggregateid) m
+     GROUP BY m.aggregatetype
+     ORDER BY m.aggregatetype
+$$;
+COMMENT ON FUNCTION idem_outbox_stats() IS
+    'per topic: messages pending, leased and dead, and the age of the oldest pending one';
+
+-- Keys whose messages were all delivered keep their row until this runs.
+-- Senders hold ROW EXCLUSIVE on idem.outbox_keys until they commit; the
+-- SHARE lock waits for them, so that a key row is never removed under a
+-- message still being sent.  It gives up at once when it cannot have the
+-- lock within lock_wait, so that senders never queue behind it for long.
+CREATE OR REPLACE FUNCTION idem_outbox_purge(lock_wait pg_catalog.interval DEFAULT '1 second')
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n pg_catalog.int8 := 0;
+    old_timeout pg_catalog.text := pg_catalog.current_setting('lock_timeout');
+BEGIN
+    IF lock_wait IS NULL OR lock_wait OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
+       OR lock_wait OPERATOR(pg_catalog.>) '1 minute'::pg_catalog.interval THEN
+        RAISE EXCEPTION 'lock_wait must be between 0 and 1 minute'
+            USING ERRCODE = '22023';
+    END IF;
+    -- the deletion's snapshot must be taken after the lock
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+        RAISE EXCEPTION 'idem_outbox_purge must run at the READ COMMITTED isolation level'
+            USING ERRCODE = '25001';
+    END IF;
+    BEGIN
+        PERFORM pg_catalog.set_config('lock_timeout',
+            (pg_catalog.date_part('epoch', lock_wait) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8::pg_catalog.text
+                OPERATOR(pg_catalog.||) 'ms', true);
+        LOCK TABLE idem.outbox_keys IN SHARE MODE;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 0;
+    END;
+    PERFORM pg_catalog.set_config('lock_timeout', old_timeout, true);
+    DELETE FROM idem.outbox_keys k
+     WHERE NOT k.dead
+       AND NOT EXISTS (SELECT 1 FROM idem.outbox o
+                        WHERE o.aggregatetype OPERATOR(pg_catalog.=) k.topic
+                          AND o.aggregateid OPERATOR(pg_catalog.=) k.key);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION idem_outbox_purge(pg_catalog.interval) IS
+    'remove the rows of keys whose messages were all delivered; gives up (returns 0) when senders hold the table longer than lock_wait';
+
+REVOKE ALL ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_outbox_ack(pg_catalog.uuid[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_catalog.interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_outbox_configure(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_outbox_redrive(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_outbox_stats() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_outbox_purge(pg_catalog.interval) FROM PUBLIC;
+-- ==== END outbox ====

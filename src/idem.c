@@ -30,6 +30,7 @@ _PG_init(void)
 	MarkGUCPrefixReserved("idem");
 	idem_store_init();
 	idem_token_init();
+	idem_outbox_init();
 }
 
 /*

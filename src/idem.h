@@ -75,6 +75,7 @@ typedef struct IdemStore IdemStore;
 
 extern void idem_store_init(void);
 extern void idem_token_init(void);
+extern void idem_outbox_init(void);
 
 extern IdemStore *idem_store_open(const char *relname, LOCKMODE lockmode);
 extern void idem_store_close(IdemStore *store);

@@ -1,0 +1,1070 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.c
+ *	  The transactional outbox: messages written in the sender's transaction,
+ *	  leased by relays, acknowledged once delivered, in order per key.
+ *
+ * A message is a row of idem.outbox, inserted by idem_outbox_send in the
+ * caller's transaction and deleted by idem_outbox_ack.  Its seq, from the
+ * sequence idem.outbox_seq, is the order of sending; the index on
+ * (aggregatetype, aggregateid, seq) gives each key's head, its oldest
+ * message not yet acknowledged.  A transaction that committed before
+ * another began sending has the smaller seq, and any snapshot that sees the
+ * later message sees the earlier one.
+ *
+ * Only a key's head is ever leased, so the state of a delivery lives in one
+ * row per (topic, key) of idem.outbox_keys, a keyed table of the store: the
+ * head leased last (head_id), how many leases it has had (attempts), when it
+ * may be leased again (available_at: the end of a lease or of a backoff) and
+ * whether it is dead.  A lease, an ack and a nack each update that row in
+ * place; no indexed column changes, so the updates are HOT.  Two relays
+ * never lease one key at once: the update of the key row is the lock, taken
+ * without waiting (a relay skips a key another relay is leasing), and the
+ * head is read with a snapshot taken after the key row was read, which
+ * every ack of an earlier head has updated before it committed.
+ *
+ * The sender only makes sure the key row exists: a probe of its primary key
+ * once the key has had a message.  Key rows of idle keys are removed by
+ * idem_outbox_purge, under a lock that waits for every sender in flight.
+ *
+ * Times of leases and backoffs are read from the clock, not the start of
+ * the transaction: a relay's transaction may be old.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/relscan.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
+#include "commands/async.h"
+#include "commands/sequence.h"
+#include "common/pg_prng.h"
+#include "executor/executor.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "mb/pg_wchar.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "utils/uuid.h"
+
+#include "idem.h"
+
+#define OUTBOX_TABLE		"outbox"
+#define OUTBOX_PKEY			"outbox_pkey"
+#define OUTBOX_KEY_SEQ_IDX	"outbox_key_seq_idx"
+#define OUTBOX_SEQ			"outbox_seq"
+#define OUTBOX_KEYS_TABLE	"outbox_keys"
+#define OUTBOX_TOPICS_TABLE "outbox_topics"
+#define OUTBOX_TOPICS_PKEY	"outbox_topics_pkey"
+
+/* idem.outbox */
+#define OB_NATTS			8
+#define OB_ID				0
+#define OB_TOPIC			1
+#define OB_KEY				2
+#define OB_TYPE				3
+#define OB_PAYLOAD			4
+#define OB_HEADERS			5
+#define OB_SEQ				6
+#define OB_CREATED_AT		7
+
+/* idem.outbox_keys */
+#define OK_NATTS			8
+#define OK_TOPIC			0
+#define OK_KEY				1
+#define OK_DEAD				2
+#define OK_ATTEMPTS			3
+#define OK_AVAILABLE_AT		4
+#define OK_HEAD_ID			5
+#define OK_LEASED_BY		6
+#define OK_LAST_ERROR		7
+
+/* idem.outbox_topics */
+#define OT_NATTS			4
+
+/* idem_outbox_message */
+#define OM_NATTS			8
+
+/* Limits, in bytes. */
+#define OUTBOX_MAX_TOPIC_LEN	255
+#define OUTBOX_MAX_KEY_LEN		1024
+#define OUTBOX_MAX_TYPE_LEN		255
+#define OUTBOX_MAX_RELAY_LEN	255
+#define OUTBOX_MAX_ERROR_LEN	2000
+#define OUTBOX_MAX_LEASE_BATCH	10000
+
+/* Without a row in idem.outbox_topics. */
+#define OUTBOX_DEFAULT_MAX_ATTEMPTS	10
+#define OUTBOX_DEFAULT_BACKOFF_BASE	USECS_PER_SEC
+#define OUTBOX_DEFAULT_BACKOFF_MAX	(10 * USECS_PER_MINUTE)
+
+/* The channel relays LISTEN on; the payload is the topic. */
+#define OUTBOX_CHANNEL		"idem_outbox"
+
+/* Error message of a lease that ran out, kept in last_error. */
+#define OUTBOX_EXPIRED_ERROR "the lease ran out before the message was acknowledged"
+
+/*
+ * OIDs of the outbox's relations, looked up by name once per backend and
+ * forgotten when the relcache says one of them changed.
+ */
+static Oid	outbox_relid = InvalidOid;
+static Oid	outbox_pkey_oid = InvalidOid;
+static Oid	outbox_key_seq_oid = InvalidOid;
+static Oid	outbox_seq_oid = InvalidOid;
+static Oid	outbox_keys_relid = InvalidOid;
+static Oid	outbox_topics_relid = InvalidOid;
+static Oid	outbox_topics_pkey_oid = InvalidOid;
+
+static void
+outbox_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == outbox_relid ||
+		relid == outbox_pkey_oid || relid == outbox_key_seq_oid ||
+		relid == outbox_seq_oid || relid == outbox_keys_relid ||
+		relid == outbox_topics_relid || relid == outbox_topics_pkey_oid)
+		outbox_relid = InvalidOid;
+}
+
+void
+idem_outbox_init(void)
+{
+	CacheRegisterRelcacheCallback(outbox_relcache_callback, (Datum) 0);
+}
+
+static Oid
+outbox_lookup(Oid nspid, const char *name)
+{
+	Oid			relid = get_relname_relid(name, nspid);
+
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("relation \"%s.%s\" of the idem extension does not exist",
+						IDEM_SCHEMA, name),
+				 errhint("Update the extension with ALTER EXTENSION idem UPDATE.")));
+	return relid;
+}
+
+static void
+outbox_lookup_relids(void)
+{
+	Oid			nspid;
+
+	if (OidIsValid(outbox_relid))
+		return;
+	nspid = get_namespace_oid(IDEM_SCHEMA, false);
+	/* the callback may fire during the lookups: set outbox_relid last */
+	outbox_pkey_oid = outbox_lookup(nspid, OUTBOX_PKEY);
+	outbox_key_seq_oid = outbox_lookup(nspid, OUTBOX_KEY_SEQ_IDX);
+	outbox_seq_oid = outbox_lookup(nspid, OUTBOX_SEQ);
+	outbox_keys_relid = outbox_lookup(nspid, OUTBOX_KEYS_TABLE);
+	outbox_topics_relid = outbox_lookup(nspid, OUTBOX_TOPICS_TABLE);
+	outbox_topics_pkey_oid = outbox_lookup(nspid, OUTBOX_TOPICS_PKEY);
+	outbox_relid = outbox_lookup(nspid, OUTBOX_TABLE);
+}
+
+/*
+ * The message table and its two indexes, opened for one call.
+ */
+typedef struct OutboxRels
+{
+	Relation	rel;
+	Relation	pkey;
+	Relation	key_seq;
+	TupleTableSlot *slot;
+	LOCKMODE	lockmode;
+} OutboxRels;
+
+static void
+outbox_check_index(Relation index, Relation rel, int nkeys)
+{
+	if (index->rd_index->indrelid != RelationGetRelid(rel) ||
+		index->rd_rel->relam != BTREE_AM_OID ||
+		index->rd_index->indnkeyatts != nkeys)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("index \"%s.%s\" of the idem extension is not the one idem made",
+						IDEM_SCHEMA, RelationGetRelationName(index)),
+				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
+}
+
+static void
+outbox_open(OutboxRels *r, LOCKMODE lockmode)
+{
+	static const IdemColumn columns[OB_NATTS] = {
+		{"id", UUIDOID, true, InvalidOid},
+		{"aggregatetype", TEXTOID, true, C_COLLATION_OID},
+		{"aggregateid", TEXTOID, true, C_COLLATION_OID},
+		{"type", TEXTOID, false, InvalidOid},
+		{"payload", JSONBOID, true, InvalidOid},
+		{"headers", JSONBOID, false, InvalidOid},
+		{"seq", INT8OID, true, InvalidOid},
+		{"created_at", TIMESTAMPTZOID, true, InvalidOid}
+	};
+
+	outbox_lookup_relids();
+	r->lockmode = lockmode;
+	r->rel = table_open(outbox_relid, lockmode);
+	if (r->rel->rd_rel->relkind != RELKIND_RELATION)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("\"%s.%s\" of the idem extension is not an ordinary table",
+						IDEM_SCHEMA, OUTBOX_TABLE),
+				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
+	idem_check_columns(RelationGetDescr(r->rel), OUTBOX_TABLE, columns,
+					   OB_NATTS);
+	r->pkey = index_open(outbox_pkey_oid, lockmode);
+	outbox_check_index(r->pkey, r->rel, 1);
+	r->key_seq = index_open(outbox_key_seq_oid, lockmode);
+	outbox_check_index(r->key_seq, r->rel, 3);
+	r->slot = table_slot_create(r->rel, NULL);
+}
+
+static void
+outbox_close(OutboxRels *r)
+{
+	ExecDropSingleTupleTableSlot(r->slot);
+	index_close(r->key_seq, NoLock);
+	index_close(r->pkey, NoLock);
+	table_close(r->rel, NoLock);
+}
+
+static IdemStore *
+outbox_keys_open(void)
+{
+	static const IdemColumn columns[OK_NATTS] = {
+		{"topic", TEXTOID, true, C_COLLATION_OID},
+		{"key", TEXTOID, true, C_COLLATION_OID},
+		{"dead", BOOLOID, true, InvalidOid},
+		{"attempts", INT4OID, true, InvalidOid},
+		{"available_at", TIMESTAMPTZOID, true, InvalidOid},
+		{"head_id", UUIDOID, false, InvalidOid},
+		{"leased_by", TEXTOID, false, InvalidOid},
+		{"last_error", TEXTOID, false, InvalidOid}
+	};
+	IdemStore  *store = idem_store_open(OUTBOX_KEYS_TABLE, RowExclusiveLock);
+
+	idem_check_columns(idem_store_tupdesc(store), OUTBOX_KEYS_TABLE, columns,
+					   OK_NATTS);
+	return store;
+}
+
+/*
+ * ---- Arguments ----
+ */
+
+static Jsonb *
+outbox_arg_json(FunctionCallInfo fcinfo, int argno, const char *what,
+				bool container, bool object_only)
+{
+	Jsonb	   *jb;
+
+	if (PG_ARGISNULL(argno))
+		return NULL;
+	jb = PG_GETARG_JSONB_P(argno);
+	if (JB_ROOT_IS_SCALAR(jb) || (object_only && !JB_ROOT_IS_OBJECT(jb)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be a JSON %s", what,
+						object_only ? "object" : "object or array"),
+				 errhint("Wrap the value in an object, such as {\"value\": 42}.")));
+	return jb;
+}
+
+/*
+ * A span of time given by the caller: days and smaller units of one sign
+ * (a month, or fields of both signs, would make its length depend on the
+ * date), between zero (allowed or not) and one day.  Returns microseconds.
+ */
+static int64
+outbox_span(Interval *span, const char *what, bool zero_ok, const char *hint)
+{
+	int64		us;
+
+	if (span->month != 0 || span->day < 0 || span->time < 0 ||
+		span->day > 1 ||
+		(span->day == 1 && span->time > 0) ||
+		(!zero_ok && span->day == 0 && span->time == 0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be %s and at most one day", what,
+						zero_ok ? "zero or positive" : "positive"),
+				 errdetail("The %s given was %s.", what, idem_interval_text(span)),
+				 errhint("%s", hint)));
+	us = span->day * USECS_PER_DAY + span->time;
+	return us;
+}
+
+/*
+ * ---- Per-topic settings ----
+ */
+
+typedef struct OutboxTopic
+{
+	text	   *topic;
+	int32		max_attempts;
+	int64		backoff_base;	/* microseconds */
+	int64		backoff_max;
+} OutboxTopic;
+
+static int64
+outbox_topic_span(Datum d)
+{
+	Interval   *span = DatumGetIntervalP(d);
+
+	/* idem_outbox_configure checked it; a row written by hand is bounded */
+	if (span->month != 0 || span->day < 0 || span->time < 0)
+		return USECS_PER_SEC;
+	return Min(span->day, 1) * USECS_PER_DAY + Min(span->time, USECS_PER_DAY);
+}
+
+/*
+ * The settings of a topic, from idem.outbox_topics or the defaults.  A few
+ * topics are remembered for the length of one call in *cache.
+ */
+static OutboxTopic *
+outbox_topic(List **cache, text *topic)
+{
+	ListCell   *lc;
+	OutboxTopic *t;
+	Relation	rel;
+	Relation	index;
+	IndexScanDesc scan;
+	ScanKeyData skey;
+	TupleTableSlot *slot;
+	Snapshot	snap;
+
+	foreach(lc, *cache)
+	{
+		t = lfirst(lc);
+		if (VARSIZE_ANY_EXHDR(t->topic) == VARSIZE_ANY_EXHDR(topic) &&
+			memcmp(VARDATA_ANY(t->topic), VARDATA_ANY(topic),
+				   VARSIZE_ANY_EXHDR(topic)) == 0)
+			return t;
+	}
+
+	t = palloc(sizeof(OutboxTopic));
+	t->topic = topic;
+	t->max_attempts = OUTBOX_DEFAULT_MAX_ATTEMPTS;
+	t->backoff_base = OUTBOX_DEFAULT_BACKOFF_BASE;
+	t->backoff_max = OUTBOX_DEFAULT_BACKOFF_MAX;
+
+	outbox_lookup_relids();
+	rel = table_open(outbox_topics_relid, AccessShareLock);
+	index = index_open(outbox_topics_pkey_oid, AccessShareLock);
+	outbox_check_index(index, rel, 1);
+	if (RelationGetDescr(rel)->natts == OT_NATTS &&
+		TupleDescAttr(RelationGetDescr(rel), 1)->atttypid == INT4OID &&
+		TupleDescAttr(RelationGetDescr(rel), 2)->atttypid == INTERVALOID &&
+		TupleDescAttr(RelationGetDescr(rel), 3)->atttypid == INTERVALOID)
+	{
+		snap = RegisterSnapshot(GetLatestSnapshot());
+		slot = table_slot_create(rel, NULL);
+		ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
+					PointerGetDatum(topic));
+		skey.sk_collation = C_COLLATION_OID;
+		scan = index_beginscan(rel, index, snap, 1, 0);
+		index_rescan(scan, &skey, 1, NULL, 0);
+		if (index_getnext_slot(scan, ForwardScanDirection, slot))
+		{
+			bool		isnull;
+			Datum		d;
+
+			d = slot_getattr(slot, 2, &isnull);
+			if (!isnull)
+				t->max_attempts = Max(DatumGetInt32(d), 1);
+			d = slot_getattr(slot, 3, &isnull);
+			if (!isnull)
+				t->backoff_base = outbox_topic_span(d);
+			d = slot_getattr(slot, 4, &isnull);
+			if (!isnull)
+				t->backoff_max = outbox_topic_span(d);
+		}
+		index_endscan(scan);
+		ExecDropSingleTupleTableSlot(slot);
+		UnregisterSnapshot(snap);
+	}
+	index_close(index, AccessShareLock);
+	table_close(rel, AccessShareLock);
+
+	*cache = lappend(*cache, t);
+	return t;
+}
+
+/*
+ * The wait before the next attempt after "attempts" failed ones:
+ * exponential, bounded by backoff_max, with jitter that spreads retries of
+ * many messages over the second half of the wait.
+ */
+static int64
+outbox_backoff(OutboxTopic *t, int32 attempts)
+{
+	int64		wait = t->backoff_base;
+	int			i;
+
+	for (i = 1; i < attempts && wait < t->backoff_max; i++)
+		wait *= 2;
+	wait = Min(wait, t->backoff_max);
+	return wait / 2 + (int64) (pg_prng_double(&pg_global_prng_state) * (wait - wait / 2));
+}
+
+/*
+ * ---- Messages ----
+ */
+
+/*
+ * A time-ordered UUID (version 7): milliseconds since 1970 in the first 48
+ * bits, then 74 random bits.  New ids land at the right end of the primary
+ * key instead of on a random page of it.
+ */
+static void
+outbox_new_id(pg_uuid_t *uuid)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	uint64		ms;
+	int			i;
+
+	ms = (uint64) (now / 1000) +
+		(uint64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+	if (!pg_strong_random(uuid->data + 6, UUID_LEN - 6))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate random values")));
+	for (i = 0; i < 6; i++)
+		uuid->data[i] = (uint8) (ms >> (8 * (5 - i)));
+	uuid->data[6] = 0x70 | (uuid->data[6] & 0x0F);
+	uuid->data[8] = 0x80 | (uuid->data[8] & 0x3F);
+}
+
+static void
+outbox_insert_message(Datum *values, bool *isnull)
+{
+	OutboxRels	r;
+	EState	   *estate;
+	ResultRelInfo *rri;
+	List	   *recheck;
+
+	outbox_open(&r, RowExclusiveLock);
+	estate = CreateExecutorState();
+	rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(rri, r.rel, 1, NULL, 0);
+	ExecOpenIndices(rri, false);
+
+	ExecClearTuple(r.slot);
+	memcpy(r.slot->tts_values, values, sizeof(Datum) * OB_NATTS);
+	memcpy(r.slot->tts_isnull, isnull, sizeof(bool) * OB_NATTS);
+	ExecStoreVirtualTuple(r.slot);
+	table_tuple_insert(r.rel, r.slot, GetCurrentCommandId(true), 0, NULL);
+	recheck = ExecInsertIndexTuples(rri, r.slot, estate, false, false, NULL,
+									NIL);
+	list_free(recheck);
+
+	ExecCloseIndices(rri);
+	FreeExecutorState(estate);
+	outbox_close(&r);
+}
+
+/*
+ * idem_outbox_send(topic, key, payload, headers, type) returns uuid
+ *
+ * The message is a row written in the caller's transaction: relays see it
+ * once that commits, and never if it rolls back.  Listeners of the channel
+ * idem_outbox are notified at commit, once per topic and transaction.
+ */
+PG_FUNCTION_INFO_V1(idem_outbox_send);
+Datum
+idem_outbox_send(PG_FUNCTION_ARGS)
+{
+	text	   *topic = idem_arg_key(fcinfo, 0, "topic", OUTBOX_MAX_TOPIC_LEN);
+	text	   *key = idem_arg_key(fcinfo, 1, "key", OUTBOX_MAX_KEY_LEN);
+	Jsonb	   *payload;
+	Jsonb	   *headers = outbox_arg_json(fcinfo, 3, "headers", true, true);
+	text	   *type = NULL;
+	pg_uuid_t  *id = palloc(sizeof(pg_uuid_t));
+	Datum		kvalues[OK_NATTS];
+	bool		kisnull[OK_NATTS];
+	Datum		values[OB_NATTS];
+	bool		isnull[OB_NATTS];
+	IdemStore  *store;
+
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("payload must not be null"),
+				 errhint("Send an empty object, {}, for a message without content.")));
+	payload = outbox_arg_json(fcinfo, 2, "payload", true, false);
+	if (!PG_ARGISNULL(4))
+	{
+		type = PG_GETARG_TEXT_PP(4);
+		idem_check_key(type, "type", OUTBOX_MAX_TYPE_LEN);
+	}
+	idem_check_writable("idem_outbox_send()");
+
+	/* the key's row, which its leases will update */
+	store = outbox_keys_open();
+	memset(kisnull, true, sizeof(kisnull));
+	kvalues[OK_TOPIC] = PointerGetDatum(topic);
+	kisnull[OK_TOPIC] = false;
+	kvalues[OK_KEY] = PointerGetDatum(key);
+	kisnull[OK_KEY] = false;
+	kvalues[OK_DEAD] = BoolGetDatum(false);
+	kisnull[OK_DEAD] = false;
+	kvalues[OK_ATTEMPTS] = Int32GetDatum(0);
+	kisnull[OK_ATTEMPTS] = false;
+	kvalues[OK_AVAILABLE_AT] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+	kisnull[OK_AVAILABLE_AT] = false;
+	(void) idem_store_insert(store, kvalues, kisnull, IDEM_WAIT);
+	idem_store_close(store);
+
+	/* the message */
+	outbox_lookup_relids();
+	outbox_new_id(id);
+	values[OB_ID] = UUIDPGetDatum(id);
+	values[OB_TOPIC] = PointerGetDatum(topic);
+	values[OB_KEY] = PointerGetDatum(key);
+	values[OB_TYPE] = PointerGetDatum(type);
+	values[OB_PAYLOAD] = JsonbPGetDatum(payload);
+	values[OB_HEADERS] = JsonbPGetDatum(headers);
+	values[OB_SEQ] = Int64GetDatum(nextval_internal(outbox_seq_oid, false));
+	values[OB_CREATED_AT] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+	memset(isnull, false, sizeof(isnull));
+	isnull[OB_TYPE] = (type == NULL);
+	isnull[OB_HEADERS] = (headers == NULL);
+	outbox_insert_message(values, isnull);
+
+	Async_Notify(OUTBOX_CHANNEL, text_to_cstring(topic));
+
+	PG_RETURN_UUID_P(id);
+}
+
+/*
+ * Find a message by its id, as it stands now (the latest committed
+ * version, or this transaction's).  Leaves its columns in r->slot.
+ */
+static bool
+outbox_find(OutboxRels *r, pg_uuid_t *id)
+{
+	ScanKeyData skey;
+	IndexScanDesc scan;
+	Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
+	bool		found;
+
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ,
+				UUIDPGetDatum(id));
+	scan = index_beginscan(r->rel, r->pkey, snap, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, r->slot);
+	if (found)
+		slot_getallattrs(r->slot);
+	index_endscan(scan);
+	UnregisterSnapshot(snap);
+	return found;
+}
+
+/*
+ * The head of a key, its oldest message not yet acknowledged, as it stands
+ * now.  Leaves its columns in r->slot.
+ */
+static bool
+outbox_head(OutboxRels *r, Datum topic, Datum key)
+{
+	ScanKeyData skeys[2];
+	IndexScanDesc scan;
+	Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
+	bool		found;
+
+	ScanKeyInit(&skeys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, topic);
+	skeys[0].sk_collation = C_COLLATION_OID;
+	ScanKeyInit(&skeys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, key);
+	skeys[1].sk_collation = C_COLLATION_OID;
+	scan = index_beginscan(r->rel, r->key_seq, snap, 2, 0);
+	index_rescan(scan, skeys, 2, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, r->slot);
+	if (found)
+		slot_getallattrs(r->slot);
+	index_endscan(scan);
+	UnregisterSnapshot(snap);
+	return found;
+}
+
+static bool
+uuid_datum_eq(Datum a, pg_uuid_t *b)
+{
+	return memcmp(DatumGetUUIDP(a)->data, b->data, UUID_LEN) == 0;
+}
+
+/*
+ * ---- Lease ----
+ */
+
+typedef struct LeaseCandidate
+{
+	text	   *topic;
+	text	   *key;
+	TimestampTz available_at;
+} LeaseCandidate;
+
+typedef struct LeaseArg
+{
+	OutboxRels *rels;
+	OutboxTopic *topic;
+	text	   *relay;
+	TimestampTz now;
+	int64		lease;
+	/* the answer */
+	bool		leased;			/* values hold a leased message */
+	bool		died;			/* the head used up its attempts */
+	Datum		values[OM_NATTS];
+	bool		isnull[OM_NATTS];
+	pg_uuid_t	head_id;
+} LeaseArg;
+
+static int
+lease_candidate_cmp(const void *a, const void *b)
+{
+	TimestampTz ta = ((const LeaseCandidate *) a)->available_at;
+	TimestampTz tb = ((const LeaseCandidate *) b)->available_at;
+
+	return ta < tb ? -1 : ta > tb ? 1 : 0;
+}
+
+/* Called by the store with the latest version of a key row. */
+static bool
+lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
+{
+	LeaseArg   *arg = argp;
+	OutboxRels *r = arg->rels;
+	TupleTableSlot *slot = r->slot;
+	int32		attempts;
+
+	arg->leased = false;
+	arg->died = false;
+	if (DatumGetBool(values[OK_DEAD]) ||
+		DatumGetTimestampTz(values[OK_AVAILABLE_AT]) > arg->now)
+		return false;
+
+	/*
+	 * The head is read after the key row: an ack that removed an earlier
+	 * head committed its update of the key row before, or it is still
+	 * running and the update below will not go through.
+	 */
+	if (!outbox_head(r, values[OK_TOPIC], values[OK_KEY]))
+		return false;
+
+	attempts = DatumGetInt32(values[OK_ATTEMPTS]);
+	/* a head leased before is the same head only if its id says so */
+	if (isnull[OK_HEAD_ID] ||
+		!uuid_datum_eq(values[OK_HEAD_ID], DatumGetUUIDP(slot->tts_values[OB_ID])))
+		attempts = 0;
+
+	memcpy(&arg->head_id, DatumGetUUIDP(slot->tts_values[OB_ID]), UUID_LEN);
+	values[OK_HEAD_ID] = UUIDPGetDatum(&arg->head_id);
+	isnull[OK_HEAD_ID] = false;
+
+	if (attempts >= arg->topic->max_attempts)
+	{
+		/* its last lease ran out: it is dead, and holds its key back */
+		values[OK_DEAD] = BoolGetDatum(true);
+		values[OK_ATTEMPTS] = Int32GetDatum(attempts);
+		isnull[OK_LEASED_BY] = true;
+		values[OK_LAST_ERROR] = CStringGetTextDatum(OUTBOX_EXPIRED_ERROR);
+		isnull[OK_LAST_ERROR] = false;
+		arg->died = true;
+		return true;
+	}
+
+	values[OK_ATTEMPTS] = Int32GetDatum(attempts + 1);
+	values[OK_AVAILABLE_AT] = TimestampTzGetDatum(arg->now + arg->lease);
+	values[OK_LEASED_BY] = PointerGetDatum(arg->relay);
+	isnull[OK_LEASED_BY] = false;
+
+	arg->values[0] = UUIDPGetDatum(&arg->head_id);
+	arg->isnull[0] = false;
+	arg->values[1] = slot->tts_values[OB_TOPIC];
+	arg->isnull[1] = false;
+	arg->values[2] = slot->tts_values[OB_KEY];
+	arg->isnull[2] = false;
+	arg->values[3] = slot->tts_values[OB_TYPE];
+	arg->isnull[3] = slot->tts_isnull[OB_TYPE];
+	arg->values[4] = slot->tts_values[OB_PAYLOAD];
+	arg->isnull[4] = false;
+	arg->values[5] = slot->tts_values[OB_HEADERS];
+	arg->isnull[5] = slot->tts_isnull[OB_HEADERS];
+	arg->values[6] = Int32GetDatum(attempts + 1);
+	arg->isnull[6] = false;
+	arg->values[7] = slot->tts_values[OB_CREATED_AT];
+	arg->isnull[7] = false;
+	arg->leased = true;
+	return true;
+}
+
+static void
+outbox_check_message_type(TupleDesc desc)
+{
+	static const Oid types[OM_NATTS] = {
+		UUIDOID, TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, INT4OID,
+		TIMESTAMPTZOID
+	};
+	int			i;
+	bool		ok = (desc->natts == OM_NATTS);
+
+	for (i = 0; ok && i < OM_NATTS; i++)
+		ok = !TupleDescAttr(desc, i)->attisdropped &&
+			TupleDescAttr(desc, i)->atttypid == types[i];
+	if (!ok)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("type idem_outbox_message does not have the expected attributes"),
+				 errhint("Undo the change to the type.")));
+}
+
+/*
+ * idem_outbox_lease(relay, max_messages, lease) returns setof
+ * idem_outbox_message
+ *
+ * Up to max_messages heads of keys that may be leased now, the keys that
+ * have waited longest first.  A key another relay is leasing at this very
+ * moment is skipped, not waited for.
+ */
+PG_FUNCTION_INFO_V1(idem_outbox_lease);
+Datum
+idem_outbox_lease(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	text	   *relay = idem_arg_key(fcinfo, 0, "relay", OUTBOX_MAX_RELAY_LEN);
+	int32		max_messages;
+	int64		lease;
+	IdemStore  *store;
+	OutboxRels	r;
+	Relation	keys_rel;
+	TableScanDesc scan;
+	Snapshot	snap;
+	TupleTableSlot *kslot;
+	LeaseCandidate *cands;
+	int			ncands = 0;
+	int			maxcands = 64;
+	int			nleased = 0;
+	int			i;
+	List	   *topics = NIL;
+	LeaseArg	arg;
+	MemoryContext callcxt;
+	MemoryContext oldcxt;
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("max_messages must not be null")));
+	max_messages = PG_GETARG_INT32(1);
+	if (max_messages < 1 || max_messages > OUTBOX_MAX_LEASE_BATCH)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_messages must be between 1 and %d",
+						OUTBOX_MAX_LEASE_BATCH),
+				 errdetail("The value given was %d.", max_messages)));
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("lease must not be null")));
+	lease = outbox_span(PG_GETARG_INTERVAL_P(2), "lease", false,
+						"Give how long a relay may take to deliver a batch, such as '30 seconds'.");
+	idem_check_writable("idem_outbox_lease()");
+
+	InitMaterializedSRF(fcinfo, 0);
+	outbox_check_message_type(rsinfo->setDesc);
+
+	callcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_outbox_lease",
+									ALLOCSET_DEFAULT_SIZES);
+	oldcxt = MemoryContextSwitchTo(callcxt);
+
+	store = outbox_keys_open();
+	outbox_open(&r, RowExclusiveLock);
+
+	/* the keys whose head may be leased now, as of now */
+	arg.now = GetCurrentTimestamp();
+	cands = palloc(sizeof(LeaseCandidate) * maxcands);
+	keys_rel = table_open(outbox_keys_relid, RowExclusiveLock);
+	snap = RegisterSnapshot(GetLatestSnapshot());
+	kslot = table_slot_create(keys_rel, NULL);
+	scan = table_beginscan(keys_rel, snap, 0, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
+	{
+		bool		dnull;
+		bool		anull;
+		Datum		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
+		Datum		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
+
+		if (dnull || anull || DatumGetBool(dead) ||
+			DatumGetTimestampTz(avail) > arg.now)
+			continue;
+		if (ncands == maxcands)
+		{
+			maxcands *= 2;
+			cands = repalloc(cands, sizeof(LeaseCandidate) * maxcands);
+		}
+		cands[ncands].topic = DatumGetTextPCopy(slot_getattr(kslot, OK_TOPIC + 1, &dnull));
+		cands[ncands].key = DatumGetTextPCopy(slot_getattr(kslot, OK_KEY + 1, &dnull));
+		cands[ncands].available_at = DatumGetTimestampTz(avail);
+		ncands++;
+		CHECK_FOR_INTERRUPTS();
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(kslot);
+	UnregisterSnapshot(snap);
+	table_close(keys_rel, NoLock);
+
+	qsort(cands, ncands, sizeof(LeaseCandidate), lease_candidate_cmp);
+
+	arg.rels = &r;
+	arg.relay = relay;
+	arg.lease = lease;
+	for (i = 0; i < ncands && nleased < max_messages; i++)
+	{
+		IdemStoreUpdateResult res;
+
+		CHECK_FOR_INTERRUPTS();
+		arg.topic = outbox_topic(&topics, cands[i].topic);
+		res = idem_store_try_update(store, PointerGetDatum(cands[i].topic),
+									PointerGetDatum(cands[i].key),
+									lease_key, &arg);
+		if (res == IDEM_UPDATE_DONE && arg.leased)
+		{
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
+								 arg.values, arg.isnull);
+			nleased++;
+		}
+	}
+
+	outbox_close(&r);
+	idem_store_close(store);
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextDelete(callcxt);
+	return (Datum) 0;
+}
+
+/*
+ * ---- Ack and nack ----
+ */
+
+typedef struct AckArg
+{
+	pg_uuid_t  *id;
+	TimestampTz now;
+	/* nack only */
+	OutboxTopic *topic;
+	text	   *error;
+	int64		retry_after;	/* -1: backoff */
+	bool		died;
+} AckArg;
+
+/* An ack: the key's next message becomes its head. */
+static bool
+ack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
+{
+	AckArg	   *arg = argp;
+
+	if (isnull[OK_HEAD_ID] || !uuid_datum_eq(values[OK_HEAD_ID], arg->id))
+		return false;
+	values[OK_DEAD] = BoolGetDatum(false);
+	values[OK_ATTEMPTS] = Int32GetDatum(0);
+	values[OK_AVAILABLE_AT] = TimestampTzGetDatum(arg->now);
+	isnull[OK_HEAD_ID] = true;
+	isnull[OK_LEASED_BY] = true;
+	isnull[OK_LAST_ERROR] = true;
+	return true;
+}
+
+/* A nack: the head waits, or dies. */
+static bool
+nack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
+{
+	AckArg	   *arg = argp;
+	int32		attempts;
+
+	arg->died = false;
+	if (isnull[OK_HEAD_ID] || !uuid_datum_eq(values[OK_HEAD_ID], arg->id) ||
+		isnull[OK_LEASED_BY] || DatumGetBool(values[OK_DEAD]))
+		return false;
+	attempts = DatumGetInt32(values[OK_ATTEMPTS]);
+	values[OK_LAST_ERROR] = PointerGetDatum(arg->error);
+	isnull[OK_LAST_ERROR] = false;
+	isnull[OK_LEASED_BY] = true;
+	if (attempts >= arg->topic->max_attempts)
+	{
+		values[OK_DEAD] = BoolGetDatum(true);
+		arg->died = true;
+		return true;
+	}
+	values[OK_AVAILABLE_AT] = TimestampTzGetDatum(arg->now +
+												  (arg->retry_after >= 0 ? arg->retry_after :
+												   outbox_backoff(arg->topic, attempts)));
+	return true;
+}
+
+/*
+ * idem_outbox_ack(ids) returns int
+ *
+ * Each message that is the leased head of its key (its lease may have run
+ * out) is delivered: deleted, and the key's next message becomes its head.
+ * Returns how many were; an id acked before, unknown, or never leased
+ * counts 0.
+ */
+PG_FUNCTION_INFO_V1(idem_outbox_ack);
+Datum
+idem_outbox_ack(PG_FUNCTION_ARGS)
+{
+	ArrayType  *ids;
+	Datum	   *elems;
+	bool	   *nulls;
+	int			nelems;
+	int			i;
+	int32		acked = 0;
+	IdemStore  *store;
+	OutboxRels	r;
+	AckArg		arg;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("ids must not be null")));
+	ids = PG_GETARG_ARRAYTYPE_P(0);
+	if (ARR_NDIM(ids) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("ids must be a one-dimensional array")));
+	deconstruct_array(ids, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR,
+					  &elems, &nulls, &nelems);
+	idem_check_writable("idem_outbox_ack()");
+	if (nelems == 0)
+		PG_RETURN_INT32(0);
+
+	store = outbox_keys_open();
+	outbox_open(&r, RowExclusiveLock);
+	arg.now = GetCurrentTimestamp();
+	for (i = 0; i < nelems; i++)
+	{
+		ItemPointerData tid;
+		text	   *topic;
+		text	   *key;
+
+		CHECK_FOR_INTERRUPTS();
+		if (nulls[i])
+			continue;
+		arg.id = DatumGetUUIDP(elems[i]);
+		if (!outbox_find(&r, arg.id))
+			continue;
+		tid = r.slot->tts_tid;
+		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
+		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);
+		ExecClearTuple(r.slot);
+
+		if (idem_store_update(store, PointerGetDatum(topic),
+							  PointerGetDatum(key), ack_key, &arg) == IDEM_UPDATE_DONE)
+		{
+			TM_FailureData tmfd;
+			TM_Result	result;
+
+			/* the row may have been sent by this very command */
+			CommandCounterIncrement();
+			result = table_tuple_delete(r.rel, &tid, GetCurrentCommandId(true),
+										InvalidSnapshot, InvalidSnapshot,
+										true, &tmfd, false);
+			if (result == TM_Ok)
+				acked++;
+			else if (result != TM_SelfModified && result != TM_Deleted &&
+					 result != TM_Updated)
+				elog(ERROR, "unexpected result %d deleting from \"%s\"",
+					 (int) result, RelationGetRelationName(r.rel));
+		}
+		pfree(topic);
+		pfree(key);
+	}
+	outbox_close(&r);
+	idem_store_close(store);
+	PG_RETURN_INT32(acked);
+}
+
+/*
+ * idem_outbox_nack(id, error, retry_after) returns boolean
+ *
+ * The delivery of a leased head failed: it may be leased again after
+ * retry_after exactly when given, else after the topic's backoff; once it
+ * has had the topic's maximum attempts it is dead.  Returns whether id was
+ * the leased head of its key.
+ */
+PG_FUNCTION_INFO_V1(idem_outbox_nack);
+Datum
+idem_outbox_nack(PG_FUNCTION_ARGS)
+{
+	pg_uuid_t  *id;
+	text	   *error;
+	IdemStore  *store;
+	OutboxRels	r;
+	AckArg		arg;
+	List	   *topics = NIL;
+	text	   *topic;
+	text	   *key;
+	bool		done = false;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("id must not be null")));
+	id = PG_GETARG_UUID_P(0);
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("error must not be null"),
+				 errhint("Give what the broker or the endpoint answered.")));
+	error = PG_GETARG_TEXT_PP(1);
+	if (VARSIZE_ANY_EXHDR(error) > OUTBOX_MAX_ERROR_LEN)
+	{
+		/* kept short: the key row is updated in place on every delivery */
+		int			len = pg_mbcliplen(VARDATA_ANY(error),
+									   VARSIZE_ANY_EXHDR(error),
+									   OUTBOX_MAX_ERROR_LEN);
+
+		error = cstring_to_text_with_len(VARDATA_ANY(error), len);
+	}
+	arg.retry_after = -1;
+	if (!PG_ARGISNULL(2))
+		arg.retry_after = outbox_span(PG_GETARG_INTERVAL_P(2), "retry_after", true,
+									  "Give how long to wait before the next attempt, such as '5 seconds', or NULL for the topic's backoff.");
+	idem_check_writable("idem_outbox_nack()");
+
+	store = outbox_keys_open();
+	outbox_open(&r, RowExclusiveLock);
+	arg.id = id;
+	arg.error = error;
+	arg.now = GetCurrentTimestamp();
+	if (outbox_find(&r, id))
+	{
+		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
+		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);
+		ExecClearTuple(r.slot);
+		arg.topic = outbox_topic(&topics, topic);
+		done = (idem_store_update(store, PointerGetDatum(topic),
+								  PointerGetDatum(key), nack_key, &arg) == IDEM_UPDATE_DONE);
+	}
+	outbox_close(&r);
+	idem_store_close(store);
+	PG_RETURN_BOOL(done);
+}
