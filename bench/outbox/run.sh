@@ -37,10 +37,12 @@
 # size of the peer's tables is sampled every few seconds, and reported at
 # the start, at its largest and at the end.
 #
-#   bash bench/outbox/run.sh                                  full run, about 1 h 15 min
-#   N=20000 ROUNDS=3 STEADY=30 bash bench/outbox/run.sh       quick check
+#   bash bench/outbox/run.sh             full run, about 1 h 15 min on 2 CPUs
+#   QUICK=1 bash bench/outbox/run.sh     N=20000 ROUNDS=3 STEADY=30: about 10 min
+#                                        (5 without pg-boss, PGBOSS=0)
 #
 # Settings (environment):
+#   QUICK         1: the defaults below become N=20000, STEADY=30
 #   N             messages per phase, default 100000
 #   ROUNDS        rounds, default 3
 #   STEADY        seconds of the steady load per peer, default 600 (0: none)
@@ -69,6 +71,7 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 . "$here/scripts/common.sh"
 need_root
 
+if [ "${QUICK:-0}" = 1 ]; then N=${N:-20000}; STEADY=${STEADY:-30}; fi
 N=${N:-100000}
 KEYS=1000
 BATCH=100

@@ -138,7 +138,9 @@ def main(path):
               "waits 10 ms); autovacuum on, with its default settings. The size is that of the peer's tables, "
               "indexes and TOAST (idem: `idem.outbox*`), sampled every few seconds. PgQ runs its maintenance "
               f"(pgq.maint_operations) every 10 s with rotation_period = {meta.get('pgq_rotation', '?')}; "
-              "pg-boss deletes completed jobs after 1 s, supervised every 10 s.\n")
+              "pg-boss deletes completed jobs after 1 s, supervised every 10 s. msgs/s is what was delivered over the "
+              "whole phase: below the rate sent, the peer did not keep up. The server's CPU includes the relays' "
+              "polls that find nothing, and autovacuum.\n")
         print("| peer | delivered | msgs/s | server CPU us/msg | WAL B/msg | size at start (MB) | largest (MB) | "
               "at the end (MB) | inversions / overlaps / lost / duplicates |")
         print("|---|---|---|---|---|---|---|---|---|")
@@ -179,6 +181,7 @@ def main(path):
             m = st.median(v.values())
             print(f"| e2e, 4 producers of 100 messages per transaction + 4 relays: at least 20,000 msgs/s | "
                   f"{m:,.0f} msgs/s | {'met' if m >= 20000 else 'MISSED'} |")
+        print("| consume WAL per message and the size after the steady load, beside the peers' | see above | |")
         print()
 
     print("### Every round, messages per second\n")
