@@ -460,11 +460,14 @@ CREATE TABLE IF NOT EXISTS idem.outbox (
     headers         pg_catalog.jsonb,
     seq             pg_catalog.int8 NOT NULL,
     created_at      pg_catalog.timestamptz NOT NULL,
+    key_hash        pg_catalog.int8 NOT NULL,
     CONSTRAINT outbox_pkey PRIMARY KEY (id)
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,
         autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 50000);
--- a key's messages in the order of sending: the lease reads its head here
-CREATE INDEX IF NOT EXISTS outbox_key_seq_idx ON idem.outbox (aggregatetype, aggregateid, seq);
+-- a key's messages in the order of sending: the lease reads its head here.
+-- key_hash is a 64-bit hash of (topic, key): the index compares two
+-- integers where it would compare two strings, and is small.
+CREATE INDEX IF NOT EXISTS outbox_key_seq_idx ON idem.outbox (key_hash, seq);
 COMMENT ON TABLE idem.outbox IS
     'transactional outbox: messages sent and not yet acknowledged (aggregatetype = topic, aggregateid = key)';
 REVOKE ALL ON TABLE idem.outbox FROM PUBLIC;
@@ -489,6 +492,15 @@ CREATE TABLE IF NOT EXISTS idem.outbox_keys (
 COMMENT ON TABLE idem.outbox_keys IS
     'transactional outbox: the lease, retry schedule and dead letter of each key''s oldest message';
 REVOKE ALL ON TABLE idem.outbox_keys FROM PUBLIC;
+
+-- The key_hash of idem.outbox, for the functions written in SQL.
+CREATE OR REPLACE FUNCTION idem._outbox_key_hash(topic pg_catalog.text, key pg_catalog.text)
+RETURNS pg_catalog.int8
+AS 'MODULE_PATHNAME', 'idem_outbox_key_hash'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idem._outbox_key_hash(pg_catalog.text, pg_catalog.text) IS
+    'the key_hash of an outbox message of this topic and key';
+REVOKE ALL ON FUNCTION idem._outbox_key_hash(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 
 -- Per-topic delivery settings; see idem_outbox_configure for the defaults.
 CREATE TABLE IF NOT EXISTS idem.outbox_topics (
@@ -708,7 +720,8 @@ BEGIN
     DELETE FROM idem.outbox_keys k
      WHERE NOT k.dead
        AND NOT EXISTS (SELECT 1 FROM idem.outbox o
-                        WHERE o.aggregatetype OPERATOR(pg_catalog.=) k.topic
+                        WHERE o.key_hash OPERATOR(pg_catalog.=) idem._outbox_key_hash(k.topic, k.key)
+                          AND o.aggregatetype OPERATOR(pg_catalog.=) k.topic
                           AND o.aggregateid OPERATOR(pg_catalog.=) k.key);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;

@@ -112,6 +112,12 @@ extern IdemStoreUpdateResult idem_store_try_update(IdemStore *store,
 												   Datum ns, Datum key,
 												   IdemStoreUpdateFn fn,
 												   void *arg);
+extern IdemStoreUpdateResult idem_store_try_update_at(IdemStore *store,
+													  ItemPointer tid,
+													  Datum *values,
+													  bool *isnull,
+													  IdemStoreUpdateFn fn,
+													  void *arg);
 extern bool idem_store_read(IdemStore *store, Datum ns, Datum key,
 							Datum *values, bool *isnull);
 

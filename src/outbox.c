@@ -8,7 +8,9 @@
  * caller's transaction and deleted by idem_outbox_ack.  Its seq, from the
  * sequence idem.outbox_seq, is the order of sending; the index on
  * (aggregatetype, aggregateid, seq) gives each key's head, its oldest
- * message not yet acknowledged.  A transaction that committed before
+ * message not yet acknowledged; the index holds a 64-bit hash of (topic,
+ * key) rather than the two strings, and the head is the first entry whose
+ * row has the topic and key sought.  A transaction that committed before
  * another began sending has the smaller seq, and any snapshot that sees the
  * later message sees the earlier one.
  *
@@ -26,6 +28,11 @@
  * The sender only makes sure the key row exists: a probe of its primary key
  * once the key has had a message.  Key rows of idle keys are removed by
  * idem_outbox_purge, under a lock that waits for every sender in flight.
+ *
+ * Relays are woken by a notification on the channel idem_outbox when a
+ * message commits, but only when a relay is idle: a NOTIFY makes committing
+ * transactions of the database queue one behind the other, which would halve
+ * the rate of senders.  See "Waking relays" below.
  *
  * Times of leases and backoffs are read from the clock, not the start of
  * the transaction: a relay's transaction may be old.
@@ -52,6 +59,8 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "mb/pg_wchar.h"
+#include "storage/lock.h"
+#include "common/hashfn.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
@@ -76,7 +85,7 @@
 #define OUTBOX_TOPICS_PKEY	"outbox_topics_pkey"
 
 /* idem.outbox */
-#define OB_NATTS			8
+#define OB_NATTS			9
 #define OB_ID				0
 #define OB_TOPIC			1
 #define OB_KEY				2
@@ -85,6 +94,7 @@
 #define OB_HEADERS			5
 #define OB_SEQ				6
 #define OB_CREATED_AT		7
+#define OB_KEY_HASH			8
 
 /* idem.outbox_keys */
 #define OK_NATTS			8
@@ -218,7 +228,8 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 		{"payload", JSONBOID, true, InvalidOid},
 		{"headers", JSONBOID, false, InvalidOid},
 		{"seq", INT8OID, true, InvalidOid},
-		{"created_at", TIMESTAMPTZOID, true, InvalidOid}
+		{"created_at", TIMESTAMPTZOID, true, InvalidOid},
+		{"key_hash", INT8OID, true, InvalidOid}
 	};
 
 	outbox_lookup_relids();
@@ -235,7 +246,7 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 	r->pkey = index_open(outbox_pkey_oid, lockmode);
 	outbox_check_index(r->pkey, r->rel, 1);
 	r->key_seq = index_open(outbox_key_seq_oid, lockmode);
-	outbox_check_index(r->key_seq, r->rel, 3);
+	outbox_check_index(r->key_seq, r->rel, 2);
 	r->slot = table_slot_create(r->rel, NULL);
 }
 
@@ -428,8 +439,136 @@ outbox_backoff(OutboxTopic *t, int32 attempts)
 }
 
 /*
+ * ---- Waking relays ----
+ *
+ * A relay whose lease found nothing holds the idle lock of the database, a
+ * user lock in ROW EXCLUSIVE mode, for its session, until a lease gives it
+ * messages again.  Relays do not conflict with one another on it.  A
+ * transaction that sent messages tries a SHARE lock on it just before it
+ * commits, without waiting: when that fails, a relay is idle, and the
+ * transaction notifies idem_outbox once per topic.  A relay takes the idle
+ * lock before its last look for messages, so a sender that commits after
+ * that look sees the lock.  A sender that checked just before the relay took
+ * it and commits just after its last look is not seen by either: its
+ * messages wait for the relay's next poll.  A prepared transaction does not
+ * notify (PostgreSQL refuses NOTIFY there); its messages are found by polls.
+ */
+#define OUTBOX_IDLE_LOCK_ID1	0x6964656d	/* "idem" */
+#define OUTBOX_IDLE_LOCK_ID2	0x6f757462	/* "outb" */
+#define OUTBOX_IDLE_LOCK_ID4	3	/* pg_advisory_* use 1 and 2 */
+
+static bool outbox_relay_idle = false;	/* this session holds the idle lock */
+static List *outbox_sent_topics = NIL;	/* in TopTransactionContext */
+static bool outbox_xact_callback_registered = false;
+
+static void
+outbox_idle_locktag(LOCKTAG *tag)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, OUTBOX_IDLE_LOCK_ID1,
+						 OUTBOX_IDLE_LOCK_ID2, OUTBOX_IDLE_LOCK_ID4);
+}
+
+static void
+outbox_set_relay_idle(bool idle)
+{
+	LOCKTAG		tag;
+
+	if (idle == outbox_relay_idle)
+		return;
+	outbox_idle_locktag(&tag);
+	if (idle)
+		(void) LockAcquire(&tag, RowExclusiveLock, true, false);
+	else
+		LockRelease(&tag, RowExclusiveLock, true);
+	outbox_relay_idle = idle;
+}
+
+static void
+outbox_xact_callback(XactEvent event, void *arg)
+{
+	ListCell   *lc;
+	LOCKTAG		tag;
+
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+			if (outbox_sent_topics == NIL)
+				break;
+			outbox_idle_locktag(&tag);
+			if (LockAcquire(&tag, ShareLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+			{
+				foreach(lc, outbox_sent_topics)
+					Async_Notify(OUTBOX_CHANNEL, (char *) lfirst(lc));
+			}
+			else
+				LockRelease(&tag, ShareLock, false);
+			outbox_sent_topics = NIL;
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+		case XACT_EVENT_PRE_PREPARE:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			outbox_sent_topics = NIL;
+			break;
+		default:
+			break;
+	}
+}
+
+/* Remember that this transaction sent a message of this topic. */
+static void
+outbox_sent(text *topic)
+{
+	ListCell   *lc;
+	char	   *name;
+	MemoryContext oldcxt;
+
+	if (!outbox_xact_callback_registered)
+	{
+		RegisterXactCallback(outbox_xact_callback, NULL);
+		outbox_xact_callback_registered = true;
+	}
+	foreach(lc, outbox_sent_topics)
+	{
+		name = lfirst(lc);
+		if (strlen(name) == VARSIZE_ANY_EXHDR(topic) &&
+			memcmp(name, VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic)) == 0)
+			return;
+	}
+	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
+	outbox_sent_topics = lappend(outbox_sent_topics, text_to_cstring(topic));
+	MemoryContextSwitchTo(oldcxt);
+}
+
+/*
  * ---- Messages ----
  */
+
+/* The hash of (topic, key) that idem.outbox's key_hash holds. */
+static int64
+outbox_key_hash(text *topic, text *key)
+{
+	uint64		h;
+
+	h = DatumGetUInt64(hash_any_extended((unsigned char *) VARDATA_ANY(topic),
+										 VARSIZE_ANY_EXHDR(topic), 0));
+	h = DatumGetUInt64(hash_any_extended((unsigned char *) VARDATA_ANY(key),
+										 VARSIZE_ANY_EXHDR(key), h));
+	return (int64) h;
+}
+
+/*
+ * idem._outbox_key_hash(topic, key) returns bigint, for the functions written
+ * in SQL.
+ */
+PG_FUNCTION_INFO_V1(idem_outbox_key_hash);
+Datum
+idem_outbox_key_hash(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT64(outbox_key_hash(PG_GETARG_TEXT_PP(0), PG_GETARG_TEXT_PP(1)));
+}
 
 /*
  * A time-ordered UUID (version 7): milliseconds since 1970 in the first 48
@@ -487,8 +626,8 @@ outbox_insert_message(Datum *values, bool *isnull)
  * idem_outbox_send(topic, key, payload, headers, type) returns uuid
  *
  * The message is a row written in the caller's transaction: relays see it
- * once that commits, and never if it rolls back.  Listeners of the channel
- * idem_outbox are notified at commit, once per topic and transaction.
+ * once that commits, and never if it rolls back.  Idle relays are notified
+ * at commit, once per topic and transaction.
  */
 PG_FUNCTION_INFO_V1(idem_outbox_send);
 Datum
@@ -546,12 +685,13 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	values[OB_HEADERS] = JsonbPGetDatum(headers);
 	values[OB_SEQ] = Int64GetDatum(nextval_internal(outbox_seq_oid, false));
 	values[OB_CREATED_AT] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+	values[OB_KEY_HASH] = Int64GetDatum(outbox_key_hash(topic, key));
 	memset(isnull, false, sizeof(isnull));
 	isnull[OB_TYPE] = (type == NULL);
 	isnull[OB_HEADERS] = (headers == NULL);
 	outbox_insert_message(values, isnull);
 
-	Async_Notify(OUTBOX_CHANNEL, text_to_cstring(topic));
+	outbox_sent(topic);
 
 	PG_RETURN_UUID_P(id);
 }
@@ -587,20 +727,35 @@ outbox_find(OutboxRels *r, pg_uuid_t *id)
 static bool
 outbox_head(OutboxRels *r, Datum topic, Datum key)
 {
-	ScanKeyData skeys[2];
+	ScanKeyData skey;
 	IndexScanDesc scan;
 	Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
-	bool		found;
+	text	   *t = DatumGetTextPP(topic);
+	text	   *k = DatumGetTextPP(key);
+	bool		found = false;
 
-	ScanKeyInit(&skeys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, topic);
-	skeys[0].sk_collation = C_COLLATION_OID;
-	ScanKeyInit(&skeys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, key);
-	skeys[1].sk_collation = C_COLLATION_OID;
-	scan = index_beginscan(r->rel, r->key_seq, snap, 2, 0);
-	index_rescan(scan, skeys, 2, NULL, 0);
-	found = index_getnext_slot(scan, ForwardScanDirection, r->slot);
-	if (found)
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_INT8EQ,
+				Int64GetDatum(outbox_key_hash(t, k)));
+	scan = index_beginscan(r->rel, r->key_seq, snap, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, r->slot))
+	{
+		text	   *mt;
+		text	   *mk;
+
 		slot_getallattrs(r->slot);
+		mt = DatumGetTextPP(r->slot->tts_values[OB_TOPIC]);
+		mk = DatumGetTextPP(r->slot->tts_values[OB_KEY]);
+		/* another (topic, key) with the same hash: not ours */
+		if (VARSIZE_ANY_EXHDR(mt) == VARSIZE_ANY_EXHDR(t) &&
+			VARSIZE_ANY_EXHDR(mk) == VARSIZE_ANY_EXHDR(k) &&
+			memcmp(VARDATA_ANY(mt), VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t)) == 0 &&
+			memcmp(VARDATA_ANY(mk), VARDATA_ANY(k), VARSIZE_ANY_EXHDR(k)) == 0)
+		{
+			found = true;
+			break;
+		}
+	}
 	index_endscan(scan);
 	UnregisterSnapshot(snap);
 	return found;
@@ -619,8 +774,9 @@ uuid_datum_eq(Datum a, pg_uuid_t *b)
 typedef struct LeaseCandidate
 {
 	text	   *topic;
-	text	   *key;
 	TimestampTz available_at;
+	ItemPointerData tid;		/* where the scan saw the key's row */
+	HeapTuple	row;			/* and what it saw */
 } LeaseCandidate;
 
 typedef struct LeaseArg
@@ -738,6 +894,89 @@ outbox_check_message_type(TupleDesc desc)
 }
 
 /*
+ * One look for keys whose head may be leased now: their heads go into the
+ * result, up to max_messages.  Returns how many.
+ */
+static int
+lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
+		   LeaseArg *arg, int max_messages, List **topics)
+{
+	Relation	keys_rel;
+	TableScanDesc scan;
+	Snapshot	snap;
+	TupleTableSlot *kslot;
+	LeaseCandidate *cands;
+	int			ncands = 0;
+	int			maxcands = 64;
+	int			nleased = 0;
+	int			i;
+	TupleDesc	tupdesc = idem_store_tupdesc(store);
+	Datum		values[OK_NATTS];
+	bool		isnull[OK_NATTS];
+
+	arg->now = GetCurrentTimestamp();
+	cands = palloc(sizeof(LeaseCandidate) * maxcands);
+	/* this call's own updates (a first pass) must be seen */
+	CommandCounterIncrement();
+	keys_rel = table_open(outbox_keys_relid, RowExclusiveLock);
+	snap = RegisterSnapshot(GetLatestSnapshot());
+	kslot = table_slot_create(keys_rel, NULL);
+	scan = table_beginscan(keys_rel, snap, 0, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
+	{
+		bool		dnull;
+		bool		anull;
+		Datum		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
+		Datum		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
+
+		if (dnull || anull || DatumGetBool(dead) ||
+			DatumGetTimestampTz(avail) > arg->now)
+			continue;
+		if (ncands == maxcands)
+		{
+			maxcands *= 2;
+			cands = repalloc(cands, sizeof(LeaseCandidate) * maxcands);
+		}
+		cands[ncands].topic = DatumGetTextPCopy(slot_getattr(kslot, OK_TOPIC + 1, &dnull));
+		cands[ncands].available_at = DatumGetTimestampTz(avail);
+		cands[ncands].tid = kslot->tts_tid;
+		cands[ncands].row = ExecCopySlotHeapTuple(kslot);
+		ncands++;
+		CHECK_FOR_INTERRUPTS();
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(kslot);
+	UnregisterSnapshot(snap);
+	table_close(keys_rel, NoLock);
+
+	/* the keys that have waited longest first */
+	qsort(cands, ncands, sizeof(LeaseCandidate), lease_candidate_cmp);
+
+	for (i = 0; i < ncands && nleased < max_messages; i++)
+	{
+		IdemStoreUpdateResult res;
+
+		CHECK_FOR_INTERRUPTS();
+		arg->topic = outbox_topic(topics, cands[i].topic);
+
+		/*
+		 * The row is updated where the scan saw it, if no transaction has
+		 * changed it since: one that has, or is changing it, is skipped.
+		 */
+		heap_deform_tuple(cands[i].row, tupdesc, values, isnull);
+		res = idem_store_try_update_at(store, &cands[i].tid, values, isnull,
+									   lease_key, arg);
+		if (res == IDEM_UPDATE_DONE && arg->leased)
+		{
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
+								 arg->values, arg->isnull);
+			nleased++;
+		}
+	}
+	return nleased;
+}
+
+/*
  * idem_outbox_lease(relay, max_messages, lease) returns setof
  * idem_outbox_message
  *
@@ -755,15 +994,7 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	int64		lease;
 	IdemStore  *store;
 	OutboxRels	r;
-	Relation	keys_rel;
-	TableScanDesc scan;
-	Snapshot	snap;
-	TupleTableSlot *kslot;
-	LeaseCandidate *cands;
-	int			ncands = 0;
-	int			maxcands = 64;
 	int			nleased = 0;
-	int			i;
 	List	   *topics = NIL;
 	LeaseArg	arg;
 	MemoryContext callcxt;
@@ -798,60 +1029,18 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	store = outbox_keys_open();
 	outbox_open(&r, RowExclusiveLock);
 
-	/* the keys whose head may be leased now, as of now */
-	arg.now = GetCurrentTimestamp();
-	cands = palloc(sizeof(LeaseCandidate) * maxcands);
-	keys_rel = table_open(outbox_keys_relid, RowExclusiveLock);
-	snap = RegisterSnapshot(GetLatestSnapshot());
-	kslot = table_slot_create(keys_rel, NULL);
-	scan = table_beginscan(keys_rel, snap, 0, NULL);
-	while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
-	{
-		bool		dnull;
-		bool		anull;
-		Datum		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
-		Datum		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
-
-		if (dnull || anull || DatumGetBool(dead) ||
-			DatumGetTimestampTz(avail) > arg.now)
-			continue;
-		if (ncands == maxcands)
-		{
-			maxcands *= 2;
-			cands = repalloc(cands, sizeof(LeaseCandidate) * maxcands);
-		}
-		cands[ncands].topic = DatumGetTextPCopy(slot_getattr(kslot, OK_TOPIC + 1, &dnull));
-		cands[ncands].key = DatumGetTextPCopy(slot_getattr(kslot, OK_KEY + 1, &dnull));
-		cands[ncands].available_at = DatumGetTimestampTz(avail);
-		ncands++;
-		CHECK_FOR_INTERRUPTS();
-	}
-	table_endscan(scan);
-	ExecDropSingleTupleTableSlot(kslot);
-	UnregisterSnapshot(snap);
-	table_close(keys_rel, NoLock);
-
-	qsort(cands, ncands, sizeof(LeaseCandidate), lease_candidate_cmp);
-
 	arg.rels = &r;
 	arg.relay = relay;
 	arg.lease = lease;
-	for (i = 0; i < ncands && nleased < max_messages; i++)
+	nleased = lease_pass(store, &r, rsinfo, &arg, max_messages, &topics);
+	if (nleased == 0 && !outbox_relay_idle)
 	{
-		IdemStoreUpdateResult res;
-
-		CHECK_FOR_INTERRUPTS();
-		arg.topic = outbox_topic(&topics, cands[i].topic);
-		res = idem_store_try_update(store, PointerGetDatum(cands[i].topic),
-									PointerGetDatum(cands[i].key),
-									lease_key, &arg);
-		if (res == IDEM_UPDATE_DONE && arg.leased)
-		{
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
-								 arg.values, arg.isnull);
-			nleased++;
-		}
+		/* idle from now on, then a last look: see "Waking relays" */
+		outbox_set_relay_idle(true);
+		nleased = lease_pass(store, &r, rsinfo, &arg, max_messages, &topics);
 	}
+	if (nleased > 0)
+		outbox_set_relay_idle(false);
 
 	outbox_close(&r);
 	idem_store_close(store);

@@ -1114,6 +1114,68 @@ idem_store_try_update(IdemStore *store, Datum ns, Datum key,
 }
 
 /*
+ * Update the row version at tid, whose columns the caller read (values and
+ * isnull, copied by the caller), when fn says so and that version is still
+ * the latest: a version changed since, or being changed, by any transaction
+ * is IDEM_UPDATE_BUSY, never waited for.  This is UPDATE ... SKIP LOCKED
+ * for a caller that scanned the table itself, which saves the search of the
+ * row through the index.
+ */
+IdemStoreUpdateResult
+idem_store_try_update_at(IdemStore *store, ItemPointer tid, Datum *values,
+						 bool *isnull, IdemStoreUpdateFn fn, void *arg)
+{
+	TupleDesc	tupdesc = RelationGetDescr(store->rel);
+	TupleTableSlot *slot = store_write_slot(store);
+	TM_FailureData tmfd;
+	TM_Result	result;
+	LockTupleMode lockmode;
+	bool		update_indexes = false;
+
+	ExecClearTuple(slot);
+	memcpy(slot->tts_values, values, sizeof(Datum) * tupdesc->natts);
+	memcpy(slot->tts_isnull, isnull, sizeof(bool) * tupdesc->natts);
+	ExecStoreVirtualTuple(slot);
+	if (!fn(tupdesc, slot->tts_values, slot->tts_isnull, arg))
+	{
+		ExecClearTuple(slot);
+		return IDEM_UPDATE_DECLINED;
+	}
+	CommandCounterIncrement();
+	result = table_tuple_update(store->rel, tid, slot,
+								GetCurrentCommandId(true),
+								InvalidSnapshot, InvalidSnapshot,
+								false, &tmfd, &lockmode, &update_indexes);
+	switch (result)
+	{
+		case TM_Ok:
+			if (update_indexes)
+			{
+				List	   *recheck;
+
+				recheck = ExecInsertIndexTuples(store->rri, slot,
+												store->estate, false,
+												false, NULL, NIL);
+				list_free(recheck);
+				ResetPerTupleExprContext(store->estate);
+			}
+			ExecClearTuple(slot);
+			return IDEM_UPDATE_DONE;
+		case TM_SelfModified:
+		case TM_Updated:
+		case TM_Deleted:
+		case TM_BeingModified:
+		case TM_WouldBlock:
+			ExecClearTuple(slot);
+			return IDEM_UPDATE_BUSY;
+		default:
+			elog(ERROR, "unexpected result %d updating \"%s\"",
+				 (int) result, RelationGetRelationName(store->rel));
+	}
+	return IDEM_UPDATE_BUSY;	/* keep compiler quiet */
+}
+
+/*
  * Read the row (ns, key) as it stands: the latest committed version, or the
  * one this transaction made (even in the current command).  An uncommitted
  * change of another transaction is not seen and not waited for.  Returns
