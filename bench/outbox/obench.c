@@ -8,7 +8,10 @@
  * One invocation is one measured phase, for one way of writing an outbox:
  *
  *   idem  idem_outbox_send; idem_outbox_lease, then idem_outbox_ack of the
- *         batch, each in a transaction of its own
+ *         batch, each in a transaction of its own; the relays LISTEN on
+ *         idem_outbox, as idem's README says a relay does, and after a lease
+ *         that found nothing wait for a notification or the poll interval,
+ *         whichever comes first (the others sleep the poll interval)
  *   sl    hand-written, unordered: INSERT; SELECT ... ORDER BY id LIMIT B
  *         FOR UPDATE SKIP LOCKED, DELETE of the batch and COMMIT (the lease is
  *         the relay's transaction)
@@ -52,6 +55,8 @@
  * prints timed_out=1 and its rate is what it moved in that time.  Prints one
  * line: RESULT key=value ...
  */
+#define _GNU_SOURCE
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -435,6 +440,39 @@ id_array(PGresult *res, char *out)
 	*out = '\0';
 }
 
+/* the notifications received so far, dropped: they only wake the relay */
+static int
+drain_notifies(PGconn *conn)
+{
+	PGnotify   *n;
+	int			got = 0;
+
+	if (!PQconsumeInput(conn))
+		fail(conn, "PQconsumeInput", NULL);
+	while ((n = PQnotifies(conn)) != NULL)
+	{
+		PQfreemem(n);
+		got = 1;
+	}
+	return got;
+}
+
+/* an idem relay with nothing to do: a notification, or the poll interval */
+static void
+wait_notify(PGconn *conn)
+{
+	struct pollfd pfd;
+	struct timespec ts = {poll_us / 1000000, (poll_us % 1000000) * 1000};
+
+	if (drain_notifies(conn))
+		return;
+	pfd.fd = PQsocket(conn);
+	pfd.events = POLLIN;
+	pfd.revents = 0;
+	if (ppoll(&pfd, 1, &ts, NULL) > 0)
+		drain_notifies(conn);
+}
+
 static int
 finished(void)
 {
@@ -480,6 +518,7 @@ relay(void *arg)
 	switch (peer)
 	{
 		case PEER_IDEM:
+			exec_ok(conn, "LISTEN idem_outbox");
 			prepare(conn, "lease", "SELECT id, key, payload FROM idem_outbox_lease($1, $2)");
 			prepare(conn, "ack", "SELECT idem_outbox_ack($1::uuid[])");
 			break;
@@ -602,11 +641,18 @@ relay(void *arg)
 				break;
 		}
 		if (n > 0)
+		{
 			record(rid, d, n, t_ack);
+			if (peer == PEER_IDEM)
+				drain_notifies(conn);
+		}
 		else
 		{
 			atomic_fetch_add(&empty_leases, 1);
-			usleep(poll_us);
+			if (peer == PEER_IDEM)
+				wait_notify(conn);
+			else
+				usleep(poll_us);
 		}
 	}
 	PQfinish(conn);
