@@ -135,7 +135,7 @@ def main(path):
         print("### Steady load\n")
         print(f"4 producers send {meta.get('steady_rate', '?')} messages per second in all, one per transaction, "
               f"for {meta.get('steady', '?')} s, while 4 relays (PgQ 1) deliver them (a relay that finds nothing "
-              "waits 10 ms); autovacuum on, with its default settings. The size is that of the peer's tables, "
+              "waits 10 ms; idem's relays wait for a notification or 10 ms); autovacuum on, with its default settings. The size is that of the peer's tables, "
               "indexes and TOAST (idem: `idem.outbox*`), sampled every few seconds. PgQ runs its maintenance "
               f"(pgq.maint_operations) every 10 s with rotation_period = {meta.get('pgq_rotation', '?')}; "
               "pg-boss deletes completed jobs after 1 s, supervised every 10 s. msgs/s is what was delivered over the "
