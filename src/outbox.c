@@ -309,19 +309,24 @@ outbox_arg_json(FunctionCallInfo fcinfo, int argno, const char *what,
 static int64
 outbox_span(Interval *span, const char *what, bool zero_ok, const char *hint)
 {
-	int64		us;
+	int64		us = 0;
+	bool		ok;
 
-	if (span->month != 0 || span->day < 0 || span->time < 0 ||
-		span->day > 1 ||
-		(span->day == 1 && span->time > 0) ||
-		(!zero_ok && span->day == 0 && span->time == 0))
+	/* days are checked first: a day count times a day can overflow */
+	ok = span->month == 0 && span->day >= 0 && span->time >= 0 &&
+		span->day <= 1 && span->time <= USECS_PER_DAY;
+	if (ok)
+	{
+		us = span->day * USECS_PER_DAY + span->time;
+		ok = us <= USECS_PER_DAY && (zero_ok || us > 0);
+	}
+	if (!ok)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s must be %s and at most one day", what,
 						zero_ok ? "zero or positive" : "positive"),
 				 errdetail("The %s given was %s.", what, idem_interval_text(span)),
 				 errhint("%s", hint)));
-	us = span->day * USECS_PER_DAY + span->time;
 	return us;
 }
 
