@@ -26,6 +26,22 @@ config_set(Config *cfg, const char *key, const char *value, const char *origin)
 	it->origin = xstrdup(origin);
 }
 
+void
+config_free(Config *cfg)
+{
+	int			i;
+
+	for (i = 0; i < cfg->nitems; i++)
+	{
+		free(cfg->items[i].key);
+		free(cfg->items[i].value);
+		free(cfg->items[i].origin);
+	}
+	free(cfg->items);
+	cfg->items = NULL;
+	cfg->nitems = cfg->cap = 0;
+}
+
 static const ConfigItem *
 config_find(const Config *cfg, const char *key)
 {

@@ -1183,6 +1183,7 @@ main(int argc, char **argv)
 		config_error("%s", err);
 	for (i = 0; i < cmdline.nitems; i++)
 		config_set(&cfg, cmdline.items[i].key, cmdline.items[i].value, cmdline.items[i].origin);
+	config_free(&cmdline);
 
 	srandom((unsigned int) (time(NULL) ^ getpid()));
 	if (!sink_global_init(err, sizeof(err)))
@@ -1259,5 +1260,10 @@ main(int argc, char **argv)
 	drop_connection();
 	sink_global_cleanup();
 	log_counts(1);
+	free(schema);
+	free(settings.name);
+	config_free(&cfg);
+	close(wake_pipe[0]);
+	close(wake_pipe[1]);
 	return exit_code;
 }

@@ -104,6 +104,7 @@ typedef struct Config
 
 extern void config_set(Config *cfg, const char *key, const char *value,
 					   const char *origin);
+extern void config_free(Config *cfg);
 /* reads FILE; false with a message in err */
 extern int	config_read_file(Config *cfg, const char *path, char *err, size_t errlen);
 /* the last value of key, or NULL */
