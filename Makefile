@@ -10,7 +10,8 @@ OBJS = \
 	src/token.o \
 	src/guard.o \
 	src/request.o \
-	src/outbox.o
+	src/outbox.o \
+	src/stats.o
 
 DATA = $(wildcard idem--*.sql)
 PGFILEDESC = "idem - idempotency primitives"

@@ -738,3 +738,46 @@ REVOKE ALL ON FUNCTION idem_outbox_redrive(pg_catalog.text, pg_catalog.text) FRO
 REVOKE ALL ON FUNCTION idem_outbox_stats() FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_purge(pg_catalog.interval) FROM PUBLIC;
 -- ==== END outbox ====
+
+-- ==== BEGIN statistics ====
+-- Counters of every capability's outcomes, in shared memory: they need idem
+-- in shared_preload_libraries, and these functions fail with 55000 without.
+CREATE OR REPLACE FUNCTION idem_stats_rows(
+    OUT ns pg_catalog.text, OUT kind pg_catalog.text, OUT operations pg_catalog.int8,
+    OUT duplicates pg_catalog.int8, OUT duplicate_rate pg_catalog.float8,
+    OUT counters pg_catalog.jsonb, OUT stats_reset pg_catalog.timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_stats_rows'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idem_stats_rows() IS
+    'the rows of the view idem_stats: committed outcomes per namespace and kind, from shared memory';
+
+CREATE OR REPLACE VIEW idem_stats AS
+    SELECT s.ns, s.kind, s.operations, s.duplicates, s.duplicate_rate, s.counters, s.stats_reset
+      FROM @extschema@.idem_stats_rows() s;
+COMMENT ON VIEW idem_stats IS
+    'committed outcomes per namespace and kind (claim, token, transition, request, outbox) since the last reset';
+
+CREATE OR REPLACE FUNCTION idem_stats_reset()
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_stats_reset'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_stats_reset() IS
+    'set every counter of idem_stats back to zero';
+
+CREATE OR REPLACE FUNCTION idem_metrics()
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_metrics'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idem_metrics() IS
+    'the counters of idem_stats in the Prometheus text exposition format';
+
+REVOKE ALL ON FUNCTION idem_stats_rows() FROM PUBLIC;
+REVOKE ALL ON idem_stats FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_stats_reset() FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_metrics() FROM PUBLIC;
+-- monitoring roles read the counters
+GRANT EXECUTE ON FUNCTION idem_stats_rows() TO pg_monitor;
+GRANT SELECT ON idem_stats TO pg_monitor;
+GRANT EXECUTE ON FUNCTION idem_metrics() TO pg_monitor;
+-- ==== END statistics ====

@@ -34,10 +34,20 @@ claim_one(IdemStore *store, text *ns, text *msg_id, IdemStoreWait wait)
 	Datum		values[CLAIMS_NATTS];
 	bool		isnull[CLAIMS_NATTS] = {false, false, false};
 
+	IdemStoreResult r;
+	uint64		waits = idem_store_waits;
+
 	values[0] = PointerGetDatum(ns);
 	values[1] = PointerGetDatum(msg_id);
 	values[2] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
-	return idem_store_insert(store, values, isnull, wait);
+	r = idem_store_insert(store, values, isnull, wait);
+	idem_stat_count_text(IDEM_KIND_CLAIM, ns,
+						 r == IDEM_STORE_INSERTED ? IDEM_CLAIM_CLAIMED :
+						 r == IDEM_STORE_EXISTS ? IDEM_CLAIM_DUPLICATE :
+						 IDEM_CLAIM_IN_FLIGHT, 1);
+	if (idem_store_waits != waits)
+		idem_stat_count_text(IDEM_KIND_CLAIM, ns, IDEM_CLAIM_WAITED, 1);
+	return r;
 }
 
 static void

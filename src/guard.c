@@ -2527,6 +2527,7 @@ PG_FUNCTION_INFO_V1(idem_transition);
 Datum
 idem_transition(PG_FUNCTION_ARGS)
 {
+	char		machine[NAMEDATALEN];
 	Relation	rel;
 	Trigger    *trigger;
 	GuardEntry *entry;
@@ -2600,6 +2601,7 @@ idem_transition(PG_FUNCTION_ARGS)
 				 errhint("Enable trigger \"%s\".", trigger->tgname)));
 	strlcpy(tgname, trigger->tgname, NAMEDATALEN);
 	entry = guard_entry_get(rel, trigger);
+	strlcpy(machine, entry->machine, sizeof(machine));
 	if (!PG_ARGISNULL(3) && entry->version_attnum == InvalidAttrNumber)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -2696,5 +2698,6 @@ idem_transition(PG_FUNCTION_ARGS)
 	}
 
 	relation_close(rel, NoLock);
+	idem_stat_count(IDEM_KIND_TRANSITION, machine, strlen(machine), outcome, 1);
 	PG_RETURN_OID(outcome_label(fcinfo, outcome));
 }

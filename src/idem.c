@@ -27,10 +27,12 @@ void		_PG_init(void);
 void
 _PG_init(void)
 {
-	MarkGUCPrefixReserved("idem");
 	idem_store_init();
 	idem_token_init();
 	idem_outbox_init();
+	idem_stats_init();
+	/* after the settings are defined: it drops placeholders of the prefix */
+	MarkGUCPrefixReserved("idem");
 }
 
 /*

@@ -121,4 +121,49 @@ extern IdemStoreUpdateResult idem_store_try_update_at(IdemStore *store,
 extern bool idem_store_read(IdemStore *store, Datum ns, Datum key,
 							Datum *values, bool *isnull);
 
+/*
+ * stats.c: counters of outcomes in shared memory, added when the
+ * transaction commits (nothing is counted without shared_preload_libraries).
+ */
+typedef enum IdemStatKind
+{
+	IDEM_KIND_CLAIM,
+	IDEM_KIND_TOKEN,
+	IDEM_KIND_TRANSITION,
+	IDEM_KIND_REQUEST,
+	IDEM_KIND_OUTBOX,
+	IDEM_NKINDS
+} IdemStatKind;
+
+#define IDEM_STAT_MAX_OUTCOMES 8
+
+/* outcomes of each kind, in the order stats.c names them */
+enum
+{
+	IDEM_CLAIM_CLAIMED, IDEM_CLAIM_DUPLICATE, IDEM_CLAIM_IN_FLIGHT,
+	IDEM_CLAIM_WAITED
+};
+enum
+{
+	IDEM_TOKEN_ISSUED, IDEM_TOKEN_CONSUMED, IDEM_TOKEN_REJECTED_CONSUMED,
+	IDEM_TOKEN_REJECTED_EXPIRED, IDEM_TOKEN_REJECTED_UNKNOWN
+};
+/* transitions: the outcomes of idem_transition, in their enum's order */
+/* requests: the statuses of idem_request_begin, then: */
+#define IDEM_REQUEST_FINISHED 5
+enum
+{
+	IDEM_OUTBOX_SENT, IDEM_OUTBOX_LEASED, IDEM_OUTBOX_REDELIVERED,
+	IDEM_OUTBOX_DELIVERED, IDEM_OUTBOX_RETRIED, IDEM_OUTBOX_DEAD
+};
+
+extern void idem_stats_init(void);
+extern void idem_stat_count(IdemStatKind kind, const char *ns, int nslen,
+							int outcome, int64 n);
+extern void idem_stat_count_text(IdemStatKind kind, text *ns, int outcome,
+								 int64 n);
+
+/* store.c: how many times this backend waited for another transaction */
+extern uint64 idem_store_waits;
+
 #endif							/* IDEM_H */

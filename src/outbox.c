@@ -697,6 +697,7 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	outbox_insert_message(values, isnull);
 
 	outbox_sent(topic);
+	idem_stat_count_text(IDEM_KIND_OUTBOX, topic, IDEM_OUTBOX_SENT, 1);
 
 	PG_RETURN_UUID_P(id);
 }
@@ -976,7 +977,15 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
 								 arg->values, arg->isnull);
 			nleased++;
+			idem_stat_count_text(IDEM_KIND_OUTBOX, cands[i].topic,
+								 IDEM_OUTBOX_LEASED, 1);
+			if (DatumGetInt32(arg->values[6]) > 1)
+				idem_stat_count_text(IDEM_KIND_OUTBOX, cands[i].topic,
+									 IDEM_OUTBOX_REDELIVERED, 1);
 		}
+		else if (res == IDEM_UPDATE_DONE && arg->died)
+			idem_stat_count_text(IDEM_KIND_OUTBOX, cands[i].topic,
+								 IDEM_OUTBOX_DEAD, 1);
 	}
 	return nleased;
 }
@@ -1182,7 +1191,11 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 										InvalidSnapshot, InvalidSnapshot,
 										true, &tmfd, false);
 			if (result == TM_Ok)
+			{
 				acked++;
+				idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
+									 IDEM_OUTBOX_DELIVERED, 1);
+			}
 			else if (result != TM_SelfModified && result != TM_Deleted &&
 					 result != TM_Updated)
 				elog(ERROR, "unexpected result %d deleting from \"%s\"",
@@ -1257,6 +1270,9 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 		arg.topic = outbox_topic(&topics, topic);
 		done = (idem_store_update(store, PointerGetDatum(topic),
 								  PointerGetDatum(key), nack_key, &arg) == IDEM_UPDATE_DONE);
+		if (done)
+			idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
+								 arg.died ? IDEM_OUTBOX_DEAD : IDEM_OUTBOX_RETRIED, 1);
 	}
 	outbox_close(&r);
 	idem_store_close(store);

@@ -487,6 +487,7 @@ idem_request_begin(PG_FUNCTION_ARGS)
 			elog(ERROR, "request key kept disappearing");
 	}
 	idem_store_close(store);
+	idem_stat_count_text(IDEM_KIND_REQUEST, ns, st.status, 1);
 
 	st.out[OUT_STATUS] =
 		ObjectIdGetDatum(idem_enum_type_label_oid(TupleDescAttr(tupdesc, OUT_STATUS)->atttypid,
@@ -731,6 +732,8 @@ idem_request_finish(PG_FUNCTION_ARGS)
 		ch.expires_at = plus_interval(GetCurrentTransactionStartTimestamp(),
 									  request_retention(ns));
 	owner_change_apply("idem_request_finish()", ns, key, &ch);
+	if (ch.cache)
+		idem_stat_count_text(IDEM_KIND_REQUEST, ns, IDEM_REQUEST_FINISHED, 1);
 	PG_RETURN_VOID();
 }
 

@@ -45,6 +45,8 @@
 
 #include "idem.h"
 
+uint64		idem_store_waits = 0;
+
 /* A keyed table's unique index has two key columns: namespace and key. */
 #define STORE_NKEYS 2
 
@@ -795,6 +797,7 @@ store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
 		tid = slot->tts_tid;
 		ExecClearTuple(slot);
 		store_release_pins(store);
+		idem_store_waits++;
 		if (dirty->speculativeToken)
 			SpeculativeInsertionWait(dirty->xmin, dirty->speculativeToken);
 		else

@@ -467,9 +467,17 @@ idem_token_issue(PG_FUNCTION_ARGS)
 	token_encode_hint(idem_store_inserted_tid(store), digest,
 					  VARDATA(token) + TOKEN_SECRET_LEN);
 	idem_store_close(store);
+	idem_stat_count_text(IDEM_KIND_TOKEN, scope, IDEM_TOKEN_ISSUED, 1);
 
 	PG_RETURN_TEXT_P(token);
 }
+
+/* What a consumption judged, and why it refused. */
+typedef struct TokenConsume
+{
+	TimestampTz now;
+	int			refused;		/* IDEM_TOKEN_REJECTED_* */
+} TokenConsume;
 
 /*
  * Consumption of the latest version of a token's row: the condition
@@ -479,13 +487,20 @@ idem_token_issue(PG_FUNCTION_ARGS)
 static bool
 token_consume_row(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 {
-	TimestampTz now = *(TimestampTz *) arg;
+	TokenConsume *c = arg;
+	TimestampTz now = c->now;
 
 	if (!isnull[TOKENS_CONSUMED_AT])
+	{
+		c->refused = IDEM_TOKEN_REJECTED_CONSUMED;
 		return false;
+	}
 	if (isnull[TOKENS_EXPIRES_AT] ||
 		DatumGetTimestampTz(values[TOKENS_EXPIRES_AT]) <= now)
+	{
+		c->refused = IDEM_TOKEN_REJECTED_EXPIRED;
 		return false;
+	}
 	values[TOKENS_CONSUMED_AT] = TimestampTzGetDatum(now);
 	isnull[TOKENS_CONSUMED_AT] = false;
 	return true;
@@ -505,19 +520,27 @@ idem_token_consume(PG_FUNCTION_ARGS)
 	ItemPointerData hint;
 	bytea	   *digest = token_arg_digest(fcinfo, 0, &hint);
 	text	   *scope = token_arg_scope(fcinfo, 1);
-	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	TokenConsume c;
 	IdemStore  *store;
 	IdemStoreUpdateResult r;
 
 	idem_check_writable("idem_token_consume()");
 	if (digest == NULL)
+	{
+		idem_stat_count_text(IDEM_KIND_TOKEN, scope,
+							 IDEM_TOKEN_REJECTED_UNKNOWN, 1);
 		PG_RETURN_BOOL(false);
+	}
 
+	c.now = GetCurrentTransactionStartTimestamp();
+	c.refused = IDEM_TOKEN_REJECTED_UNKNOWN;
 	store = tokens_open(RowExclusiveLock);
 	idem_store_hint(store, &hint);
 	r = idem_store_update(store, PointerGetDatum(scope),
-						  PointerGetDatum(digest), token_consume_row, &now);
+						  PointerGetDatum(digest), token_consume_row, &c);
 	idem_store_close(store);
+	idem_stat_count_text(IDEM_KIND_TOKEN, scope,
+						 r == IDEM_UPDATE_DONE ? IDEM_TOKEN_CONSUMED : c.refused, 1);
 	PG_RETURN_BOOL(r == IDEM_UPDATE_DONE);
 }
 

@@ -67,7 +67,7 @@ sub expectation
 	return [ '00000', undef ];
 }
 
-my $node = idem_node('readme');
+my $node = idem_node('readme', "shared_preload_libraries = 'idem'");
 $node->safe_psql('postgres', q{
 CREATE ROLE ops;
 CREATE ROLE app;

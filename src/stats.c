@@ -1,0 +1,660 @@
+/*-------------------------------------------------------------------------
+ *
+ * stats.c
+ *	  Counters of every capability's outcomes, per database, kind and
+ *	  namespace, in shared memory.
+ *
+ * With idem in shared_preload_libraries, a hash table in shared memory holds
+ * one entry per (database, kind, namespace): claims per namespace, tokens per
+ * scope, transitions per machine, requests per namespace and outbox messages
+ * per topic.  Each entry has one atomic counter per outcome.  Nothing is
+ * written to a table.
+ *
+ * Work that rolls back is not counted.  A backend keeps what its transaction
+ * did in a local list, tagged with the subtransaction level; a subtransaction
+ * that aborts drops its part, and the list is added to shared memory when
+ * the transaction commits (or is prepared: a prepared transaction is counted
+ * then, whether it is later committed or rolled back).
+ *
+ * The number of entries is bounded by idem.max_namespaces.  When the table is
+ * full, the counts of a new namespace go to the namespace "*" of its kind,
+ * for which room is kept.  Entries are never removed (a reset sets their
+ * counters to zero), so a backend may add to an entry without holding the
+ * lock.
+ *
+ * When a namespace's duplicate rate over idem.duplicate_rate_interval exceeds
+ * idem.duplicate_rate_warning, the backend that notices it first logs one
+ * line; the interval then starts over, which limits the lines to one per
+ * interval and namespace.
+ *
+ * Without preloading, counting does nothing and the functions that read the
+ * counters fail with 55000.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "funcapi.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "port/atomics.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/hsearch.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/datetime.h"
+#include "utils/timestamp.h"
+
+#include "idem.h"
+
+/* Longest namespace kept: an outbox topic has up to 255 bytes. */
+#define STATS_NS_LEN		256
+
+/* The namespace that collects new namespaces when the table is full. */
+#define STATS_OVERFLOW_NS	"*"
+
+typedef struct StatsKey
+{
+	Oid			dbid;
+	int32		kind;
+	char		ns[STATS_NS_LEN];
+} StatsKey;
+
+typedef struct StatsEntry
+{
+	StatsKey	key;			/* hash key: first */
+	pg_atomic_uint64 counters[IDEM_STAT_MAX_OUTCOMES];
+	/* where the current interval of the duplicate rate began */
+	TimestampTz interval_start;
+	uint64		interval_ops;
+	uint64		interval_dups;
+} StatsEntry;
+
+typedef struct StatsShared
+{
+	LWLock	   *lock;			/* the hash table's entries and resets */
+	TimestampTz stats_reset;
+	int			nentries;		/* entries but the overflow ones */
+} StatsShared;
+
+/* what each kind counts, in the order of its outcomes */
+typedef struct StatsKindInfo
+{
+	const char *name;			/* kind, as idem_stats shows it */
+	const char *metric;			/* Prometheus counter */
+	const char *help;
+	int			noutcomes;
+	const char *outcomes[IDEM_STAT_MAX_OUTCOMES];
+	uint32		operations;		/* bit per outcome that is an operation */
+	int			duplicate;		/* the outcome that is a duplicate */
+} StatsKindInfo;
+
+static const StatsKindInfo kinds[IDEM_NKINDS] = {
+	[IDEM_KIND_CLAIM] = {
+		"claim", "idem_claims_total",
+		"Claims of a message id, by outcome; waited counts claims that waited for another transaction.",
+		4, {"claimed", "duplicate", "in_flight", "waited"},
+		(1 << 0) | (1 << 1) | (1 << 2), 1
+	},
+	[IDEM_KIND_TOKEN] = {
+		"token", "idem_tokens_total",
+		"Single-use tokens issued, consumed, and rejected by reason, by scope.",
+		5, {"issued", "consumed", "rejected_consumed", "rejected_expired", "rejected_unknown"},
+		(1 << 1) | (1 << 2) | (1 << 3) | (1 << 4), 2
+	},
+	[IDEM_KIND_TRANSITION] = {
+		"transition", "idem_transitions_total",
+		"Calls of idem_transition by outcome, by machine.",
+		5, {"applied", "already", "stale", "illegal", "not_found"},
+		(1 << 0) | (1 << 1) | (1 << 2) | (1 << 3) | (1 << 4), 1
+	},
+	[IDEM_KIND_REQUEST] = {
+		"request", "idem_requests_total",
+		"Request idempotency keys: begins by status, and finished requests, by namespace.",
+		6, {"new", "replay", "mismatch", "in_flight", "resume", "finished"},
+		(1 << 0) | (1 << 1) | (1 << 2) | (1 << 3) | (1 << 4), 1
+	},
+	[IDEM_KIND_OUTBOX] = {
+		"outbox", "idem_outbox_messages_total",
+		"Outbox messages sent, leased, leased again, delivered, retried after a failure and dead, by topic.",
+		6, {"sent", "leased", "redelivered", "delivered", "retried", "dead"},
+		(1 << 0), 2
+	},
+};
+
+/* GUCs */
+static int	stats_max_namespaces = 1000;
+static double stats_duplicate_rate_warning = 0.0;
+static int	stats_duplicate_rate_interval = 60;	/* seconds */
+static int	stats_duplicate_rate_min_operations = 100;
+
+static StatsShared *stats_shared = NULL;
+static HTAB *stats_hash = NULL;
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+/*
+ * What this backend's transaction counted, not yet in shared memory.  One
+ * entry per kind, namespace and subtransaction level.
+ */
+typedef struct PendingEntry
+{
+	int32		kind;
+	int			level;
+	char		ns[STATS_NS_LEN];
+	int64		counts[IDEM_STAT_MAX_OUTCOMES];
+} PendingEntry;
+
+static PendingEntry *pending = NULL;
+static int	npending = 0;
+static int	maxpending = 0;
+static bool callbacks_registered = false;
+
+static Size
+stats_memsize(void)
+{
+	/* room for the overflow entry of every kind beyond the limit */
+	long		n = stats_max_namespaces + IDEM_NKINDS;
+
+	return add_size(MAXALIGN(sizeof(StatsShared)),
+					hash_estimate_size(n, sizeof(StatsEntry)));
+}
+
+static void
+stats_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(stats_memsize());
+	RequestNamedLWLockTranche("idem_stats", 1);
+}
+
+static void
+stats_shmem_startup(void)
+{
+	bool		found;
+	HASHCTL		info;
+	long		n = stats_max_namespaces + IDEM_NKINDS;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	stats_shared = ShmemInitStruct("idem_stats", sizeof(StatsShared), &found);
+	if (!found)
+	{
+		stats_shared->lock = &(GetNamedLWLockTranche("idem_stats"))->lock;
+		stats_shared->stats_reset = GetCurrentTimestamp();
+		stats_shared->nentries = 0;
+	}
+	info.keysize = sizeof(StatsKey);
+	info.entrysize = sizeof(StatsEntry);
+	stats_hash = ShmemInitHash("idem_stats hash", n, n, &info,
+							   HASH_ELEM | HASH_BLOBS);
+	LWLockRelease(AddinShmemInitLock);
+}
+
+void
+idem_stats_init(void)
+{
+	DefineCustomRealVariable("idem.duplicate_rate_warning",
+							 "Duplicate rate of a namespace over an interval above which idem logs a warning.",
+							 "0 turns the warning off.",
+							 &stats_duplicate_rate_warning,
+							 0.0, 0.0, 1.0,
+							 PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("idem.duplicate_rate_interval",
+							"Length of the interval over which the duplicate rate is judged.",
+							NULL,
+							&stats_duplicate_rate_interval,
+							60, 1, 86400,
+							PGC_SIGHUP, GUC_UNIT_S, NULL, NULL, NULL);
+	DefineCustomIntVariable("idem.duplicate_rate_min_operations",
+							"Operations an interval must have before its duplicate rate is judged.",
+							NULL,
+							&stats_duplicate_rate_min_operations,
+							100, 1, INT_MAX,
+							PGC_SIGHUP, 0, NULL, NULL, NULL);
+
+	/*
+	 * The rest only when preloading: a PGC_POSTMASTER setting cannot be
+	 * defined once the server runs (that would end the session).
+	 */
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+	DefineCustomIntVariable("idem.max_namespaces",
+							"Number of namespaces whose outcomes idem counts in shared memory.",
+							"When they are all taken, a new namespace is counted under \"*\".",
+							&stats_max_namespaces,
+							1000, 10, 1000000,
+							PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = stats_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = stats_shmem_startup;
+}
+
+/*
+ * ---- Counting ----
+ */
+
+static void stats_flush(void);
+
+static void
+stats_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PREPARE:
+			stats_flush();
+			npending = 0;
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			npending = 0;
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+stats_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					   SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	int			i;
+	int			j;
+
+	switch (event)
+	{
+		case SUBXACT_EVENT_ABORT_SUB:
+			/* what the subtransaction did is undone: so are its counts */
+			for (i = 0, j = 0; i < npending; i++)
+				if (pending[i].level < level)
+					pending[j++] = pending[i];
+			npending = j;
+			break;
+		case SUBXACT_EVENT_COMMIT_SUB:
+			for (i = 0; i < npending; i++)
+				if (pending[i].level >= level)
+					pending[i].level = level - 1;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * Count n outcomes of a kind in a namespace, for the current transaction.
+ */
+void
+idem_stat_count(IdemStatKind kind, const char *ns, int nslen, int outcome,
+				int64 n)
+{
+	int			level;
+	int			i;
+	PendingEntry *e;
+
+	Assert(kind >= 0 && kind < IDEM_NKINDS);
+	Assert(outcome >= 0 && outcome < kinds[kind].noutcomes);
+	if (stats_shared == NULL || n == 0)
+		return;
+	if (nslen >= STATS_NS_LEN)
+		nslen = STATS_NS_LEN - 1;
+	level = GetCurrentTransactionNestLevel();
+
+	for (i = npending - 1; i >= 0; i--)
+	{
+		e = &pending[i];
+		if (e->kind == (int32) kind && e->level == level &&
+			strncmp(e->ns, ns, nslen) == 0 && e->ns[nslen] == '\0')
+		{
+			e->counts[outcome] += n;
+			return;
+		}
+	}
+
+	if (!callbacks_registered)
+	{
+		RegisterXactCallback(stats_xact_callback, NULL);
+		RegisterSubXactCallback(stats_subxact_callback, NULL);
+		callbacks_registered = true;
+	}
+	if (npending == maxpending)
+	{
+		maxpending = Max(8, maxpending * 2);
+		if (pending == NULL)
+			pending = MemoryContextAlloc(TopMemoryContext,
+										 sizeof(PendingEntry) * maxpending);
+		else
+			pending = repalloc(pending, sizeof(PendingEntry) * maxpending);
+	}
+	e = &pending[npending++];
+	memset(e, 0, sizeof(PendingEntry));
+	e->kind = kind;
+	e->level = level;
+	memcpy(e->ns, ns, nslen);
+	e->counts[outcome] = n;
+}
+
+void
+idem_stat_count_text(IdemStatKind kind, text *ns, int outcome, int64 n)
+{
+	if (stats_shared == NULL || n == 0)
+		return;
+	idem_stat_count(kind, VARDATA_ANY(ns), VARSIZE_ANY_EXHDR(ns), outcome, n);
+}
+
+/*
+ * The shared entry of a key, made if there is room; NULL if not.  The
+ * overflow entries of the kinds always have room.
+ */
+static StatsEntry *
+stats_entry(StatsKey *key, bool create)
+{
+	StatsEntry *entry;
+	bool		found;
+	bool		overflow = strcmp(key->ns, STATS_OVERFLOW_NS) == 0;
+	int			i;
+
+	LWLockAcquire(stats_shared->lock, LW_SHARED);
+	entry = hash_search(stats_hash, key, HASH_FIND, NULL);
+	LWLockRelease(stats_shared->lock);
+	if (entry != NULL || !create)
+		return entry;
+
+	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+	entry = hash_search(stats_hash, key, HASH_FIND, NULL);
+	if (entry == NULL &&
+		(overflow || stats_shared->nentries < stats_max_namespaces))
+	{
+		entry = hash_search(stats_hash, key, HASH_ENTER_NULL, &found);
+		if (entry != NULL && !found)
+		{
+			for (i = 0; i < IDEM_STAT_MAX_OUTCOMES; i++)
+				pg_atomic_init_u64(&entry->counters[i], 0);
+			entry->interval_start = GetCurrentTimestamp();
+			entry->interval_ops = 0;
+			entry->interval_dups = 0;
+			if (!overflow)
+				stats_shared->nentries++;
+		}
+	}
+	LWLockRelease(stats_shared->lock);
+	return entry;
+}
+
+static uint64
+stats_operations(const StatsKindInfo *k, StatsEntry *entry)
+{
+	uint64		ops = 0;
+	int			i;
+
+	for (i = 0; i < k->noutcomes; i++)
+		if (k->operations & (1 << i))
+			ops += pg_atomic_read_u64(&entry->counters[i]);
+	return ops;
+}
+
+/* Log the duplicate rate of an entry whose interval is over, if too high. */
+static void
+stats_check_rate(StatsEntry *entry)
+{
+	const StatsKindInfo *k = &kinds[entry->key.kind];
+	TimestampTz now = GetCurrentTimestamp();
+	uint64		ops;
+	uint64		dups;
+	double		rate;
+
+	if (stats_duplicate_rate_warning <= 0.0 ||
+		!TimestampDifferenceExceeds(entry->interval_start, now,
+									stats_duplicate_rate_interval * 1000))
+		return;
+
+	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+	/* another backend may have judged this interval meanwhile */
+	if (!TimestampDifferenceExceeds(entry->interval_start, now,
+									stats_duplicate_rate_interval * 1000))
+	{
+		LWLockRelease(stats_shared->lock);
+		return;
+	}
+	ops = stats_operations(k, entry) - entry->interval_ops;
+	dups = pg_atomic_read_u64(&entry->counters[k->duplicate]) - entry->interval_dups;
+	entry->interval_start = now;
+	entry->interval_ops += ops;
+	entry->interval_dups += dups;
+	LWLockRelease(stats_shared->lock);
+
+	if (ops < (uint64) stats_duplicate_rate_min_operations)
+		return;
+	rate = (double) dups / (double) ops;
+	if (rate > stats_duplicate_rate_warning)
+		ereport(LOG,
+				(errmsg("idem: duplicate rate of %s namespace \"%s\" is %.3f over the last %d s",
+						k->name, entry->key.ns, rate,
+						stats_duplicate_rate_interval),
+				 errdetail("%llu of %llu operations were duplicates; idem.duplicate_rate_warning is %g.",
+						   (unsigned long long) dups, (unsigned long long) ops,
+						   stats_duplicate_rate_warning)));
+}
+
+/* Add the transaction's counts to shared memory. */
+static void
+stats_flush(void)
+{
+	int			i;
+	int			j;
+
+	for (i = 0; i < npending; i++)
+	{
+		PendingEntry *p = &pending[i];
+		StatsKey	key;
+		StatsEntry *entry;
+
+		memset(&key, 0, sizeof(key));
+		key.dbid = MyDatabaseId;
+		key.kind = p->kind;
+		strlcpy(key.ns, p->ns, STATS_NS_LEN);
+		entry = stats_entry(&key, true);
+		if (entry == NULL)
+		{
+			/* full: the namespace "*" of the kind */
+			memset(key.ns, 0, sizeof(key.ns));
+			strlcpy(key.ns, STATS_OVERFLOW_NS, STATS_NS_LEN);
+			entry = stats_entry(&key, true);
+			if (entry == NULL)
+				continue;		/* out of shared memory: not counted */
+		}
+		for (j = 0; j < kinds[p->kind].noutcomes; j++)
+			if (p->counts[j] != 0)
+				pg_atomic_fetch_add_u64(&entry->counters[j], p->counts[j]);
+		stats_check_rate(entry);
+	}
+}
+
+/*
+ * ---- Reading ----
+ */
+
+static void
+stats_check_loaded(void)
+{
+	if (stats_shared == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idem statistics are not available"),
+				 errdetail("idem was not loaded by shared_preload_libraries."),
+				 errhint("Add idem to shared_preload_libraries and restart the server.")));
+}
+
+/*
+ * idem_stats_rows() returns setof (ns, kind, operations, duplicates,
+ * duplicate_rate, counters, stats_reset): the rows of the view idem_stats,
+ * for the current database.
+ */
+PG_FUNCTION_INFO_V1(idem_stats_rows);
+Datum
+idem_stats_rows(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	HASH_SEQ_STATUS seq;
+	StatsEntry *entry;
+	TimestampTz reset;
+
+	stats_check_loaded();
+	InitMaterializedSRF(fcinfo, 0);
+	if (rsinfo->setDesc->natts != 7)
+		elog(ERROR, "idem_stats_rows: unexpected result type");
+
+	LWLockAcquire(stats_shared->lock, LW_SHARED);
+	reset = stats_shared->stats_reset;
+	hash_seq_init(&seq, stats_hash);
+	while ((entry = hash_seq_search(&seq)) != NULL)
+	{
+		const StatsKindInfo *k;
+		Datum		values[7];
+		bool		nulls[7] = {0};
+		StringInfoData buf;
+		uint64		ops;
+		uint64		dups;
+		uint64		total = 0;
+		int			i;
+
+		if (entry->key.dbid != MyDatabaseId)
+			continue;
+		k = &kinds[entry->key.kind];
+		initStringInfo(&buf);
+		appendStringInfoChar(&buf, '{');
+		for (i = 0; i < k->noutcomes; i++)
+		{
+			uint64		v = pg_atomic_read_u64(&entry->counters[i]);
+
+			total += v;
+			appendStringInfo(&buf, "%s\"%s\": " UINT64_FORMAT,
+							 i > 0 ? ", " : "", k->outcomes[i], v);
+		}
+		appendStringInfoChar(&buf, '}');
+		/* the overflow entries appear once they have counted something */
+		if (total == 0 && strcmp(entry->key.ns, STATS_OVERFLOW_NS) == 0)
+			continue;
+		ops = stats_operations(k, entry);
+		dups = pg_atomic_read_u64(&entry->counters[k->duplicate]);
+		values[0] = CStringGetTextDatum(entry->key.ns);
+		values[1] = CStringGetTextDatum(k->name);
+		values[2] = Int64GetDatum((int64) ops);
+		values[3] = Int64GetDatum((int64) dups);
+		if (ops > 0)
+			values[4] = Float8GetDatum((double) dups / (double) ops);
+		else
+			nulls[4] = true;
+		values[5] = DirectFunctionCall1(jsonb_in, CStringGetDatum(buf.data));
+		values[6] = TimestampTzGetDatum(reset);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	LWLockRelease(stats_shared->lock);
+	return (Datum) 0;
+}
+
+/*
+ * idem_stats_reset() returns void: every counter of every database back to
+ * zero.  The namespaces keep their entries.
+ */
+PG_FUNCTION_INFO_V1(idem_stats_reset);
+Datum
+idem_stats_reset(PG_FUNCTION_ARGS)
+{
+	HASH_SEQ_STATUS seq;
+	StatsEntry *entry;
+	TimestampTz now = GetCurrentTimestamp();
+	int			i;
+
+	stats_check_loaded();
+	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+	hash_seq_init(&seq, stats_hash);
+	while ((entry = hash_seq_search(&seq)) != NULL)
+	{
+		for (i = 0; i < IDEM_STAT_MAX_OUTCOMES; i++)
+			pg_atomic_write_u64(&entry->counters[i], 0);
+		entry->interval_start = now;
+		entry->interval_ops = 0;
+		entry->interval_dups = 0;
+	}
+	stats_shared->stats_reset = now;
+	LWLockRelease(stats_shared->lock);
+	PG_RETURN_VOID();
+}
+
+/* A Prometheus label value: backslash, double quote and newline escaped. */
+static void
+append_label(StringInfo buf, const char *s)
+{
+	for (; *s; s++)
+	{
+		if (*s == '\\')
+			appendStringInfoString(buf, "\\\\");
+		else if (*s == '"')
+			appendStringInfoString(buf, "\\\"");
+		else if (*s == '\n')
+			appendStringInfoString(buf, "\\n");
+		else
+			appendStringInfoChar(buf, *s);
+	}
+}
+
+/*
+ * idem_metrics() returns text: the counters of the current database in the
+ * Prometheus text exposition format.
+ */
+PG_FUNCTION_INFO_V1(idem_metrics);
+Datum
+idem_metrics(PG_FUNCTION_ARGS)
+{
+	StringInfoData buf;
+	HASH_SEQ_STATUS seq;
+	StatsEntry *entry;
+	int			k;
+
+	stats_check_loaded();
+	initStringInfo(&buf);
+	LWLockAcquire(stats_shared->lock, LW_SHARED);
+	for (k = 0; k < IDEM_NKINDS; k++)
+	{
+		const StatsKindInfo *ki = &kinds[k];
+
+		appendStringInfo(&buf, "# HELP %s %s\n# TYPE %s counter\n",
+						 ki->metric, ki->help, ki->metric);
+		hash_seq_init(&seq, stats_hash);
+		while ((entry = hash_seq_search(&seq)) != NULL)
+		{
+			int			i;
+
+			if (entry->key.dbid != MyDatabaseId || entry->key.kind != k)
+				continue;
+			for (i = 0; i < ki->noutcomes; i++)
+			{
+				appendStringInfo(&buf, "%s{namespace=\"", ki->metric);
+				append_label(&buf, entry->key.ns);
+				appendStringInfo(&buf, "\",outcome=\"%s\"} " UINT64_FORMAT "\n",
+								 ki->outcomes[i],
+								 pg_atomic_read_u64(&entry->counters[i]));
+			}
+		}
+	}
+	appendStringInfo(&buf,
+					 "# HELP idem_stats_reset_timestamp_seconds When the counters were last reset.\n"
+					 "# TYPE idem_stats_reset_timestamp_seconds gauge\n"
+					 "idem_stats_reset_timestamp_seconds %.3f\n",
+					 (double) stats_shared->stats_reset / USECS_PER_SEC +
+					 (double) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY);
+	LWLockRelease(stats_shared->lock);
+	PG_RETURN_TEXT_P(cstring_to_text(buf.data));
+}

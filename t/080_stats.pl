@@ -1,0 +1,89 @@
+# Copyright (c) idem contributors
+#
+# Statistics in shared memory: without preloading they fail with 55000 and
+# everything else works; with it, the Prometheus text parses with the
+# Prometheus client's own parser, the namespace limit sends new namespaces
+# to "*", and a duplicate rate above idem.duplicate_rate_warning is logged
+# once per interval.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest;
+
+# ---- without preloading ----
+my $plain = idem_node('plain');
+is($plain->safe_psql('postgres', q{SELECT idem_claim('m', 'ns'), idem_claim('m', 'ns')}),
+	't|f', 'without preloading: claims work');
+for my $q ('SELECT * FROM idem_stats', 'SELECT idem_metrics()', 'SELECT idem_stats_reset()')
+{
+	is(sqlstate_of($plain, 'postgres', $q), '55000', "without preloading: $q fails with 55000");
+}
+my ($ret, $out, $err) = $plain->psql('postgres', 'SELECT * FROM idem_stats');
+like($err, qr/shared_preload_libraries/, 'the error says idem must be preloaded');
+$plain->stop;
+
+# ---- preloaded ----
+my $node = idem_node('stats',
+	"shared_preload_libraries = 'idem'",
+	'idem.max_namespaces = 10',
+	'idem.duplicate_rate_warning = 0.3',
+	"idem.duplicate_rate_interval = '1s'",
+	'idem.duplicate_rate_min_operations = 10');
+
+# the metrics text, parsed by prometheus_client
+$node->safe_psql('postgres', q{
+SELECT idem_claim('m' || i % 5, 'orders') FROM generate_series(1, 10) i;
+SELECT idem_outbox_send('events', 'k', '{}');
+SELECT idem_token_issue('scope "with" \\ quotes', '1 hour');});
+my $metrics = $node->safe_psql('postgres', 'SELECT idem_metrics()');
+my $parser = <<'PY';
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+samples = {}
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        samples[(s.name, s.labels.get('namespace'), s.labels.get('outcome'))] = s.value
+print(int(samples[('idem_claims_total', 'orders', 'claimed')]),
+      int(samples[('idem_claims_total', 'orders', 'duplicate')]),
+      int(samples[('idem_outbox_messages_total', 'events', 'sent')]),
+      int(samples[('idem_tokens_total', 'scope "with" \\ quotes', 'issued')]),
+      samples[('idem_stats_reset_timestamp_seconds', None, None)] > 1.7e9)
+PY
+my ($pout, $perr) = ('', '');
+IPC::Run::run([ 'python3', '-c', $parser ], '<', \$metrics, '>', \$pout, '2>', \$perr);
+is($pout, "5 5 1 1 True\n", 'prometheus_client parses the metrics and reads the counters')
+  or diag $perr;
+
+# the duplicate rate warning, once the interval is over
+my $offset = -s $node->logfile;
+$node->safe_psql('postgres', q{SELECT idem_claim('d' || i % 4, 'noisy') FROM generate_series(1, 20) i});
+sleep 2;
+$node->safe_psql('postgres', q{SELECT idem_claim('d1', 'noisy')});
+ok(wait_for_log($node, qr/duplicate rate of claim namespace "noisy" is 0\.8\d*/, $offset),
+	'a duplicate rate above the warning is logged, with the namespace and the rate');
+my $log = slurp_file($node->logfile, $offset);
+my $lines = () = $log =~ /duplicate rate of claim namespace "noisy"/g;
+is($lines, 1, 'one line per interval');
+unlike($log, qr/duplicate rate of claim namespace "orders"/, 'a quiet namespace is not logged');
+
+# the namespace limit: new namespaces are counted under "*"
+$node->safe_psql('postgres', q{SELECT idem_stats_reset();
+SELECT idem_claim('m', 'limit-' || i) FROM generate_series(1, 20) i;});
+my $rows = $node->safe_psql('postgres', q{
+SELECT count(*) FILTER (WHERE ns <> '*'), sum(operations) FROM idem_stats WHERE kind = 'claim'});
+my ($named, $sum) = split /\|/, $rows;
+cmp_ok($named, '<=', 10, 'at most idem.max_namespaces namespaces are tracked')
+  or diag $node->safe_psql('postgres', 'SHOW idem.max_namespaces');
+is($sum, '20', 'every claim is counted, the namespaces beyond the limit under "*"');
+is($node->safe_psql('postgres', q{SELECT operations > 0 FROM idem_stats WHERE kind = 'claim' AND ns = '*'}),
+	't', 'the namespace "*" holds the rest');
+
+$node->stop;
+done_testing();
