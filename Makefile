@@ -23,6 +23,39 @@ ISOLATION = $(sort $(basename $(notdir $(wildcard specs/*.spec))))
 ISOLATION_OPTS = --inputdir=. --load-extension=idem
 TAP_TESTS = 1
 
+# idem-relay, the program that delivers the outbox (relay/): a client of
+# libpq and libcurl, built with the module's flags and installed beside the
+# server's programs.
+RELAY = relay/idem-relay
+RELAY_OBJS = \
+	relay/main.o \
+	relay/config.o \
+	relay/util.o \
+	relay/sink.o \
+	relay/sink_stdout.o \
+	relay/sink_webhook.o
+EXTRA_CLEAN = $(RELAY) $(RELAY_OBJS)
+
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+all: $(RELAY)
+
+$(RELAY_OBJS): override CPPFLAGS := -I$(includedir) $(CPPFLAGS) -DRELAY_VERSION='"$(EXTVERSION)"'
+$(RELAY_OBJS): relay/relay.h
+
+$(RELAY): $(RELAY_OBJS)
+	$(CC) $(CFLAGS) $(RELAY_OBJS) $(LDFLAGS) $(LDFLAGS_EX) -L$(libdir) -lpq -lcurl -o $@
+
+install: install-relay
+uninstall: uninstall-relay
+
+install-relay: $(RELAY)
+	$(MKDIR_P) '$(DESTDIR)$(bindir)'
+	$(INSTALL_PROGRAM) $(RELAY) '$(DESTDIR)$(bindir)/idem-relay'
+
+uninstall-relay:
+	rm -f '$(DESTDIR)$(bindir)/idem-relay'
+
+.PHONY: install-relay uninstall-relay

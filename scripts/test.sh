@@ -126,7 +126,7 @@ pkg_result() {
 # The files of idem in the system's directories, whoever put them there.
 sys_idem_files() {
     ls -d "$SYS_LIB"/idem.so "$SYS_LIB"/bitcode/idem "$SYS_LIB"/bitcode/idem.index.bc \
-        "$SYS_SHARE"/extension/idem.control "$SYS_SHARE"/extension/idem--*.sql 2>/dev/null
+        "$SYS_SHARE"/extension/idem.control "$SYS_SHARE"/extension/idem--*.sql "$SYS_BIN"/idem-relay 2>/dev/null
 }
 
 # Purges the package if this run installed it and puts back what was moved
@@ -226,7 +226,12 @@ run_package() {
         done
         [ "$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$SYS_SHARE/extension/idem.control")" = "$ver" ] ||
             { echo "the installed idem.control is not version $ver"; rc=1; }
-        dpkg-query -L "$PKG" | grep -E '\.(so|sql|control)$'
+        # the relay ships in the package, beside the server's programs
+        [ "$(dpkg-query -S "$SYS_BIN/idem-relay" 2>/dev/null | cut -d: -f1)" = "$PKG" ] ||
+            { echo "$SYS_BIN/idem-relay is not from $PKG"; rc=1; }
+        [ "$("$SYS_BIN/idem-relay" --version 2>&1)" = "idem-relay $ver" ] ||
+            { echo "$SYS_BIN/idem-relay --version does not say $ver"; rc=1; }
+        dpkg-query -L "$PKG" | grep -E '\.(so|sql|control)$|/idem-relay$'
     fi
     pkg_result install $rc
 

@@ -1,0 +1,1269 @@
+/*
+ * idem-relay: delivers idem's transactional outbox.
+ *
+ * The loop: connect (libpq: a connection string, or the PG* environment),
+ * LISTEN idem_outbox, then lease a batch with idem_outbox_lease, publish
+ * it through the sinks its topics are routed to, acknowledge what they
+ * confirmed with idem_outbox_ack and nack the rest with idem_outbox_nack;
+ * lease again at once while leases bring messages, and when one comes back
+ * empty wait for a notification on idem_outbox, or the poll interval,
+ * whichever comes first.  A relay that dies at any point loses nothing:
+ * what it leased comes back when its leases run out.
+ *
+ * See --help (usage() below) and the README's "Running the relay".
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+
+#include "relay.h"
+
+/* ---- Settings ---- */
+
+typedef struct Settings
+{
+	const char *dbname;			/* NULL: the libpq environment */
+	char	   *name;
+	int			batch;
+	long		lease_ms;
+	long		poll_ms;
+	long		timeout_ms;
+	long		log_interval_ms;
+	long		reconnect_max_ms;
+	int			connect_attempts;
+	int			exit_on_error;
+	int			once;
+	const char *sink;
+} Settings;
+
+static Settings settings;
+
+static const char *const global_keys[] = {
+	"dbname", "name", "batch", "lease", "poll", "timeout", "log_interval",
+	"reconnect_max", "connect_attempts", "exit_on_error", "once", "verbose",
+	"sink", NULL
+};
+
+/* ---- Routes: a sink instance per configured topic, and a default ---- */
+
+typedef struct Route
+{
+	char	   *topic;			/* NULL: every other topic */
+	const SinkType *type;
+	Sink	   *sink;
+} Route;
+
+static Route *routes;
+static int	nroutes;
+
+/* ---- Counts ---- */
+
+typedef struct Counts
+{
+	long		leased;
+	long		delivered;
+	long		retried;
+	long		dead;
+	long		errors;
+} Counts;
+
+static Counts interval_counts;
+static Counts total_counts;
+static char last_error[OUTCOME_ERROR_LEN];
+static int64_t interval_start;
+static int64_t next_log;
+
+/* ---- Signals ---- */
+
+static volatile sig_atomic_t stop_requested = 0;	/* finish the batch */
+static volatile sig_atomic_t stop_now = 0;	/* release it */
+static int	wake_pipe[2] = {-1, -1};
+
+/* ---- The connection ---- */
+
+static PGconn *conn = NULL;
+
+static void
+usage(FILE *f)
+{
+	fprintf(f,
+			"idem-relay delivers the messages of idem's transactional outbox.\n"
+			"\n"
+			"Usage:\n"
+			"  idem-relay [OPTION]...\n"
+			"\n"
+			"Connection:\n"
+			"  -d, --dbname=CONNINFO    a libpq connection string or URI; without it, the\n"
+			"                           environment (PGHOST, PGPORT, PGDATABASE, PGUSER,\n"
+			"                           PGPASSWORD, PGSERVICE, ~/.pgpass) as for psql\n"
+			"  -n, --name=NAME          the relay's name in the leases (default HOST:PID)\n"
+			"      --reconnect-max=DUR  longest wait between reconnections (default 30s)\n"
+			"      --exit-on-error      exit instead of retrying: 2 after CONNECT_ATTEMPTS\n"
+			"                           failed connections, 3 when a statement fails\n"
+			"      --connect-attempts=N connections tried before exit code 2 (default 5)\n"
+			"\n"
+			"Delivery:\n"
+			"  -b, --batch=N            messages leased at once, 1 to 10000 (default 100)\n"
+			"  -l, --lease=DUR          how long a lease lasts (default 30s)\n"
+			"  -p, --poll=DUR           wait for a notification at most this long (default 1s)\n"
+			"  -t, --timeout=DUR        longest publish of one message; shorter than the\n"
+			"                           lease; no message is started with less left (default 10s)\n"
+			"      --once               stop (exit 0) when a lease comes back empty\n"
+			"\n"
+			"Sinks:\n"
+			"      --sink=NAME          the sink of every topic: %s (default stdout)\n"
+			"      --webhook-url=URL    the webhook sink's URL (webhook.url)\n"
+			"  -s, --set=KEY=VALUE      any setting of the configuration file, such as\n"
+			"                           topic.orders.sink=webhook\n"
+			"  -c, --config=FILE        read settings (key = value lines) from FILE; the\n"
+			"                           options above win over it\n"
+			"\n"
+			"Output:\n"
+			"      --log-interval=DUR   one line of counts on stderr this often, 0 for none\n"
+			"                           (default 10s)\n"
+			"  -v, --verbose            one line per message outcome\n"
+			"  -V, --version            print the version and exit\n"
+			"  -h, --help               print this help and exit\n"
+			"\n"
+			"DUR is seconds (decimals allowed) or a number with ms, s, min or h.\n"
+			"\n"
+			"Exit codes:\n"
+			"  0  stopped by SIGTERM or SIGINT (the batch in hand is finished; a second\n"
+			"     signal releases what is not yet published), or --once found no message\n"
+			"  1  bad option or configuration\n"
+			"  2  --exit-on-error: could not connect to the database\n"
+			"  3  --exit-on-error: a statement failed (idem missing, no privilege, ...)\n"
+			"  4  a sink cannot start or go on (standard output closed, ...)\n",
+			sink_type_names());
+}
+
+/* ---- Logging of counts ---- */
+
+static void
+log_counts(int final)
+{
+	int64_t		now = now_ms();
+	const Counts *c = final ? &total_counts : &interval_counts;
+
+	if (final)
+		relay_log(LOG_INFO, "stopped: leased %ld, delivered %ld, retried %ld, dead %ld, errors %ld in all",
+				  c->leased, c->delivered, c->retried, c->dead, c->errors);
+	else
+		relay_log(LOG_INFO, "leased %ld, delivered %ld, retried %ld, dead %ld, errors %ld in %.0f s%s%s",
+				  c->leased, c->delivered, c->retried, c->dead, c->errors,
+				  (double) (now - interval_start) / 1000.0,
+				  last_error[0] ? "; last error: " : "", last_error);
+	memset(&interval_counts, 0, sizeof(interval_counts));
+	last_error[0] = '\0';
+	interval_start = now;
+	next_log = settings.log_interval_ms > 0 ? now + settings.log_interval_ms : INT64_MAX;
+}
+
+static void
+maybe_log(void)
+{
+	if (now_ms() >= next_log)
+		log_counts(0);
+}
+
+static void
+count(long *field_of_interval, long *field_of_total, long n)
+{
+	*field_of_interval += n;
+	*field_of_total += n;
+}
+
+#define COUNT(field, n) count(&interval_counts.field, &total_counts.field, (n))
+
+static void
+note_error(const char *msg)
+{
+	COUNT(errors, 1);
+	printable_copy(last_error, sizeof(last_error), msg, strlen(msg));
+}
+
+/* ---- Signals and waiting ---- */
+
+static void
+on_signal(int signo)
+{
+	int			save = errno;
+
+	if (stop_requested)
+		stop_now = 1;
+	stop_requested = 1;
+	if (write(wake_pipe[1], "x", 1) < 0)
+	{
+		/* the pipe is full: the loop wakes up anyway */
+	}
+	errno = save;
+}
+
+static void
+setup_signals(void)
+{
+	struct sigaction sa;
+
+	if (pipe(wake_pipe) != 0)
+	{
+		relay_log(LOG_ERROR, "could not create a pipe: %s", strerror(errno));
+		exit(EXIT_RELAY_SINK);
+	}
+	fcntl(wake_pipe[0], F_SETFL, O_NONBLOCK);
+	fcntl(wake_pipe[1], F_SETFL, O_NONBLOCK);
+	fcntl(wake_pipe[0], F_SETFD, FD_CLOEXEC);
+	fcntl(wake_pipe[1], F_SETFD, FD_CLOEXEC);
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigemptyset(&sa.sa_mask);
+	sa.sa_flags = SA_RESTART;
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	/* a closed pipe on stdout is an error of write(2), not a death */
+	signal(SIGPIPE, SIG_IGN);
+}
+
+static void
+drain_notifications(void)
+{
+	PGnotify   *n;
+
+	if (conn == NULL)
+		return;
+	while ((n = PQnotifies(conn)) != NULL)
+		PQfreemem(n);
+}
+
+static void drop_connection(void);
+
+/*
+ * Waits until deadline, a signal, or (when listen) a notification or the
+ * loss of the connection; logs the counts when due.  Returns 1 when a
+ * notification came.
+ */
+static int
+wait_until(int64_t deadline, int listen)
+{
+	for (;;)
+	{
+		struct pollfd fds[2];
+		int			nfds = 1;
+		int64_t		now = now_ms();
+		int64_t		until;
+		int			timeout;
+		char		buf[16];
+
+		if (stop_requested)
+			return 0;
+		if (now >= next_log)
+			log_counts(0);
+		if (now >= deadline)
+			return 0;
+		until = deadline < next_log ? deadline : next_log;
+		timeout = until - now > INT_MAX ? INT_MAX : (int) (until - now);
+		fds[0].fd = wake_pipe[0];
+		fds[0].events = POLLIN;
+		if (listen && conn != NULL)
+		{
+			fds[1].fd = PQsocket(conn);
+			fds[1].events = POLLIN;
+			nfds = 2;
+		}
+		if (poll(fds, (nfds_t) nfds, timeout) < 0)
+		{
+			if (errno == EINTR)
+				continue;
+			relay_log(LOG_ERROR, "poll failed: %s", strerror(errno));
+			return 0;
+		}
+		while (read(wake_pipe[0], buf, sizeof(buf)) > 0)
+			;
+		if (nfds == 2 && fds[1].revents != 0)
+		{
+			PGnotify   *n;
+			int			got = 0;
+
+			if (!PQconsumeInput(conn))
+			{
+				relay_log(LOG_WARNING, "connection lost: %s", PQerrorMessage(conn));
+				note_error("connection lost");
+				drop_connection();
+				return 0;
+			}
+			while ((n = PQnotifies(conn)) != NULL)
+			{
+				relay_log(LOG_DEBUG, "notified: topic %s", n->extra);
+				PQfreemem(n);
+				got = 1;
+			}
+			if (got)
+				return 1;
+		}
+	}
+}
+
+/* ---- The database ---- */
+
+static char *schema = NULL;		/* idem's schema, quoted */
+
+static void
+drop_connection(void)
+{
+	if (conn != NULL)
+		PQfinish(conn);
+	conn = NULL;
+}
+
+/* The primary message and SQLSTATE of a failed result, on one line. */
+static void
+result_error(PGresult *res, char *buf, size_t size)
+{
+	const char *msg = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+	char		line[400];
+
+	if (msg == NULL)
+		msg = PQerrorMessage(conn);
+	printable_copy(line, sizeof(line), msg, strlen(msg));
+	/* libpq's own messages end with a newline, now a '?' */
+	if (line[0] && line[strlen(line) - 1] == '?' && msg[strlen(msg) - 1] == '\n')
+		line[strlen(line) - 1] = '\0';
+	if (state)
+		snprintf(buf, size, "%s (SQLSTATE %s)", line, state);
+	else
+		snprintf(buf, size, "%s", line);
+}
+
+/*
+ * A statement failed.  Returns 0 when the connection was lost, -1
+ * otherwise; either way the connection is dropped and made again after a
+ * backoff (a missing extension or privilege may be fixed meanwhile), or,
+ * with --exit-on-error, the relay exits.
+ */
+static int
+statement_failed(PGresult *res, const char *what)
+{
+	char		msg[512];
+	int			lost = PQstatus(conn) == CONNECTION_BAD;
+
+	result_error(res, msg, sizeof(msg));
+	if (res)
+		PQclear(res);
+	relay_log(LOG_ERROR, "%s failed: %s", what, msg);
+	note_error(msg);
+	drop_connection();
+	if (lost)
+		return 0;
+	if (settings.exit_on_error)
+	{
+		relay_log(LOG_ERROR, "exiting (--exit-on-error)");
+		log_counts(1);
+		exit(EXIT_RELAY_QUERY);
+	}
+	return -1;
+}
+
+/* Runs sql, which returns nothing or rows; the result, or NULL (handled). */
+static PGresult *
+run(const char *sql, const char *what, ExecStatusType want, int *failure)
+{
+	PGresult   *res = PQexec(conn, sql);
+
+	if (PQresultStatus(res) != want)
+	{
+		*failure = statement_failed(res, what);
+		return NULL;
+	}
+	return res;
+}
+
+static int
+prepare(const char *name, const char *sql, int *failure)
+{
+	PGresult   *res = PQprepare(conn, name, sql, 0, NULL);
+
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+	{
+		*failure = statement_failed(res, "preparing a statement");
+		return 0;
+	}
+	PQclear(res);
+	return 1;
+}
+
+/*
+ * Connects, finds idem's schema, LISTENs and prepares the statements.
+ * Returns 1, 0 when the connection failed, -1 when a statement failed.
+ */
+static int
+db_connect(void)
+{
+	const char *keys[6];
+	const char *vals[6];
+	int			k = 0;
+	PGresult   *res;
+	int			failure = 0;
+	char		sql[1024];
+
+	/* the caller's connection string or environment may override these */
+	if (getenv("PGCONNECT_TIMEOUT") == NULL)
+	{
+		keys[k] = "connect_timeout";
+		vals[k++] = "10";
+	}
+	keys[k] = "dbname";
+	vals[k++] = settings.dbname;
+	keys[k] = "fallback_application_name";
+	vals[k++] = "idem-relay";
+	/* JSON is UTF-8, whatever the database's encoding */
+	keys[k] = "client_encoding";
+	vals[k++] = "UTF8";
+	keys[k] = NULL;
+	vals[k] = NULL;
+	conn = PQconnectdbParams(keys, vals, 1);
+	if (conn == NULL || PQstatus(conn) != CONNECTION_OK)
+	{
+		char		msg[512];
+		const char *e = conn ? PQerrorMessage(conn) : "out of memory";
+
+		printable_copy(msg, sizeof(msg), e, strlen(e));
+		relay_log(LOG_ERROR, "could not connect: %s", msg);
+		note_error(msg);
+		drop_connection();
+		return 0;
+	}
+
+	res = run("SELECT pg_catalog.quote_ident(n.nspname) "
+			  "FROM pg_catalog.pg_extension e "
+			  "JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace "
+			  "WHERE e.extname OPERATOR(pg_catalog.=) 'idem'",
+			  "finding the extension idem", PGRES_TUPLES_OK, &failure);
+	if (res == NULL)
+		return failure;
+	if (PQntuples(res) != 1)
+	{
+		char		msg[512];
+
+		PQclear(res);
+		snprintf(msg, sizeof(msg), "the extension idem is not installed in database \"%s\"",
+				 PQdb(conn));
+		relay_log(LOG_ERROR, "%s", msg);
+		note_error(msg);
+		drop_connection();
+		if (settings.exit_on_error)
+		{
+			relay_log(LOG_ERROR, "exiting (--exit-on-error)");
+			log_counts(1);
+			exit(EXIT_RELAY_QUERY);
+		}
+		return -1;
+	}
+	free(schema);
+	schema = xstrdup(PQgetvalue(res, 0, 0));
+	PQclear(res);
+
+	/* before the first lease, so that no notification is missed */
+	res = run("LISTEN idem_outbox", "LISTEN idem_outbox", PGRES_COMMAND_OK, &failure);
+	if (res == NULL)
+		return failure;
+	PQclear(res);
+
+	snprintf(sql, sizeof(sql),
+			 "SELECT id, topic, key, type, payload, headers, attempt, "
+			 "pg_catalog.to_char(pg_catalog.timezone('UTC', created_at), "
+			 "'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') "
+			 "FROM %s.idem_outbox_lease($1::pg_catalog.text, $2::pg_catalog.int4, $3::pg_catalog.interval)",
+			 schema);
+	if (!prepare("lease", sql, &failure))
+		return failure;
+	snprintf(sql, sizeof(sql), "SELECT %s.idem_outbox_ack($1::pg_catalog.uuid[])", schema);
+	if (!prepare("ack", sql, &failure))
+		return failure;
+	snprintf(sql, sizeof(sql),
+			 "SELECT pg_catalog.count(*) FROM ROWS FROM ("
+			 "pg_catalog.unnest($1::pg_catalog.uuid[]), pg_catalog.unnest($2::pg_catalog.text[]), "
+			 "pg_catalog.unnest($3::pg_catalog.interval[])) AS u(id, error, retry_after) "
+			 "WHERE %s.idem_outbox_nack(u.id, u.error, u.retry_after)", schema);
+	if (!prepare("nack", sql, &failure))
+		return failure;
+
+	relay_log(LOG_INFO, "connected to database \"%s\" as \"%s\" (%s%s%s), listening on idem_outbox",
+			  PQdb(conn), PQuser(conn),
+			  PQhost(conn) ? PQhost(conn) : "", PQport(conn) ? " port " : "",
+			  PQport(conn) ? PQport(conn) : "");
+	return 1;
+}
+
+/* ---- Publishing and reporting ---- */
+
+static int
+route_of(const char *topic)
+{
+	int			i;
+
+	for (i = 1; i < nroutes; i++)
+		if (strcmp(routes[i].topic, topic) == 0)
+			return i;
+	return 0;
+}
+
+/*
+ * Hands the batch to the sinks, each its messages in lease order.  Returns
+ * 0, or -1 when a sink cannot go on (its and later sinks' messages stay
+ * UNSENT).
+ */
+static int
+publish_batch(const RelayMessage *msgs, int n, Outcome *out, const PublishControl *ctl)
+{
+	int		   *route = xmalloc(sizeof(int) * (size_t) n);
+	int		   *done = xmalloc(sizeof(int) * (size_t) nroutes);
+	RelayMessage *sub = xmalloc(sizeof(RelayMessage) * (size_t) n);
+	Outcome    *subout = xmalloc(sizeof(Outcome) * (size_t) n);
+	int		   *subidx = xmalloc(sizeof(int) * (size_t) n);
+	int			i;
+	int			j;
+	int			rc = 0;
+
+	for (i = 0; i < n; i++)
+		route[i] = route_of(msgs[i].topic);
+	memset(done, 0, sizeof(int) * (size_t) nroutes);
+	for (i = 0; i < n && rc == 0; i++)
+	{
+		int			r = route[i];
+		int			m = 0;
+
+		if (done[r])
+			continue;
+		done[r] = 1;
+		for (j = i; j < n; j++)
+			if (route[j] == r)
+			{
+				sub[m] = msgs[j];
+				subout[m] = out[j];
+				subidx[m++] = j;
+			}
+		rc = routes[r].type->publish(routes[r].sink, sub, m, subout, ctl);
+		for (j = 0; j < m; j++)
+			out[subidx[j]] = subout[j];
+	}
+	free(route);
+	free(done);
+	free(sub);
+	free(subout);
+	free(subidx);
+	return rc;
+}
+
+/* an element of a text array literal */
+static void
+array_elem(StrBuf *sb, const char *s)
+{
+	if (sb->len > 1)
+		sb_putc(sb, ',');
+	if (s == NULL)
+	{
+		sb_puts(sb, "NULL");
+		return;
+	}
+	sb_putc(sb, '"');
+	for (; *s; s++)
+	{
+		if (*s == '"' || *s == '\\')
+			sb_putc(sb, '\\');
+		sb_putc(sb, *s);
+	}
+	sb_putc(sb, '"');
+}
+
+/* Acks what was delivered and nacks the rest.  False when the database failed. */
+static int
+report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
+{
+	StrBuf		ids;
+	StrBuf		errs;
+	StrBuf		waits;
+	StrBuf		nids;
+	int			nacks = 0;
+	int			ndelivered = 0;
+	int			nlate = 0;
+	int			i;
+	int			ok = 1;
+
+	sb_init(&ids);
+	sb_init(&nids);
+	sb_init(&errs);
+	sb_init(&waits);
+	sb_putc(&ids, '{');
+	sb_putc(&nids, '{');
+	sb_putc(&errs, '{');
+	sb_putc(&waits, '{');
+	for (i = 0; i < n; i++)
+	{
+		const RelayMessage *m = &msgs[i];
+		char		error[OUTCOME_ERROR_LEN + 64];
+		char		wait[64];
+		char		topic[64];
+		char		key[64];
+		const char *w = NULL;
+
+		printable_copy(topic, sizeof(topic), m->topic, strlen(m->topic));
+		printable_copy(key, sizeof(key), m->key, strlen(m->key));
+		switch (out[i].kind)
+		{
+			case OUTCOME_DELIVERED:
+				array_elem(&ids, m->id);
+				ndelivered++;
+				relay_log(LOG_DEBUG, "delivered %s (topic %s, key %s, attempt %d)",
+						  m->id, topic, key, m->attempt);
+				continue;
+			case OUTCOME_RETRY:
+				printable_copy(error, sizeof(error), out[i].error, strlen(out[i].error));
+				if (out[i].retry_after_ms >= 0)
+				{
+					snprintf(wait, sizeof(wait), "%ld milliseconds",
+							 out[i].retry_after_ms > RELAY_MAX_RETRY_AFTER_MS ?
+							 RELAY_MAX_RETRY_AFTER_MS : out[i].retry_after_ms);
+					w = wait;
+				}
+				COUNT(retried, 1);
+				printable_copy(last_error, sizeof(last_error), error, strlen(error));
+				relay_log(LOG_DEBUG, "retry %s (topic %s, key %s, attempt %d) after %s: %s",
+						  m->id, topic, key, m->attempt, w ? w : "the topic's backoff", error);
+				break;
+			case OUTCOME_PERMANENT:
+
+				/*
+				 * idem_outbox_nack has no "dead now": the message waits the
+				 * longest retry_after nack accepts, a day, and dies once it
+				 * has had the topic's maximum attempts (at once when this
+				 * was the last).
+				 */
+				snprintf(error, sizeof(error), "permanent: %s", out[i].error);
+				printable_copy(error, sizeof(error), error, strlen(error));
+				w = "1 day";
+				COUNT(dead, 1);
+				printable_copy(last_error, sizeof(last_error), error, strlen(error));
+				relay_log(LOG_WARNING, "message %s (topic %s, key %s, attempt %d) refused for good, "
+						  "held back for a day: %s", m->id, topic, key, m->attempt, error);
+				break;
+			case OUTCOME_UNSENT:
+				if (stop_now)
+					snprintf(error, sizeof(error), "not published: idem-relay was stopped");
+				else if (now_ms() >= deadline)
+				{
+					snprintf(error, sizeof(error), "not published: its lease was running out");
+					nlate++;
+				}
+				else
+					snprintf(error, sizeof(error), "not published: the sink failed");
+				w = "0";
+				COUNT(retried, 1);
+				relay_log(LOG_DEBUG, "released %s (topic %s, key %s): %s", m->id, topic, key, error);
+				break;
+		}
+		array_elem(&nids, m->id);
+		array_elem(&errs, error);
+		array_elem(&waits, w);
+		nacks++;
+	}
+	if (nlate > 0)
+		relay_log(LOG_WARNING, "%d of %d messages were not published: less than the timeout (%ld ms) "
+				  "was left of their lease (%ld ms); they are released for another attempt "
+				  "(lower --batch or raise --lease)",
+				  nlate, n, settings.timeout_ms, settings.lease_ms);
+	sb_putc(&ids, '}');
+	sb_putc(&nids, '}');
+	sb_putc(&errs, '}');
+	sb_putc(&waits, '}');
+	COUNT(delivered, ndelivered);
+
+	if (ndelivered > 0)
+	{
+		const char *params[1] = {ids.data};
+		PGresult   *res = PQexecPrepared(conn, "ack", 1, params, NULL, NULL, 0);
+
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		{
+			statement_failed(res, "idem_outbox_ack");
+			ok = 0;
+		}
+		else
+		{
+			if (atoi(PQgetvalue(res, 0, 0)) != ndelivered)
+				relay_log(LOG_DEBUG, "%d of %d delivered messages were acknowledged before",
+						  ndelivered - atoi(PQgetvalue(res, 0, 0)), ndelivered);
+			PQclear(res);
+		}
+	}
+	if (ok && nacks > 0)
+	{
+		const char *params[3] = {nids.data, errs.data, waits.data};
+		PGresult   *res = PQexecPrepared(conn, "nack", 3, params, NULL, NULL, 0);
+
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		{
+			statement_failed(res, "idem_outbox_nack");
+			ok = 0;
+		}
+		else
+			PQclear(res);
+	}
+	drain_notifications();
+	sb_free(&ids);
+	sb_free(&nids);
+	sb_free(&errs);
+	sb_free(&waits);
+	return ok;
+}
+
+/*
+ * Leases a batch, publishes and reports it.  Returns how many messages
+ * were leased, or -1 when the database failed (the connection is then
+ * dropped).  A sink that cannot go on ends the relay here.
+ */
+static int
+lease_and_publish(void)
+{
+	char		batch[16];
+	char		lease[32];
+	const char *params[3];
+	PGresult   *res;
+	int64_t		start = now_ms();
+	int			n;
+	int			i;
+	RelayMessage *msgs;
+	Outcome    *out;
+	PublishControl ctl;
+	int			rc;
+	int			ok;
+
+	snprintf(batch, sizeof(batch), "%d", settings.batch);
+	snprintf(lease, sizeof(lease), "%ld milliseconds", settings.lease_ms);
+	params[0] = settings.name;
+	params[1] = batch;
+	params[2] = lease;
+	res = PQexecPrepared(conn, "lease", 3, params, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		statement_failed(res, "idem_outbox_lease");
+		return -1;
+	}
+	drain_notifications();
+	n = PQntuples(res);
+	if (n == 0)
+	{
+		PQclear(res);
+		return 0;
+	}
+	COUNT(leased, n);
+	msgs = xmalloc(sizeof(RelayMessage) * (size_t) n);
+	out = xmalloc(sizeof(Outcome) * (size_t) n);
+	for (i = 0; i < n; i++)
+	{
+		msgs[i].id = PQgetvalue(res, i, 0);
+		msgs[i].topic = PQgetvalue(res, i, 1);
+		msgs[i].key = PQgetvalue(res, i, 2);
+		msgs[i].type = PQgetisnull(res, i, 3) ? NULL : PQgetvalue(res, i, 3);
+		msgs[i].payload = PQgetvalue(res, i, 4);
+		msgs[i].headers = PQgetisnull(res, i, 5) ? NULL : PQgetvalue(res, i, 5);
+		msgs[i].attempt = atoi(PQgetvalue(res, i, 6));
+		msgs[i].created_at = PQgetvalue(res, i, 7);
+		out[i].kind = OUTCOME_UNSENT;
+		out[i].retry_after_ms = -1;
+		out[i].error[0] = '\0';
+	}
+
+	/*
+	 * The server's lease began after start: no message is started once less
+	 * than the sink's timeout is left of it, so that no publish outlives
+	 * the lease (another relay could lease the message again and deliver
+	 * the key's next one first).
+	 */
+	ctl.deadline_ms = start + settings.lease_ms - settings.timeout_ms;
+	ctl.stop_now = &stop_now;
+	rc = publish_batch(msgs, n, out, &ctl);
+	ok = report(msgs, n, out, ctl.deadline_ms);
+	free(msgs);
+	free(out);
+	PQclear(res);
+	if (rc != 0)
+	{
+		relay_log(LOG_ERROR, "a sink cannot go on: exiting");
+		log_counts(1);
+		exit(EXIT_RELAY_SINK);
+	}
+	return ok ? n : -1;
+}
+
+/* ---- Configuration ---- */
+
+static void
+config_error(const char *fmt,...) PRINTF_LIKE(1, 2);
+
+static void
+config_error(const char *fmt,...)
+{
+	va_list		ap;
+
+	fprintf(stderr, "idem-relay: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\nTry \"idem-relay --help\" for more information.\n");
+	exit(EXIT_RELAY_USAGE);
+}
+
+static int
+parse_bool(const char *v, int *out)
+{
+	if (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "on") == 0 ||
+		strcasecmp(v, "yes") == 0)
+		*out = 1;
+	else if (strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0 ||
+			 strcasecmp(v, "off") == 0 || strcasecmp(v, "no") == 0)
+		*out = 0;
+	else
+		return 0;
+	return 1;
+}
+
+static int
+get_int(const Config *cfg, const char *key, int def, int min, int max)
+{
+	const char *v = config_get(cfg, key);
+	char	   *end;
+	long		n;
+
+	if (v == NULL)
+		return def;
+	errno = 0;
+	n = strtol(v, &end, 10);
+	if (errno != 0 || end == v || *end != '\0' || n < min || n > max)
+		config_error("%s must be an integer from %d to %d, not \"%s\" (%s)",
+					 key, min, max, v, config_origin(cfg, key));
+	return (int) n;
+}
+
+static long
+get_duration(const Config *cfg, const char *key, long def, long min)
+{
+	const char *v = config_get(cfg, key);
+	long		ms;
+
+	if (v == NULL)
+		return def;
+	ms = parse_duration_ms(v);
+	if (ms < 0 || ms < min)
+		config_error("%s must be a duration %s and at most a day, such as 5s or 500ms, not \"%s\" (%s)",
+					 key, min > 0 ? "above zero" : "of zero or more", v, config_origin(cfg, key));
+	return ms;
+}
+
+static int
+get_bool(const Config *cfg, const char *key)
+{
+	const char *v = config_get(cfg, key);
+	int			b = 0;
+
+	if (v != NULL && !parse_bool(v, &b))
+		config_error("%s must be true or false, not \"%s\" (%s)", key, v, config_origin(cfg, key));
+	return b;
+}
+
+static void
+check_keys(const Config *cfg)
+{
+	int			i;
+	int			j;
+
+	for (i = 0; i < cfg->nitems; i++)
+	{
+		const char *key = cfg->items[i].key;
+		char		topic[1100];
+		const char *rest;
+		int			known = 0;
+
+		for (j = 0; global_keys[j] != NULL; j++)
+			if (strcmp(key, global_keys[j]) == 0)
+				known = 1;
+		if (!known && strncmp(key, "topic.", 6) == 0)
+		{
+			if (!config_split_topic(key, topic, sizeof(topic), &rest))
+				config_error("malformed setting \"%s\" (%s): expected topic.NAME.sink or "
+							 "topic.NAME.SINK.SETTING, with NAME in double quotes if it has a dot",
+							 key, cfg->items[i].origin);
+			known = strcmp(rest, "sink") == 0 || sink_setting_known(rest);
+		}
+		else if (!known)
+			known = sink_setting_known(key);
+		if (!known)
+			config_error("unknown setting \"%s\" (%s)", key, cfg->items[i].origin);
+	}
+}
+
+static const SinkType *
+get_sink_type(const Config *cfg, const char *key, const char *name)
+{
+	const SinkType *t = sink_type_find(name);
+
+	if (t == NULL)
+		config_error("unknown sink \"%s\" for %s (%s): the sinks are %s",
+					 name, key, config_origin(cfg, key), sink_type_names());
+	return t;
+}
+
+static void
+add_route(const Config *cfg, const char *topic, const SinkType *type)
+{
+	SinkSettings ss;
+	char		err[1024];
+	Sink	   *sink;
+
+	ss.cfg = cfg;
+	ss.sink = type->name;
+	ss.topic = topic;
+	ss.timeout_ms = settings.timeout_ms;
+	err[0] = '\0';
+	sink = type->init(&ss, err, sizeof(err));
+	if (sink == NULL)
+		config_error("%s", err);
+	routes = xrealloc(routes, sizeof(Route) * (size_t) (nroutes + 1));
+	routes[nroutes].topic = topic ? xstrdup(topic) : NULL;
+	routes[nroutes].type = type;
+	routes[nroutes].sink = sink;
+	nroutes++;
+}
+
+static void
+apply_config(const Config *cfg)
+{
+	const char *v;
+	const SinkType *deftype;
+	int			i;
+	int			j;
+	int			verbose;
+
+	check_keys(cfg);
+	settings.dbname = config_get(cfg, "dbname");
+	v = config_get(cfg, "name");
+	if (v != NULL && *v == '\0')
+		config_error("name must not be empty (%s)", config_origin(cfg, "name"));
+	if (v != NULL)
+		settings.name = xstrdup(v);
+	else
+	{
+		char		host[256];
+		char		name[300];
+
+		if (gethostname(host, sizeof(host)) != 0)
+			snprintf(host, sizeof(host), "localhost");
+		host[sizeof(host) - 1] = '\0';
+		snprintf(name, sizeof(name), "%s:%d", host, (int) getpid());
+		settings.name = xstrdup(name);
+	}
+	settings.batch = get_int(cfg, "batch", 100, 1, 10000);
+	settings.lease_ms = get_duration(cfg, "lease", 30000, 1);
+	settings.poll_ms = get_duration(cfg, "poll", 1000, 1);
+	settings.timeout_ms = get_duration(cfg, "timeout", 10000, 1);
+	settings.log_interval_ms = get_duration(cfg, "log_interval", 10000, 0);
+	settings.reconnect_max_ms = get_duration(cfg, "reconnect_max", 30000, 1);
+	settings.connect_attempts = get_int(cfg, "connect_attempts", 5, 1, INT_MAX);
+	settings.exit_on_error = get_bool(cfg, "exit_on_error");
+	settings.once = get_bool(cfg, "once");
+	verbose = get_bool(cfg, "verbose");
+	if (verbose)
+		log_verbose = 1;
+	if (settings.timeout_ms >= settings.lease_ms)
+		config_error("timeout (%ld ms) must be shorter than lease (%ld ms): no message is "
+					 "published with less than the timeout left of its lease",
+					 settings.timeout_ms, settings.lease_ms);
+
+	settings.sink = config_get(cfg, "sink");
+	if (settings.sink == NULL)
+		settings.sink = "stdout";
+	deftype = get_sink_type(cfg, "sink", settings.sink);
+
+	/* the default route first, then one per topic the configuration names */
+	add_route(cfg, NULL, deftype);
+	for (i = 0; i < cfg->nitems; i++)
+	{
+		char		topic[1100];
+		char		key[1200];
+		const char *rest;
+		const SinkType *t = deftype;
+
+		if (!config_split_topic(cfg->items[i].key, topic, sizeof(topic), &rest))
+			continue;
+		for (j = 1; j < nroutes; j++)
+			if (strcmp(routes[j].topic, topic) == 0)
+				break;
+		if (j < nroutes)
+			continue;
+		/* the last topic.<topic>.sink, whichever way the topic is written */
+		for (j = cfg->nitems - 1; j >= 0; j--)
+		{
+			char		t2[1100];
+			const char *r2;
+
+			if (config_split_topic(cfg->items[j].key, t2, sizeof(t2), &r2) &&
+				strcmp(t2, topic) == 0 && strcmp(r2, "sink") == 0)
+			{
+				snprintf(key, sizeof(key), "%s", cfg->items[j].key);
+				t = get_sink_type(cfg, key, cfg->items[j].value);
+				break;
+			}
+		}
+		add_route(cfg, topic, t);
+	}
+}
+
+static void
+close_routes(void)
+{
+	int			i;
+
+	for (i = 0; i < nroutes; i++)
+	{
+		routes[i].type->close(routes[i].sink);
+		free(routes[i].topic);
+	}
+	free(routes);
+	routes = NULL;
+	nroutes = 0;
+}
+
+/* ---- main ---- */
+
+static long
+backoff_ms(int failures)
+{
+	double		ms = 500;
+	int			i;
+
+	for (i = 1; i < failures && ms < settings.reconnect_max_ms; i++)
+		ms *= 2;
+	if (ms > settings.reconnect_max_ms)
+		ms = settings.reconnect_max_ms;
+	/* jitter: half to all of it, so that relays do not come back together */
+	return (long) (ms * (0.5 + 0.5 * ((double) random() / RAND_MAX)));
+}
+
+int
+main(int argc, char **argv)
+{
+	static const struct option options[] = {
+		{"dbname", required_argument, NULL, 'd'},
+		{"config", required_argument, NULL, 'c'},
+		{"name", required_argument, NULL, 'n'},
+		{"batch", required_argument, NULL, 'b'},
+		{"lease", required_argument, NULL, 'l'},
+		{"poll", required_argument, NULL, 'p'},
+		{"timeout", required_argument, NULL, 't'},
+		{"set", required_argument, NULL, 's'},
+		{"verbose", no_argument, NULL, 'v'},
+		{"version", no_argument, NULL, 'V'},
+		{"help", no_argument, NULL, 'h'},
+		{"sink", required_argument, NULL, 1},
+		{"webhook-url", required_argument, NULL, 2},
+		{"log-interval", required_argument, NULL, 3},
+		{"exit-on-error", no_argument, NULL, 4},
+		{"connect-attempts", required_argument, NULL, 5},
+		{"reconnect-max", required_argument, NULL, 6},
+		{"once", no_argument, NULL, 7},
+		{NULL, 0, NULL, 0}
+	};
+	Config		cmdline = {0};
+	Config		cfg = {0};
+	const char *config_file = NULL;
+	char		err[1024];
+	int			c;
+	int			i;
+	int			failures = 0;
+	int			connect_failures = 0;
+	int			announced = 0;
+	int			exit_code = EXIT_RELAY_OK;
+
+	while ((c = getopt_long(argc, argv, "d:c:n:b:l:p:t:s:vVh", options, NULL)) != -1)
+	{
+		const char *key = NULL;
+		const char *value = optarg;
+
+		switch (c)
+		{
+			case 'd':
+				key = "dbname";
+				break;
+			case 'c':
+				config_file = optarg;
+				break;
+			case 'n':
+				key = "name";
+				break;
+			case 'b':
+				key = "batch";
+				break;
+			case 'l':
+				key = "lease";
+				break;
+			case 'p':
+				key = "poll";
+				break;
+			case 't':
+				key = "timeout";
+				break;
+			case 's':
+				{
+					char	   *eq = strchr(optarg, '=');
+					char	   *k;
+
+					if (eq == NULL || eq == optarg)
+						config_error("--set takes KEY=VALUE, not \"%s\"", optarg);
+					k = xstrdup(optarg);
+					k[eq - optarg] = '\0';
+					config_set(&cmdline, k, eq + 1, "command line");
+					free(k);
+				}
+				break;
+			case 'v':
+				key = "verbose";
+				value = "true";
+				break;
+			case 'V':
+				printf("idem-relay %s\n", RELAY_VERSION);
+				return EXIT_RELAY_OK;
+			case 'h':
+				usage(stdout);
+				return EXIT_RELAY_OK;
+			case 1:
+				key = "sink";
+				break;
+			case 2:
+				key = "webhook.url";
+				break;
+			case 3:
+				key = "log_interval";
+				break;
+			case 4:
+				key = "exit_on_error";
+				value = "true";
+				break;
+			case 5:
+				key = "connect_attempts";
+				break;
+			case 6:
+				key = "reconnect_max";
+				break;
+			case 7:
+				key = "once";
+				value = "true";
+				break;
+			default:
+				fprintf(stderr, "Try \"idem-relay --help\" for more information.\n");
+				return EXIT_RELAY_USAGE;
+		}
+		if (key != NULL)
+			config_set(&cmdline, key, value, "command line");
+	}
+	if (optind < argc)
+		config_error("unexpected argument \"%s\"", argv[optind]);
+
+	if (config_file != NULL && !config_read_file(&cfg, config_file, err, sizeof(err)))
+		config_error("%s", err);
+	for (i = 0; i < cmdline.nitems; i++)
+		config_set(&cfg, cmdline.items[i].key, cmdline.items[i].value, cmdline.items[i].origin);
+	config_free(&cmdline);
+
+	srandom((unsigned int) (time(NULL) ^ getpid()));
+	if (!sink_global_init(err, sizeof(err)))
+	{
+		relay_log(LOG_ERROR, "%s", err);
+		return EXIT_RELAY_SINK;
+	}
+	apply_config(&cfg);
+	setup_signals();
+
+	relay_log(LOG_INFO, "idem-relay %s starting as \"%s\": batch %d, lease %ld ms, poll %ld ms, "
+			  "timeout %ld ms, sink %s%s", RELAY_VERSION, settings.name, settings.batch,
+			  settings.lease_ms, settings.poll_ms, settings.timeout_ms, settings.sink,
+			  nroutes > 1 ? " (and per topic)" : "");
+	for (i = 1; i < nroutes; i++)
+		relay_log(LOG_INFO, "topic \"%s\": sink %s", routes[i].topic, routes[i].type->name);
+
+	interval_start = now_ms();
+	next_log = settings.log_interval_ms > 0 ? interval_start + settings.log_interval_ms : INT64_MAX;
+
+	while (!stop_requested)
+	{
+		int			n;
+
+		maybe_log();
+		if (conn == NULL)
+		{
+			int			r = db_connect();
+
+			if (r == 1)
+			{
+				connect_failures = 0;
+				continue;
+			}
+			failures++;
+			if (r == 0 && ++connect_failures >= settings.connect_attempts &&
+				settings.exit_on_error)
+			{
+				relay_log(LOG_ERROR, "could not connect after %d attempts: exiting (--exit-on-error)",
+						  connect_failures);
+				exit_code = EXIT_RELAY_CONNECT;
+				break;
+			}
+			wait_until(now_ms() + backoff_ms(failures), 0);
+			continue;
+		}
+
+		n = lease_and_publish();
+		if (n < 0)
+		{
+			/* the connection was dropped: a new one after a backoff */
+			failures++;
+			wait_until(now_ms() + backoff_ms(failures), 0);
+			continue;
+		}
+		failures = 0;
+		if (n == 0)
+		{
+			if (settings.once)
+				break;
+			/* idle: a notification, or the poll interval */
+			wait_until(now_ms() + settings.poll_ms, 1);
+		}
+		if (stop_requested && !announced)
+		{
+			relay_log(LOG_INFO, "stopping");
+			announced = 1;
+		}
+	}
+	if (stop_requested && !announced)
+		relay_log(LOG_INFO, "stopping");
+
+	close_routes();
+	drop_connection();
+	sink_global_cleanup();
+	log_counts(1);
+	free(schema);
+	free(settings.name);
+	config_free(&cfg);
+	close(wake_pipe[0]);
+	close(wake_pipe[1]);
+	return exit_code;
+}

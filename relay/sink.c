@@ -1,0 +1,180 @@
+/*
+ * idem-relay: the registry of sinks and their settings.
+ *
+ * A new sink is a file sink_<name>.c defining a SinkType, and one line in
+ * sink_types below.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "relay.h"
+
+static const SinkType *const sink_types[] = {
+	&sink_stdout_type,
+	&sink_webhook_type,
+	NULL
+};
+
+const SinkType *
+sink_type_find(const char *name)
+{
+	int			i;
+
+	for (i = 0; sink_types[i] != NULL; i++)
+		if (strcmp(sink_types[i]->name, name) == 0)
+			return sink_types[i];
+	return NULL;
+}
+
+const char *
+sink_type_names(void)
+{
+	static char names[256];
+	int			i;
+
+	if (names[0] == '\0')
+		for (i = 0; sink_types[i] != NULL; i++)
+		{
+			if (i > 0)
+				strncat(names, ", ", sizeof(names) - strlen(names) - 1);
+			strncat(names, sink_types[i]->name, sizeof(names) - strlen(names) - 1);
+		}
+	return names;
+}
+
+/* whether setting (after "<sink>.") is one the sink accepts */
+static int
+setting_accepted(const SinkType *t, const char *setting)
+{
+	int			i;
+
+	for (i = 0; t->settings != NULL && t->settings[i] != NULL; i++)
+	{
+		const char *s = t->settings[i];
+		size_t		len = strlen(s);
+
+		if (len > 0 && s[len - 1] == '.')
+		{
+			if (strncmp(setting, s, len) == 0 && setting[len] != '\0')
+				return 1;
+		}
+		else if (strcmp(setting, s) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+int
+sink_setting_known(const char *key)
+{
+	const char *dot = strchr(key, '.');
+	char		name[64];
+	const SinkType *t;
+
+	if (dot == NULL || (size_t) (dot - key) >= sizeof(name))
+		return 0;
+	memcpy(name, key, (size_t) (dot - key));
+	name[dot - key] = '\0';
+	t = sink_type_find(name);
+	return t != NULL && setting_accepted(t, dot + 1);
+}
+
+/* If key is "<sink>.<setting>" of this sink, the setting; else NULL. */
+static const char *
+own_setting(const SinkSettings *ss, const char *key)
+{
+	size_t		n = strlen(ss->sink);
+
+	if (strncmp(key, ss->sink, n) == 0 && key[n] == '.')
+		return key + n + 1;
+	return NULL;
+}
+
+/* If item is a setting of this instance's topic, the part after the topic. */
+static const char *
+topic_rest(const SinkSettings *ss, const ConfigItem *it)
+{
+	char		topic[1100];
+	const char *rest;
+
+	if (ss->topic == NULL ||
+		!config_split_topic(it->key, topic, sizeof(topic), &rest) ||
+		strcmp(topic, ss->topic) != 0)
+		return NULL;
+	return rest;
+}
+
+const char *
+sink_setting(const SinkSettings *ss, const char *name)
+{
+	int			i;
+	const char *s;
+	const char *rest;
+
+	for (i = ss->cfg->nitems - 1; i >= 0; i--)
+		if ((rest = topic_rest(ss, &ss->cfg->items[i])) != NULL &&
+			(s = own_setting(ss, rest)) != NULL && strcmp(s, name) == 0)
+			return ss->cfg->items[i].value;
+	for (i = ss->cfg->nitems - 1; i >= 0; i--)
+		if ((s = own_setting(ss, ss->cfg->items[i].key)) != NULL && strcmp(s, name) == 0)
+			return ss->cfg->items[i].value;
+	return NULL;
+}
+
+void
+sink_setting_each(const SinkSettings *ss, const char *prefix,
+				  void (*fn) (void *arg, const char *suffix, const char *value),
+				  void *arg)
+{
+	const char **seen;
+	int			nseen = 0;
+	int			pass;
+	int			i;
+	int			j;
+	size_t		plen = strlen(prefix);
+
+	seen = xmalloc(sizeof(char *) * (size_t) (ss->cfg->nitems + 1));
+	for (pass = 0; pass < 2; pass++)
+		for (i = ss->cfg->nitems - 1; i >= 0; i--)
+		{
+			const ConfigItem *it = &ss->cfg->items[i];
+			const char *key = pass == 0 ? topic_rest(ss, it) : it->key;
+			const char *s;
+
+			if (key == NULL || (s = own_setting(ss, key)) == NULL ||
+				strncmp(s, prefix, plen) != 0 || s[plen] == '\0')
+				continue;
+			s += plen;
+			for (j = 0; j < nseen; j++)
+				if (strcmp(seen[j], s) == 0)
+					break;
+			if (j < nseen)
+				continue;
+			seen[nseen++] = s;
+			fn(arg, s, it->value);
+		}
+	free(seen);
+}
+
+int
+sink_global_init(char *err, size_t errlen)
+{
+	int			i;
+
+	for (i = 0; sink_types[i] != NULL; i++)
+		if (sink_types[i]->global_init != NULL &&
+			!sink_types[i]->global_init(err, errlen))
+			return 0;
+	return 1;
+}
+
+void
+sink_global_cleanup(void)
+{
+	int			i;
+
+	for (i = 0; sink_types[i] != NULL; i++)
+		if (sink_types[i]->global_cleanup != NULL)
+			sink_types[i]->global_cleanup();
+}

@@ -1,0 +1,126 @@
+/*
+ * idem-relay: the stdout sink.  One JSON object a line per message:
+ *
+ *	{"id": ..., "topic": ..., "key": ..., "type": ..., "payload": ...,
+ *	 "headers": ..., "attempt": ..., "created_at": ...}
+ *
+ * A message is delivered once its line was written to the file descriptor
+ * (a pipe, a file): each line is flushed before the next one is started.
+ * A write that fails (the reader of the pipe went away) stops the relay.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "relay.h"
+
+typedef struct StdoutSink
+{
+	Sink		base;
+	StrBuf		line;
+} StdoutSink;
+
+static const char *const stdout_settings[] = {NULL};
+
+static Sink *
+stdout_init(const SinkSettings *ss, char *err, size_t errlen)
+{
+	StdoutSink *s = xmalloc(sizeof(StdoutSink));
+
+	s->base.type = &sink_stdout_type;
+	sb_init(&s->line);
+	return &s->base;
+}
+
+/* write(2) all of buf; false with errno set */
+static int
+write_all(int fd, const char *buf, size_t len)
+{
+	while (len > 0)
+	{
+		ssize_t		n = write(fd, buf, len);
+
+		if (n < 0)
+		{
+			if (errno == EINTR)
+				continue;
+			return 0;
+		}
+		buf += n;
+		len -= (size_t) n;
+	}
+	return 1;
+}
+
+static int
+stdout_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
+			   const PublishControl *ctl)
+{
+	StdoutSink *s = (StdoutSink *) sink;
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		const RelayMessage *m = &msgs[i];
+		StrBuf	   *l = &s->line;
+
+		if (*ctl->stop_now || now_ms() >= ctl->deadline_ms)
+		{
+			out[i].kind = OUTCOME_UNSENT;
+			continue;
+		}
+		sb_reset(l);
+		sb_puts(l, "{\"id\": ");
+		sb_json_string(l, m->id);
+		sb_puts(l, ", \"topic\": ");
+		sb_json_string(l, m->topic);
+		sb_puts(l, ", \"key\": ");
+		sb_json_string(l, m->key);
+		sb_puts(l, ", \"type\": ");
+		sb_json_string(l, m->type);
+		sb_puts(l, ", \"payload\": ");
+		sb_puts(l, m->payload);
+		sb_puts(l, ", \"headers\": ");
+		sb_puts(l, m->headers ? m->headers : "null");
+		sb_printf(l, ", \"attempt\": %d, \"created_at\": ", m->attempt);
+		sb_json_string(l, m->created_at);
+		sb_puts(l, "}\n");
+		if (!write_all(STDOUT_FILENO, l->data, l->len))
+		{
+			int			e = errno;
+
+			/* this one and the rest: the relay stops */
+			snprintf(out[i].error, sizeof(out[i].error),
+					 "could not write to standard output: %s", strerror(e));
+			out[i].kind = OUTCOME_RETRY;
+			out[i].retry_after_ms = 0;
+			for (i++; i < n; i++)
+				out[i].kind = OUTCOME_UNSENT;
+			relay_log(LOG_ERROR, "could not write to standard output: %s", strerror(e));
+			return -1;
+		}
+		out[i].kind = OUTCOME_DELIVERED;
+	}
+	return 0;
+}
+
+static void
+stdout_close(Sink *sink)
+{
+	StdoutSink *s = (StdoutSink *) sink;
+
+	sb_free(&s->line);
+	free(s);
+}
+
+const SinkType sink_stdout_type = {
+	.name = "stdout",
+	.settings = stdout_settings,
+	.global_init = NULL,
+	.global_cleanup = NULL,
+	.init = stdout_init,
+	.publish = stdout_publish,
+	.close = stdout_close,
+};

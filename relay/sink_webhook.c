@@ -1,0 +1,384 @@
+/*
+ * idem-relay: the webhook sink.  Each message is an HTTP POST (libcurl) of
+ * its payload to a URL, one at a time in the order of the batch, with the
+ * headers
+ *
+ *	Content-Type: application/json
+ *	Idempotency-Key: <message id>
+ *	X-Idem-Topic, X-Idem-Key, X-Idem-Type: percent-encoded (RFC 3986)
+ *	X-Idem-Attempt: <attempt>
+ *	X-Idem-Headers: <the message's headers, JSON>, when it has some
+ *
+ * and those of the settings header.<Name>.  The answer decides:
+ *
+ *	2xx					delivered
+ *	429, 5xx			retried, after Retry-After (seconds or an HTTP date)
+ *						when the answer has one, else the topic's backoff
+ *	other 4xx			refused for good (the message goes dead)
+ *	1xx, 3xx			retried (redirections are not followed: the URL is
+ *						the configuration's, not the message's)
+ *	no answer			retried (connection refused, timeout, ...)
+ *
+ * Settings: url (required, http or https), header.<Name> = value.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <curl/curl.h>
+
+#include "relay.h"
+
+#define BODY_EXCERPT 200
+
+typedef struct WebhookSink
+{
+	Sink		base;
+	CURL	   *curl;
+	char	   *url;
+	long		timeout_ms;
+	struct curl_slist *fixed;	/* Content-Type, Expect, header.* settings */
+	char		errbuf[CURL_ERROR_SIZE];
+	/* per request */
+	long		retry_after_ms;
+	char		body[BODY_EXCERPT + 1];
+	size_t		body_len;
+	const PublishControl *ctl;
+} WebhookSink;
+
+static const char *const webhook_settings[] = {"url", "header.", NULL};
+
+static int
+webhook_global_init(char *err, size_t errlen)
+{
+	CURLcode	rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+
+	if (rc != CURLE_OK)
+	{
+		snprintf(err, errlen, "could not initialise libcurl: %s", curl_easy_strerror(rc));
+		return 0;
+	}
+	return 1;
+}
+
+static void
+webhook_global_cleanup(void)
+{
+	curl_global_cleanup();
+}
+
+/* A header name is an HTTP token. */
+static int
+valid_header_name(const char *s)
+{
+	if (*s == '\0')
+		return 0;
+	for (; *s; s++)
+		if (!(('a' <= *s && *s <= 'z') || ('A' <= *s && *s <= 'Z') ||
+			  ('0' <= *s && *s <= '9') || strchr("!#$%&'*+-.^_`|~", *s) != NULL))
+			return 0;
+	return 1;
+}
+
+typedef struct HeaderArg
+{
+	WebhookSink *s;
+	char	   *err;
+	size_t		errlen;
+	int			ok;
+} HeaderArg;
+
+static void
+add_setting_header(void *argp, const char *name, const char *value)
+{
+	HeaderArg  *arg = argp;
+	StrBuf		sb;
+	const char *p;
+
+	if (!arg->ok)
+		return;
+	for (p = value; *p; p++)
+		if (*p == '\r' || *p == '\n')
+			break;
+	if (!valid_header_name(name) || *p != '\0')
+	{
+		snprintf(arg->err, arg->errlen, "webhook.header.%s: not a valid HTTP header", name);
+		arg->ok = 0;
+		return;
+	}
+	sb_init(&sb);
+	sb_printf(&sb, "%s: %s", name, value);
+	arg->s->fixed = curl_slist_append(arg->s->fixed, sb.data);
+	sb_free(&sb);
+}
+
+static size_t
+on_header(char *buf, size_t size, size_t nitems, void *userdata)
+{
+	WebhookSink *s = userdata;
+	size_t		len = size * nitems;
+	char		line[256];
+	char	   *v;
+	char	   *end;
+
+	if (len < 12 || len >= sizeof(line) || strncasecmp(buf, "retry-after:", 12) != 0)
+		return len;
+	memcpy(line, buf, len);
+	line[len] = '\0';
+	v = line + 12;
+	while (*v == ' ' || *v == '\t')
+		v++;
+	end = v + strlen(v);
+	while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' ' || end[-1] == '\t'))
+		*--end = '\0';
+	if (*v == '\0')
+		return len;
+	if (strspn(v, "0123456789") == strlen(v))
+	{
+		/* delta-seconds */
+		double		secs = strtod(v, NULL);
+
+		s->retry_after_ms = secs * 1000 > RELAY_MAX_RETRY_AFTER_MS ?
+			RELAY_MAX_RETRY_AFTER_MS : (long) secs * 1000;
+	}
+	else
+	{
+		/* an HTTP date */
+		time_t		t = curl_getdate(v, NULL);
+
+		if (t != (time_t) -1)
+		{
+			double		secs = difftime(t, time(NULL));
+
+			if (secs < 0)
+				secs = 0;
+			s->retry_after_ms = secs * 1000 > RELAY_MAX_RETRY_AFTER_MS ?
+				RELAY_MAX_RETRY_AFTER_MS : (long) secs * 1000;
+		}
+	}
+	return len;
+}
+
+/* The first bytes of the answer's body, for the error of a failure. */
+static size_t
+on_body(char *buf, size_t size, size_t nmemb, void *userdata)
+{
+	WebhookSink *s = userdata;
+	size_t		len = size * nmemb;
+	size_t		room = BODY_EXCERPT - s->body_len;
+
+	if (room > len)
+		room = len;
+	memcpy(s->body + s->body_len, buf, room);
+	s->body_len += room;
+	s->body[s->body_len] = '\0';
+	return len;
+}
+
+/* A second SIGTERM aborts the request in flight. */
+static int
+on_progress(void *userdata, curl_off_t dltotal, curl_off_t dlnow,
+			curl_off_t ultotal, curl_off_t ulnow)
+{
+	WebhookSink *s = userdata;
+
+	return *s->ctl->stop_now ? 1 : 0;
+}
+
+static Sink *
+webhook_init(const SinkSettings *ss, char *err, size_t errlen)
+{
+	const char *url = sink_setting(ss, "url");
+	WebhookSink *s;
+	HeaderArg	harg;
+
+	if (url == NULL || *url == '\0')
+	{
+		if (ss->topic)
+			snprintf(err, errlen, "the webhook sink of topic \"%s\" needs a URL: "
+					 "set topic.%s.webhook.url or webhook.url (--webhook-url)",
+					 ss->topic, ss->topic);
+		else
+			snprintf(err, errlen, "the webhook sink needs a URL: set webhook.url (--webhook-url)");
+		return NULL;
+	}
+	if (strncasecmp(url, "http://", 7) != 0 && strncasecmp(url, "https://", 8) != 0)
+	{
+		snprintf(err, errlen, "webhook URL \"%s\" is not http:// or https://", url);
+		return NULL;
+	}
+	s = xmalloc(sizeof(WebhookSink));
+	memset(s, 0, sizeof(WebhookSink));
+	s->base.type = &sink_webhook_type;
+	s->url = xstrdup(url);
+	s->timeout_ms = ss->timeout_ms;
+	s->fixed = curl_slist_append(NULL, "Content-Type: application/json");
+	/* no "100 Continue" round trip */
+	s->fixed = curl_slist_append(s->fixed, "Expect:");
+	harg.s = s;
+	harg.err = err;
+	harg.errlen = errlen;
+	harg.ok = 1;
+	sink_setting_each(ss, "header.", add_setting_header, &harg);
+	s->curl = curl_easy_init();
+	if (!harg.ok || s->curl == NULL)
+	{
+		if (harg.ok)
+			snprintf(err, errlen, "could not create a libcurl handle");
+		curl_slist_free_all(s->fixed);
+		if (s->curl)
+			curl_easy_cleanup(s->curl);
+		free(s->url);
+		free(s);
+		return NULL;
+	}
+	curl_easy_setopt(s->curl, CURLOPT_URL, s->url);
+	curl_easy_setopt(s->curl, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(s->curl, CURLOPT_POST, 1L);
+	curl_easy_setopt(s->curl, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(s->curl, CURLOPT_TIMEOUT_MS, s->timeout_ms);
+	curl_easy_setopt(s->curl, CURLOPT_CONNECTTIMEOUT_MS, s->timeout_ms);
+	curl_easy_setopt(s->curl, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_easy_setopt(s->curl, CURLOPT_USERAGENT, "idem-relay/" RELAY_VERSION);
+	curl_easy_setopt(s->curl, CURLOPT_ERRORBUFFER, s->errbuf);
+	curl_easy_setopt(s->curl, CURLOPT_HEADERFUNCTION, on_header);
+	curl_easy_setopt(s->curl, CURLOPT_HEADERDATA, s);
+	curl_easy_setopt(s->curl, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(s->curl, CURLOPT_WRITEDATA, s);
+	curl_easy_setopt(s->curl, CURLOPT_XFERINFOFUNCTION, on_progress);
+	curl_easy_setopt(s->curl, CURLOPT_XFERINFODATA, s);
+	curl_easy_setopt(s->curl, CURLOPT_NOPROGRESS, 0L);
+	return &s->base;
+}
+
+/* "Name: <percent-encoded value>" appended to list */
+static struct curl_slist *
+add_encoded(struct curl_slist *list, CURL *curl, const char *name, const char *value)
+{
+	char	   *enc = curl_easy_escape(curl, value, 0);
+	StrBuf		sb;
+
+	sb_init(&sb);
+	sb_printf(&sb, "%s: %s", name, enc ? enc : "");
+	list = curl_slist_append(list, sb.data);
+	sb_free(&sb);
+	curl_free(enc);
+	return list;
+}
+
+static void
+post_one(WebhookSink *s, const RelayMessage *m, Outcome *out)
+{
+	struct curl_slist *h = NULL;
+	struct curl_slist *f;
+	StrBuf		sb;
+	CURLcode	rc;
+	long		status = 0;
+	char		excerpt[BODY_EXCERPT + 1];
+
+	for (f = s->fixed; f; f = f->next)
+		h = curl_slist_append(h, f->data);
+	sb_init(&sb);
+	sb_printf(&sb, "Idempotency-Key: %s", m->id);
+	h = curl_slist_append(h, sb.data);
+	h = add_encoded(h, s->curl, "X-Idem-Topic", m->topic);
+	h = add_encoded(h, s->curl, "X-Idem-Key", m->key);
+	if (m->type)
+		h = add_encoded(h, s->curl, "X-Idem-Type", m->type);
+	sb_reset(&sb);
+	sb_printf(&sb, "X-Idem-Attempt: %d", m->attempt);
+	h = curl_slist_append(h, sb.data);
+	if (m->headers)
+	{
+		/* jsonb's text has no line breaks: they are escaped in strings */
+		sb_reset(&sb);
+		sb_printf(&sb, "X-Idem-Headers: %s", m->headers);
+		h = curl_slist_append(h, sb.data);
+	}
+	sb_free(&sb);
+
+	s->retry_after_ms = -1;
+	s->body_len = 0;
+	s->body[0] = '\0';
+	s->errbuf[0] = '\0';
+	curl_easy_setopt(s->curl, CURLOPT_HTTPHEADER, h);
+	curl_easy_setopt(s->curl, CURLOPT_POSTFIELDS, m->payload);
+	curl_easy_setopt(s->curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) strlen(m->payload));
+	rc = curl_easy_perform(s->curl);
+	curl_easy_setopt(s->curl, CURLOPT_HTTPHEADER, NULL);
+	curl_slist_free_all(h);
+
+	out->retry_after_ms = -1;
+	if (rc != CURLE_OK)
+	{
+		out->kind = OUTCOME_RETRY;
+		if (rc == CURLE_ABORTED_BY_CALLBACK)
+		{
+			snprintf(out->error, sizeof(out->error), "webhook: interrupted by shutdown");
+			out->retry_after_ms = 0;
+		}
+		else
+			snprintf(out->error, sizeof(out->error), "webhook: %s",
+					 s->errbuf[0] ? s->errbuf : curl_easy_strerror(rc));
+		return;
+	}
+	curl_easy_getinfo(s->curl, CURLINFO_RESPONSE_CODE, &status);
+	printable_copy(excerpt, sizeof(excerpt), s->body, s->body_len);
+	if (status >= 200 && status < 300)
+		out->kind = OUTCOME_DELIVERED;
+	else if (status == 429 || status >= 500)
+	{
+		out->kind = OUTCOME_RETRY;
+		out->retry_after_ms = s->retry_after_ms;
+	}
+	else if (status >= 400)
+		out->kind = OUTCOME_PERMANENT;
+	else
+		out->kind = OUTCOME_RETRY;
+	if (out->kind != OUTCOME_DELIVERED)
+		snprintf(out->error, sizeof(out->error), "webhook: HTTP %ld%s%s", status,
+				 excerpt[0] ? ": " : "", excerpt);
+}
+
+static int
+webhook_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
+				const PublishControl *ctl)
+{
+	WebhookSink *s = (WebhookSink *) sink;
+	int			i;
+
+	s->ctl = ctl;
+	for (i = 0; i < n; i++)
+	{
+		if (*ctl->stop_now || now_ms() >= ctl->deadline_ms)
+		{
+			out[i].kind = OUTCOME_UNSENT;
+			continue;
+		}
+		post_one(s, &msgs[i], &out[i]);
+	}
+	return 0;
+}
+
+static void
+webhook_close(Sink *sink)
+{
+	WebhookSink *s = (WebhookSink *) sink;
+
+	curl_easy_cleanup(s->curl);
+	curl_slist_free_all(s->fixed);
+	free(s->url);
+	free(s);
+}
+
+const SinkType sink_webhook_type = {
+	.name = "webhook",
+	.settings = webhook_settings,
+	.global_init = webhook_global_init,
+	.global_cleanup = webhook_global_cleanup,
+	.init = webhook_init,
+	.publish = webhook_publish,
+	.close = webhook_close,
+};

@@ -1,0 +1,286 @@
+/*
+ * idem-relay: strings, time, durations and the log.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "relay.h"
+
+int			log_verbose = 0;
+
+void *
+xmalloc(size_t n)
+{
+	void	   *p = malloc(n ? n : 1);
+
+	if (p == NULL)
+	{
+		fprintf(stderr, "idem-relay: out of memory\n");
+		exit(EXIT_RELAY_SINK);
+	}
+	return p;
+}
+
+void *
+xrealloc(void *p, size_t n)
+{
+	p = realloc(p, n ? n : 1);
+	if (p == NULL)
+	{
+		fprintf(stderr, "idem-relay: out of memory\n");
+		exit(EXIT_RELAY_SINK);
+	}
+	return p;
+}
+
+char *
+xstrdup(const char *s)
+{
+	size_t		n = strlen(s) + 1;
+	char	   *p = xmalloc(n);
+
+	memcpy(p, s, n);
+	return p;
+}
+
+void
+sb_init(StrBuf *sb)
+{
+	sb->cap = 256;
+	sb->data = xmalloc(sb->cap);
+	sb->len = 0;
+	sb->data[0] = '\0';
+}
+
+void
+sb_reset(StrBuf *sb)
+{
+	sb->len = 0;
+	sb->data[0] = '\0';
+}
+
+void
+sb_free(StrBuf *sb)
+{
+	free(sb->data);
+	sb->data = NULL;
+	sb->len = sb->cap = 0;
+}
+
+static void
+sb_reserve(StrBuf *sb, size_t more)
+{
+	if (sb->len + more + 1 > sb->cap)
+	{
+		while (sb->len + more + 1 > sb->cap)
+			sb->cap *= 2;
+		sb->data = xrealloc(sb->data, sb->cap);
+	}
+}
+
+void
+sb_putn(StrBuf *sb, const char *s, size_t n)
+{
+	sb_reserve(sb, n);
+	memcpy(sb->data + sb->len, s, n);
+	sb->len += n;
+	sb->data[sb->len] = '\0';
+}
+
+void
+sb_puts(StrBuf *sb, const char *s)
+{
+	sb_putn(sb, s, strlen(s));
+}
+
+void
+sb_putc(StrBuf *sb, char c)
+{
+	sb_putn(sb, &c, 1);
+}
+
+void
+sb_printf(StrBuf *sb, const char *fmt,...)
+{
+	va_list		ap;
+	int			n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(sb->data + sb->len, sb->cap - sb->len, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if ((size_t) n >= sb->cap - sb->len)
+	{
+		sb_reserve(sb, (size_t) n);
+		va_start(ap, fmt);
+		vsnprintf(sb->data + sb->len, sb->cap - sb->len, fmt, ap);
+		va_end(ap);
+	}
+	sb->len += (size_t) n;
+}
+
+/*
+ * A JSON string.  The text is UTF-8 (the relay connects with
+ * client_encoding UTF8): quotes, backslashes and control characters are
+ * escaped, every other byte is copied.
+ */
+void
+sb_json_string(StrBuf *sb, const char *s)
+{
+	const unsigned char *p;
+
+	if (s == NULL)
+	{
+		sb_puts(sb, "null");
+		return;
+	}
+	sb_putc(sb, '"');
+	for (p = (const unsigned char *) s; *p; p++)
+	{
+		switch (*p)
+		{
+			case '"':
+				sb_puts(sb, "\\\"");
+				break;
+			case '\\':
+				sb_puts(sb, "\\\\");
+				break;
+			case '\n':
+				sb_puts(sb, "\\n");
+				break;
+			case '\r':
+				sb_puts(sb, "\\r");
+				break;
+			case '\t':
+				sb_puts(sb, "\\t");
+				break;
+			default:
+				if (*p < 0x20 || *p == 0x7f)
+					sb_printf(sb, "\\u%04x", *p);
+				else
+					sb_putc(sb, (char) *p);
+		}
+	}
+	sb_putc(sb, '"');
+}
+
+int64_t
+now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * A duration: a number of seconds (decimals allowed), or a number followed
+ * by ms, s, min or h.  Returns milliseconds, or -1 when s is not one or is
+ * longer than a day.
+ */
+long
+parse_duration_ms(const char *s)
+{
+	char	   *end;
+	double		v;
+	double		unit = 1000;
+
+	if (s == NULL || *s == '\0' || isspace((unsigned char) *s) || *s == '-' || *s == '+')
+		return -1;
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno != 0 || end == s || v != v)
+		return -1;
+	while (*end == ' ')
+		end++;
+	if (*end == '\0' || strcmp(end, "s") == 0)
+		unit = 1000;
+	else if (strcmp(end, "ms") == 0)
+		unit = 1;
+	else if (strcmp(end, "min") == 0)
+		unit = 60000;
+	else if (strcmp(end, "h") == 0)
+		unit = 3600000;
+	else
+		return -1;
+	v *= unit;
+	if (v < 0 || v > (double) RELAY_MAX_RETRY_AFTER_MS)
+		return -1;
+	return (long) (v + 0.5);
+}
+
+/*
+ * Copies at most len bytes of s into dst (NUL-terminated, cut to fit),
+ * replacing control characters and bytes outside ASCII with '?': the error
+ * text of a nack must be valid in any server encoding, and a log line one
+ * line.
+ */
+void
+printable_copy(char *dst, size_t dstsize, const char *s, size_t len)
+{
+	size_t		i;
+	size_t		j = 0;
+
+	if (dstsize == 0)
+		return;
+	for (i = 0; i < len && s[i] != '\0' && j + 1 < dstsize; i++)
+	{
+		unsigned char c = (unsigned char) s[i];
+
+		dst[j++] = (c < 0x20 || c >= 0x7f) ? '?' : (char) c;
+	}
+	dst[j] = '\0';
+}
+
+/*
+ * One line on stderr: the time (UTC), the process and the level.  Debug
+ * lines only with --verbose.
+ */
+void
+relay_log(LogLevel level, const char *fmt,...)
+{
+	static const char *const names[] = {"DEBUG", "LOG", "WARNING", "ERROR"};
+	char		stamp[64];
+	struct timeval tv;
+	struct tm	tm;
+	va_list		ap;
+	StrBuf		sb;
+	int			n;
+
+	if (level == LOG_DEBUG && !log_verbose)
+		return;
+	gettimeofday(&tv, NULL);
+	gmtime_r(&tv.tv_sec, &tm);
+	strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", &tm);
+	sb_init(&sb);
+	sb_printf(&sb, "%s.%03d UTC idem-relay[%d] %s:  ", stamp,
+			  (int) (tv.tv_usec / 1000), (int) getpid(), names[level]);
+	va_start(ap, fmt);
+	n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+	{
+		char	   *msg = xmalloc((size_t) n + 1);
+
+		va_start(ap, fmt);
+		vsnprintf(msg, (size_t) n + 1, fmt, ap);
+		va_end(ap);
+		sb_puts(&sb, msg);
+		free(msg);
+	}
+	sb_putc(&sb, '\n');
+	/* one write, so that lines of several relays sharing a file stay whole */
+	if (write(STDERR_FILENO, sb.data, sb.len) < 0)
+	{
+		/* nowhere to report it */
+	}
+	sb_free(&sb);
+}

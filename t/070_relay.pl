@@ -1,0 +1,543 @@
+
+# Copyright (c) idem contributors
+#
+# idem-relay against a real server, run as a role that has only the grants
+# the README gives a relay, connected through the libpq environment (PGHOST,
+# PGPORT, PGDATABASE, PGUSER) without a connection string:
+#
+# - options, configuration and exit codes 0, 1, 2 and 3;
+# - the stdout sink: every message once, in order per key, with its fields;
+# - waking up: an idle relay is woken by the notification of a send (its
+#   poll interval is an hour), and a prepared transaction's message, which
+#   cannot notify, is found by polling;
+# - the webhook sink against a local receiver (test/relay/receiver.py):
+#   2xx delivered, 500 with Retry-After and 429 retried, 503 with
+#   Retry-After (seconds, HTTP date) waiting as long, 400 refused for good,
+#   the Idempotency-Key and X-Idem-* headers, per-topic routes from a
+#   configuration file;
+# - no message is started with less than the timeout left of its lease;
+# - a relay killed with SIGKILL in the middle of a batch: a second relay
+#   delivers everything, the killed relay's unacknowledged deliveries again
+#   with the same Idempotency-Key, and nothing out of order per key;
+# - SIGTERM in the middle of a batch finishes and acknowledges it, a second
+#   signal releases what is not published yet; exit code 0.
+
+use strict;
+use warnings;
+use utf8;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use Encode qw(encode_utf8);
+use IPC::Run;
+use JSON::PP;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+use IdemTest;
+
+my $bindir = `pg_config --bindir`;
+chomp $bindir;
+my $relay = "$bindir/idem-relay";
+ok(-x $relay, "idem-relay is installed beside the server's programs");
+
+my $node = idem_node('relay', 'max_prepared_transactions = 5');
+my $tmp = PostgreSQL::Test::Utils::tempdir;
+# $json reads and writes bytes (UTF-8), $jtext characters (for SQL)
+my $json = JSON::PP->new->utf8->canonical;
+my $jtext = JSON::PP->new->canonical;
+
+# The relay's role: the three grants of the README, nothing else.
+$node->safe_psql('postgres', q{
+	CREATE ROLE relay LOGIN;
+	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval), idem_outbox_ack(uuid[]),
+	                          idem_outbox_nack(uuid, text, interval) TO relay;
+	CREATE DATABASE noidem;
+});
+
+# The libpq environment of every relay run, and nothing else from PG*.
+my %pgenv = (
+	PGHOST => $node->host,
+	PGPORT => $node->port,
+	PGDATABASE => 'postgres',
+	PGUSER => 'relay');
+
+sub relay_env
+{
+	my (%extra) = @_;
+	my %env = (%pgenv, %extra);
+	return sub {
+		delete $ENV{$_} for grep { /^PG/ } keys %ENV;
+		$ENV{$_} = $env{$_} for grep { defined $env{$_} } keys %env;
+	};
+}
+
+# Runs the relay to its end: exit code, stdout, stderr.
+sub run_relay
+{
+	my ($env, @args) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ $relay, @args ], '>', \$out, '2>', \$err,
+		init => relay_env(%$env),
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	return ($? >> 8, $out, $err);
+}
+
+# Starts the relay in the background, its output going to files.
+my $nrelays = 0;
+sub start_relay
+{
+	my ($env, @args) = @_;
+	my $n = ++$nrelays;
+	my %r = (out => "$tmp/relay$n.out", err => "$tmp/relay$n.err");
+	$r{h} = IPC::Run::start([ $relay, '--name', "relay-$n", @args ],
+		'>', $r{out}, '2>', $r{err}, init => relay_env(%$env));
+	return \%r;
+}
+
+# Stops a background relay with the signals given; its exit code.
+sub stop_relay
+{
+	my ($r, @signals) = @_;
+	$r->{h}->signal($_) for @signals;
+	$r->{h}->finish;
+	return $r->{h}->result(0);
+}
+
+sub wait_for
+{
+	my ($what, $cond) = @_;
+	for (my $i = 0; $i < 20 * $PostgreSQL::Test::Utils::timeout_default; $i++)
+	{
+		return 1 if $cond->();
+		usleep(50_000);
+	}
+	diag("timed out waiting for $what");
+	return 0;
+}
+
+sub sql
+{
+	my ($query) = @_;
+	return $node->safe_psql('postgres', encode_utf8($query));
+}
+
+sub q_lit
+{
+	my ($s) = @_;
+	$s =~ s/'/''/g;
+	return "'$s'";
+}
+
+# Sends a message; its id.
+sub send_msg
+{
+	my ($topic, $key, $payload, $headers, $type) = @_;
+	return sql(sprintf('SELECT idem_outbox_send(%s, %s, %s::jsonb, %s, %s)',
+			q_lit($topic), q_lit($key), q_lit($jtext->encode($payload)),
+			defined $headers ? q_lit($jtext->encode($headers)) . '::jsonb' : 'NULL',
+			defined $type ? q_lit($type) : 'NULL'));
+}
+
+sub final_counts
+{
+	my ($err) = @_;
+	return $err =~ /stopped: (leased \d+, delivered \d+, retried \d+, dead \d+, errors \d+) in all/
+	  ? $1 : "(no final line in: $err)";
+}
+
+########################################################################
+# Options, configuration and exit codes
+########################################################################
+
+my ($rc, $out, $err) = run_relay({}, '--help');
+is($rc, 0, '--help exits with 0');
+like($out, qr/Usage:.*--dbname.*--config.*Exit codes:/s, '--help describes options and exit codes');
+
+($rc, $out, $err) = run_relay({}, '--version');
+like($out, qr/^idem-relay \d+\.\d+\.\d+$/m, '--version');
+
+my @usage_errors = (
+	[ [ '--batch', '0' ], qr/batch must be an integer from 1 to 10000/ ],
+	[ [ '--lease', '10s', '--timeout', '10s' ], qr/timeout .* must be shorter than lease/ ],
+	[ [ '--poll', 'soon' ], qr/poll must be a duration/ ],
+	[ [ '--sink', 'carrier-pigeon' ], qr/unknown sink "carrier-pigeon"/ ],
+	[ [ '--sink', 'webhook' ], qr/the webhook sink needs a URL/ ],
+	[ [ '--set', 'webhook.uri=http://x' ], qr/unknown setting "webhook.uri"/ ],
+	[ [ '--set', 'topic.a.b.sink=stdout' ], qr/unknown setting "topic.a.b.sink"/ ],
+	[ [ '--config', "$tmp/missing.conf" ], qr/could not open configuration file/ ],
+	[ [ '--no-such-flag' ], qr/unrecognized option/ ],
+	[ [ 'extra' ], qr/unexpected argument "extra"/ ]);
+for my $case (@usage_errors)
+{
+	($rc, $out, $err) = run_relay({}, @{ $case->[0] });
+	is($rc, 1, "exit code 1 for @{ $case->[0] }");
+	like($err, $case->[1], "message for @{ $case->[0] }");
+}
+
+open(my $bad, '>', "$tmp/bad.conf") or die;
+print $bad "# a comment\nbatch = 10\nthis line has no equals sign\n";
+close($bad);
+($rc, $out, $err) = run_relay({}, '--config', "$tmp/bad.conf");
+is($rc, 1, 'exit code 1 for a malformed configuration file');
+like($err, qr/bad\.conf:3: expected "key = value"/, 'the file and line are named');
+
+# Exit code 2: no server where the environment points.
+($rc, $out, $err) = run_relay({ PGHOST => "$tmp/nowhere" },
+	'--exit-on-error', '--connect-attempts', '2', '--reconnect-max', '50ms');
+is($rc, 2, 'exit code 2: cannot connect, --exit-on-error');
+like($err, qr/could not connect after 2 attempts/, 'after the attempts given');
+
+# Exit code 3: a database without idem; then a role without the grants.
+($rc, $out, $err) = run_relay({ PGDATABASE => 'noidem' }, '--exit-on-error');
+is($rc, 3, 'exit code 3: idem is not installed, --exit-on-error');
+like($err, qr/the extension idem is not installed in database "noidem"/, 'and says so');
+sql('CREATE ROLE nobody LOGIN');
+($rc, $out, $err) = run_relay({ PGUSER => 'nobody' }, '--exit-on-error');
+is($rc, 3, 'exit code 3: a role without the grants');
+like($err, qr/idem_outbox_lease failed: permission denied .*\(SQLSTATE 42501\)/,
+	'the error and its SQLSTATE are logged');
+
+########################################################################
+# stdout: every message once, in order per key
+########################################################################
+
+# Keys that JSON must escape; first messages of each key in transactions
+# of their own, then the rest in transactions of several sends.
+my @keys = ('plain', 'q"uote', "new\nline", "back\\slash", "caf\x{e9} \x{43c}\x{438}\x{440}");
+my (%sent, @order);
+my $seq = 0;
+for my $round (0 .. 7)
+{
+	my @stmts;
+	for my $k (@keys)
+	{
+		$seq++;
+		my $payload = { seq => $seq, key => $k, text => "m\x{e9}ssage $seq" };
+		my $headers = $seq % 3 ? undef : { trace => "t-$seq" };
+		push @stmts, sprintf('SELECT idem_outbox_send(%s, %s, %s::jsonb, %s, %s);',
+			q_lit('orders'), q_lit($k), q_lit($jtext->encode($payload)),
+			defined $headers ? q_lit($jtext->encode($headers)) . '::jsonb' : 'NULL',
+			$seq % 2 ? q_lit('order.paid') : 'NULL');
+		push @order, [ $k, $payload, $headers, $seq % 2 ? 'order.paid' : undef ];
+	}
+	my @ids = split /\n/, sql(join("\n", 'BEGIN;', @stmts, 'COMMIT;'));
+	is(scalar(@ids), scalar(@keys), "round $round sent");
+	$order[ $#order - $#keys + $_ ][4] = $ids[$_] for 0 .. $#ids;
+}
+my $nsent = scalar @order;
+
+($rc, $out, $err) = run_relay({}, '--once', '--batch', '3', '--log-interval', '0');
+is($rc, 0, 'stdout relay with --once exits with 0');
+is(final_counts($err), "leased $nsent, delivered $nsent, retried 0, dead 0, errors 0",
+	'the final log line counts every message');
+like($err, qr/connected to database "postgres" as "relay"/,
+	'connected through the environment as the relay role');
+
+my @lines = map { $json->decode($_) } split /\n/, $out;
+is(scalar(@lines), $nsent, 'one line per message');
+my (%byid, %perkey);
+$byid{ $_->{id} }++ for @lines;
+is(scalar(grep { $byid{ $_->[4] } && $byid{ $_->[4] } == 1 } @order), $nsent,
+	'every message id appears exactly once');
+push @{ $perkey{ $_->{key} } }, $_->{payload}{seq} for @lines;
+my $in_order = 1;
+for my $k (@keys)
+{
+	my @want = map { $_->[1]{seq} } grep { $_->[0] eq $k } @order;
+	$in_order = 0 unless join(',', @{ $perkey{$k} // [] }) eq join(',', @want);
+}
+ok($in_order, 'the messages of each key come in the order they were sent');
+my %sent_by_id = map { $_->[4] => $_ } @order;
+my $fields_ok = 1;
+for my $l (@lines)
+{
+	my $s = $sent_by_id{ $l->{id} } or do { $fields_ok = 0; next };
+	$fields_ok = 0
+	  unless $l->{topic} eq 'orders'
+	  && $l->{key} eq $s->[0]
+	  && $json->encode($l->{payload}) eq $json->encode($s->[1])
+	  && $json->encode($l->{headers}) eq $json->encode($s->[2])
+	  && ($l->{type} // '') eq ($s->[3] // '')
+	  && $l->{attempt} == 1
+	  && $l->{created_at} =~ /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/;
+}
+ok($fields_ok, 'id, topic, key (escaped), type, payload, headers, attempt and created_at as sent');
+is(sql('SELECT count(*) FROM idem.outbox'), 0, 'every message acknowledged');
+
+########################################################################
+# Waking up: LISTEN, and polling for what cannot notify
+########################################################################
+
+# A poll interval of an hour: only the notification can wake the relay.
+my $idle_sql = q{SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+	WHERE l.locktype = 'advisory' AND l.objsubid = 3 AND l.mode = 'RowExclusiveLock'
+	  AND a.application_name = 'idem-relay'};
+my $r = start_relay({}, '--poll', '1h', '--log-interval', '0');
+ok(wait_for('the relay to go idle', sub { sql($idle_sql) == 1 }), 'the relay is idle');
+my $woken = send_msg('wake', 'w1', { hello => 1 });
+ok( wait_for('the message on stdout', sub { -s $r->{out} && slurp_file($r->{out}) =~ /\Q$woken\E/ }),
+	'a send wakes the idle relay through its notification');
+is(stop_relay($r, 'TERM'), 0, 'SIGTERM: exit code 0');
+my $rerr = slurp_file($r->{err});
+like($rerr, qr/stopping/, 'the relay says it stops');
+is(final_counts($rerr), 'leased 1, delivered 1, retried 0, dead 0, errors 0', 'its final counts');
+
+# A prepared transaction's message: no notification, the poll finds it.
+$r = start_relay({}, '--poll', '100ms', '--log-interval', '0');
+ok(wait_for('the relay to go idle', sub { sql($idle_sql) == 1 }), 'the second relay is idle');
+my $prepared = sql(q{BEGIN;
+	SELECT idem_outbox_send('wake', 'w2', '{"prepared": true}');
+	PREPARE TRANSACTION 'relay-2pc';});
+sql(q{COMMIT PREPARED 'relay-2pc'});
+ok( wait_for('the prepared message on stdout',
+		sub { -s $r->{out} && slurp_file($r->{out}) =~ /"prepared": true/ }),
+	'a message committed by COMMIT PREPARED is found by polling');
+is(stop_relay($r, 'INT'), 0, 'SIGINT: exit code 0');
+
+########################################################################
+# webhook
+########################################################################
+
+my $hooklog = "$tmp/hooks.jsonl";
+my $receiver = IPC::Run::start(
+	[ 'python3', "$FindBin::RealBin/../test/relay/receiver.py", "$tmp/port", $hooklog ],
+	'>', "$tmp/receiver.out", '2>', "$tmp/receiver.err");
+ok(wait_for('the receiver', sub { -s "$tmp/port" }), 'the HTTP receiver listens')
+  or diag(slurp_file("$tmp/receiver.err"));
+my $port = slurp_file("$tmp/port");
+my $url = "http://127.0.0.1:$port";
+
+sub received
+{
+	return [] unless -s $hooklog;
+	return [ map { $json->decode($_) } split /\n/, slurp_file($hooklog) ];
+}
+
+# Short backoffs for the test's topics; hooks.v1 dies after one attempt.
+sql(q{SELECT idem_outbox_configure('hooks', 5, '50 milliseconds', '100 milliseconds');
+      SELECT idem_outbox_configure('hooks.v1', 1, '50 milliseconds', '100 milliseconds');});
+
+my %hook;
+$hook{ok1} = send_msg('hooks', 'ok', { n => 1 }, { trace => 'abc' }, 'hook.ok');
+$hook{ok2} = send_msg('hooks', 'ok', { n => 2 });
+$hook{ok3} = send_msg('hooks', 'ok', { n => 3 });
+$hook{enc} = send_msg('hooks', "caf\x{e9} /1", { n => 4 }, undef, "t\x{fc}p\n2");
+$hook{r500} = send_msg('hooks', 'r500', { reply => [ '500 ra=0', '200' ] });
+$hook{r429} = send_msg('hooks', 'r429', { reply => [ '429', '200' ] });
+$hook{r503s} = send_msg('hooks', 'r503s', { reply => ['503 ra=3600'] });
+$hook{r503d} = send_msg('hooks', 'r503d', { reply => ['503 date=+7200'] });
+$hook{r400} = send_msg('hooks', 'r400', { reply => ['400'] });
+$hook{r400b} = send_msg('hooks', 'r400', { behind => 'the refused one' });
+$hook{v1} = send_msg('hooks.v1', 'k', { reply => ['404'] });
+$hook{audit} = send_msg('audit', 'a', { audit => 1 });
+
+open(my $conf, '>', "$tmp/relay.conf") or die;
+print $conf <<"EOF";
+# every topic to the webhook, audit to stdout, hooks.v1 to its own path
+sink = webhook
+webhook.url = $url/hooks
+webhook.header.Authorization = Bearer t0ken
+topic.audit.sink = stdout
+topic."hooks.v1".webhook.url = $url/v1
+batch = 20
+lease = 10s
+timeout = 5s
+poll = 100ms
+log_interval = 0
+EOF
+close($conf);
+
+$r = start_relay({}, '--config', "$tmp/relay.conf");
+# delivered: ok x3, enc, r500, r429 and audit; left: r503s, r503d, r400 and
+# the message behind it, v1 (dead)
+ok( wait_for('the webhook deliveries', sub {
+			sql(q{SELECT count(*) FROM idem.outbox}) == 5
+			  && sql(q{SELECT count(*) FROM idem.outbox_keys
+			           WHERE last_error IS NOT NULL AND leased_by IS NULL}) == 4 }),
+	'the relay delivered what it could');
+is(stop_relay($r, 'TERM'), 0, 'webhook relay stopped with exit code 0');
+$rerr = slurp_file($r->{err});
+is(final_counts($rerr), 'leased 13, delivered 7, retried 4, dead 2, errors 0',
+	'final counts: 7 delivered, 500 and 429 and two 503 retried, 400 and 404 refused');
+
+my $got = received();
+my %by_key;
+push @{ $by_key{ $_->{idempotency_key} } }, $_ for @$got;
+is(join(',', map { scalar @{ $by_key{ $hook{$_} } // [] } } qw(ok1 ok2 ok3 enc r500 r429 r503s r503d r400 v1)),
+	'1,1,1,1,2,2,1,1,1,1', 'requests per message: one each, two for the retried 500 and 429');
+ok(!exists $by_key{ $hook{r400b} }, 'the message behind the refused one is held back');
+ok(!exists $by_key{ $hook{audit} }, 'the audit topic went elsewhere');
+like(slurp_file($r->{out}), qr/"id": "$hook{audit}", "topic": "audit"/, 'to stdout, by its topic route');
+
+my $ok1 = $by_key{ $hook{ok1} }[0];
+is($ok1->{content_type}, 'application/json', 'Content-Type: application/json');
+is($ok1->{idempotency_key}, $hook{ok1}, 'Idempotency-Key: the message id');
+is_deeply([ $ok1->{topic}, $ok1->{key}, $ok1->{type}, $ok1->{attempt} ],
+	[ 'hooks', 'ok', 'hook.ok', '1' ], 'X-Idem-Topic, X-Idem-Key, X-Idem-Type, X-Idem-Attempt');
+is($ok1->{headers}, '{"trace": "abc"}', 'X-Idem-Headers: the message headers');
+is_deeply($ok1->{body}, { n => 1 }, 'the body is the payload');
+is($ok1->{authorization}, 'Bearer t0ken', 'a header of the configuration');
+is($ok1->{path}, '/hooks', 'to the URL for every topic');
+my $enc = $by_key{ $hook{enc} }[0];
+is_deeply([ $enc->{key}, $enc->{type} ], [ 'caf%C3%A9%20%2F1', 't%C3%BCp%0A2' ],
+	'key and type percent-encoded (UTF-8)');
+is(join(',', map { $_->{body}{n} } grep { $_->{key} eq 'ok' } @$got), '1,2,3',
+	'the messages of a key in order');
+is(join(',', map { $_->{attempt} } @{ $by_key{ $hook{r500} } }), '1,2',
+	'a 500 is retried: second attempt delivered');
+is($by_key{ $hook{v1} }[0]{path}, '/v1', 'a quoted topic with a dot has its own URL');
+
+is( sql(qq{SELECT available_at > now() + interval '50 minutes'
+	           AND available_at <= now() + interval '1 hour', last_error
+	      FROM idem.outbox_keys WHERE key = 'r503s'}),
+	't|webhook: HTTP 503: {"status": 503}',
+	'Retry-After in seconds: the message waits that long');
+is( sql(qq{SELECT available_at > now() + interval '110 minutes'
+	           AND available_at <= now() + interval '2 hours'
+	      FROM idem.outbox_keys WHERE key = 'r503d'}),
+	't', 'Retry-After as an HTTP date: the message waits until then');
+is( sql(qq{SELECT dead, available_at > now() + interval '23 hours', last_error
+	      FROM idem.outbox_keys WHERE key = 'r400'}),
+	'f|t|permanent: webhook: HTTP 400: {"status": 400}',
+	'a 400 is refused for good: held back a day with its error (dead once its attempts are used)');
+is( sql(qq{SELECT dead, last_error FROM idem.outbox_keys WHERE topic = 'hooks.v1'}),
+	't|permanent: webhook: HTTP 404: {"status": 404}',
+	'a 404 on the last attempt of its topic: dead at once');
+is(sql(q{SELECT dead FROM idem_outbox_stats() WHERE topic = 'hooks.v1'}), 1,
+	'counted dead by idem_outbox_stats');
+
+########################################################################
+# No publish outlives its lease
+########################################################################
+
+# --lease 2s --timeout 1s: the first message of the batch times out after a
+# second, and the rest of the batch then has less than the timeout left of
+# its lease: it is released, not published, and leased again.
+sql(q{SELECT idem_outbox_configure('late', 5, '50 milliseconds', '100 milliseconds')});
+my @late;
+for my $k (qw(l1 l2 l3))
+{
+	push @late, send_msg('late', $k, { n => 1, $k eq 'l1' ? (reply => [ '200 sleep=3', '200' ]) : () });
+}
+$r = start_relay({}, '--sink', 'webhook', '--webhook-url', "$url/late", '--lease', '2s',
+	'--timeout', '1s', '--poll', '100ms', '--log-interval', '0');
+ok( wait_for('the late batch', sub {
+			sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'late'}) == 0 }),
+	'the batch is delivered in the end');
+is(stop_relay($r, 'TERM'), 0, 'exit code 0');
+$rerr = slurp_file($r->{err});
+like($rerr, qr/WARNING:  2 of 3 messages were not published: less than the timeout \(1000 ms\) was left of their lease/,
+	'a warning says why two messages were not published');
+my %late_got;
+push @{ $late_got{ $_->{idempotency_key} } }, $_->{attempt} for grep { $_->{topic} eq 'late' } @{ received() };
+is(join(' ', map { join(',', @{ $late_got{$_} // [] }) } @late), '1,2 2 2',
+	'the first timed out and was retried; the others were published once, at their second lease');
+
+########################################################################
+# SIGKILL in the middle of a batch
+########################################################################
+
+# Three keys whose first messages are sent in transactions of their own, so
+# that the first lease hands them out in that order; the first request of
+# k3's first message does not get an answer before the relay is killed.
+my @kill;
+for my $k (qw(k1 k2 k3))
+{
+	push @kill, [ $k, 1, send_msg('kill', $k,
+			{ n => 1, $k eq 'k3' ? (reply => [ '200 sleep=60', '200' ]) : () }) ];
+}
+for my $n (2 .. 4)
+{
+	push @kill, [ $_, $n, send_msg('kill', $_, { n => $n }) ] for qw(k1 k2 k3);
+}
+my $before = scalar @{ received() };
+my @kill_args = ('--sink', 'webhook', '--webhook-url', "$url/kill", '--batch', '10',
+	'--lease', '3s', '--timeout', '2s', '--poll', '100ms', '--log-interval', '0');
+$r = start_relay({}, @kill_args);
+ok( wait_for('the request that hangs', sub {
+			grep { $_->{idempotency_key} eq $kill[2][2] } @{ received() } }),
+	'the relay is in the middle of its batch');
+$r->{h}->signal('KILL');
+$r->{h}->finish;
+is(($r->{h}->full_result(0) & 127), 9, 'the relay was killed by SIGKILL');
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'kill'}), 12,
+	'nothing of the topic was acknowledged');
+
+my $r2 = start_relay({}, @kill_args);
+ok( wait_for('the second relay', sub {
+			sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'kill'}) == 0 }),
+	'a second relay delivers every message once the leases ran out');
+is(stop_relay($r2, 'TERM'), 0, 'the second relay stops with exit code 0');
+
+my $all = received();
+my @kgot = grep { $_->{topic} eq 'kill' } @$all[ $before .. $#$all ];
+my %kcount;
+$kcount{ $_->{idempotency_key} }++ for @kgot;
+is(scalar(grep { $kcount{ $_->[2] } } @kill), 12, 'no message lost');
+is(join(',', map { $kcount{ $_->[2] } } @kill[ 0 .. 2 ]), '2,2,2',
+	'the killed batch is delivered again: the two delivered but not acknowledged, and the one in flight');
+is(scalar(grep { $kcount{ $_->[2] } == 1 } @kill[ 3 .. 11 ]), 9, 'the rest once');
+my $ordered = 1;
+for my $k (qw(k1 k2 k3))
+{
+	my @ns = map { $_->{body}{n} } grep { $_->{key} eq $k } @kgot;
+	for my $i (1 .. $#ns) { $ordered = 0 if $ns[$i] < $ns[ $i - 1 ] }
+}
+ok($ordered, 'nothing out of order per key, redeliveries included');
+
+########################################################################
+# SIGTERM in the middle of a batch
+########################################################################
+
+# The first message of t1 is answered after a second: SIGTERM arrives
+# while it is in flight; the relay finishes the batch (t1, t2, t3's first
+# messages), acknowledges it and leases nothing more.
+my @term;
+for my $k (qw(t1 t2 t3))
+{
+	push @term, send_msg('term', $k, { n => 1, $k eq 't1' ? (reply => ['200 sleep=1']) : () });
+}
+send_msg('term', $_, { n => 2 }) for qw(t1 t2 t3);
+$r = start_relay({}, '--sink', 'webhook', '--webhook-url', "$url/term", '--log-interval', '0');
+ok( wait_for('the slow request', sub {
+			grep { $_->{idempotency_key} eq $term[0] } @{ received() } }),
+	'the relay is publishing the batch');
+is(stop_relay($r, 'TERM'), 0, 'SIGTERM in the middle of a batch: exit code 0');
+is(sql(q{SELECT string_agg(payload->>'n', ',' ORDER BY aggregateid) FROM idem.outbox WHERE aggregatetype = 'term'}),
+	'2,2,2', 'the batch in hand was finished and acknowledged, nothing more leased');
+is(sql(q{SELECT leased FROM idem_outbox_stats() WHERE topic = 'term'}), 0,
+	'no lease left behind');
+is(final_counts(slurp_file($r->{err})), 'leased 3, delivered 3, retried 0, dead 0, errors 0',
+	'its final counts');
+
+# Two signals: the request in flight is abandoned and the rest released at
+# once (not left to their lease).
+sql(q{SELECT idem_outbox_configure('term2', 10, '1 second', '1 second')});
+my @term2;
+for my $k (qw(u1 u2 u3))
+{
+	push @term2, send_msg('term2', $k, { n => 1, $k eq 'u1' ? (reply => ['200 sleep=60']) : () });
+}
+$r = start_relay({}, '--sink', 'webhook', '--webhook-url', "$url/term2", '--log-interval', '0');
+ok( wait_for('the hanging request', sub {
+			grep { $_->{idempotency_key} eq $term2[0] } @{ received() } }),
+	'the relay is publishing the batch');
+$r->{h}->signal('TERM');
+usleep(100_000);
+is(stop_relay($r, 'TERM'), 0, 'a second SIGTERM: exit code 0');
+is( sql(q{SELECT count(*), count(*) FILTER (WHERE leased_by IS NULL AND available_at <= now())
+	      FROM idem.outbox_keys WHERE topic = 'term2'}),
+	'3|3', 'every message of the batch is released, available again at once');
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'term2'}), 3,
+	'and none of them acknowledged');
+is( sql(q{SELECT string_agg(last_error, ' / ' ORDER BY key) FROM idem.outbox_keys WHERE topic = 'term2'}),
+	'webhook: interrupted by shutdown / not published: idem-relay was stopped / '
+	  . 'not published: idem-relay was stopped',
+	'the one in flight interrupted, the others not published');
+
+$receiver->kill_kill;
+$node->stop;
+done_testing();
