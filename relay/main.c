@@ -495,7 +495,7 @@ db_connect(void)
 			 "SELECT pg_catalog.count(*) FROM ROWS FROM ("
 			 "pg_catalog.unnest($1::pg_catalog.uuid[]), pg_catalog.unnest($2::pg_catalog.text[]), "
 			 "pg_catalog.unnest($3::pg_catalog.interval[])) AS u(id, error, retry_after) "
-			 "WHERE %s.idem_outbox_nack(u.id, u.error, u.retry_after)", schema);
+			 "WHERE %s.idem_outbox_nack(u.id, u.error, u.retry_after, $4::pg_catalog.text)", schema);
 	if (!prepare("nack", sql, &failure))
 		return failure;
 
@@ -709,8 +709,9 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	}
 	if (ok && nacks > 0)
 	{
-		const char *params[3] = {nids.data, errs.data, waits.data};
-		PGresult   *res = PQexecPrepared(conn, "nack", 3, params, NULL, NULL, 0);
+		/* naming itself: a nack never ends a lease another relay took since */
+		const char *params[4] = {nids.data, errs.data, waits.data, settings.name};
+		PGresult   *res = PQexecPrepared(conn, "nack", 4, params, NULL, NULL, 0);
 
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		{

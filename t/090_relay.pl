@@ -53,7 +53,7 @@ my $jtext = JSON::PP->new->canonical;
 $node->safe_psql('postgres', q{
 	CREATE ROLE relay LOGIN;
 	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval), idem_outbox_ack(uuid[]),
-	                          idem_outbox_nack(uuid, text, interval) TO relay;
+	                          idem_outbox_nack(uuid, text, interval, text) TO relay;
 	CREATE DATABASE noidem;
 });
 
