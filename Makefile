@@ -24,7 +24,7 @@ ISOLATION_OPTS = --inputdir=. --load-extension=idem
 TAP_TESTS = 1
 
 # idem-relay, the program that delivers the outbox (relay/): a client of
-# libpq and libcurl, built with the module's flags and installed beside the
+# libpq, libcurl and librabbitmq, built with the module's flags and installed beside the
 # server's programs.
 RELAY = relay/idem-relay
 RELAY_OBJS = \
@@ -33,7 +33,8 @@ RELAY_OBJS = \
 	relay/util.o \
 	relay/sink.o \
 	relay/sink_stdout.o \
-	relay/sink_webhook.o
+	relay/sink_webhook.o \
+	relay/sink_rabbitmq.o
 EXTRA_CLEAN = $(RELAY) $(RELAY_OBJS)
 
 PG_CONFIG ?= pg_config
@@ -46,7 +47,7 @@ $(RELAY_OBJS): override CPPFLAGS := -I$(includedir) $(CPPFLAGS) -DRELAY_VERSION=
 $(RELAY_OBJS): relay/relay.h
 
 $(RELAY): $(RELAY_OBJS)
-	$(CC) $(CFLAGS) $(RELAY_OBJS) $(LDFLAGS) $(LDFLAGS_EX) -L$(libdir) -lpq -lcurl -o $@
+	$(CC) $(CFLAGS) $(RELAY_OBJS) $(LDFLAGS) $(LDFLAGS_EX) -L$(libdir) -lpq -lcurl -lrabbitmq -o $@
 
 install: install-relay
 uninstall: uninstall-relay
