@@ -25,8 +25,8 @@ ISOLATION_OPTS = --inputdir=. --load-extension=idem
 TAP_TESTS = 1
 
 # idem-relay, the program that delivers the outbox (relay/): a client of
-# libpq and libcurl, built with the module's flags and installed beside the
-# server's programs.
+# libpq, libcurl, librabbitmq and librdkafka, built with the module's flags
+# and installed beside the server's programs.
 RELAY = relay/idem-relay
 RELAY_OBJS = \
 	relay/main.o \
@@ -34,7 +34,9 @@ RELAY_OBJS = \
 	relay/util.o \
 	relay/sink.o \
 	relay/sink_stdout.o \
-	relay/sink_webhook.o
+	relay/sink_webhook.o \
+	relay/sink_rabbitmq.o \
+	relay/sink_kafka.o
 EXTRA_CLEAN = $(RELAY) $(RELAY_OBJS)
 
 PG_CONFIG ?= pg_config
@@ -47,7 +49,7 @@ $(RELAY_OBJS): override CPPFLAGS := -I$(includedir) $(CPPFLAGS) -DRELAY_VERSION=
 $(RELAY_OBJS): relay/relay.h
 
 $(RELAY): $(RELAY_OBJS)
-	$(CC) $(CFLAGS) $(RELAY_OBJS) $(LDFLAGS) $(LDFLAGS_EX) -L$(libdir) -lpq -lcurl -o $@
+	$(CC) $(CFLAGS) $(RELAY_OBJS) $(LDFLAGS) $(LDFLAGS_EX) -L$(libdir) -lpq -lcurl -lrabbitmq -lrdkafka -o $@
 
 install: install-relay
 uninstall: uninstall-relay

@@ -224,6 +224,8 @@ struct Sink
 
 extern const SinkType sink_stdout_type;
 extern const SinkType sink_webhook_type;
+extern const SinkType sink_rabbitmq_type;
+extern const SinkType sink_kafka_type;
 
 /* the sink named name, or NULL */
 extern const SinkType *sink_type_find(const char *name);

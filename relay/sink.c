@@ -13,6 +13,8 @@
 static const SinkType *const sink_types[] = {
 	&sink_stdout_type,
 	&sink_webhook_type,
+	&sink_rabbitmq_type,
+	&sink_kafka_type,
 	NULL
 };
 

@@ -19,7 +19,7 @@ need_root() {
 # install_packages PKG...: the server, its headers and the test tools.
 install_packages() {
     local pkgs=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-client-$PG_MAJOR
-                libipc-run-perl libpq-dev libcurl4-openssl-dev python3 make gcc "$@")
+                libipc-run-perl libpq-dev libcurl4-openssl-dev librabbitmq-dev librdkafka-dev python3 make gcc "$@")
     local missing=()
     for p in "${pkgs[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -1,0 +1,284 @@
+/*
+ * idem-relay: the kafka sink.  Each message is produced (librdkafka) by an
+ * idempotent producer (enable.idempotence=true, which implies acks=all and
+ * keeps the order of each partition across retries):
+ *
+ *	topic		the setting topic, where {topic}, {key} and {type} stand for
+ *				the message's; "{topic}" by default
+ *	key			the outbox key, so that a key's messages share a partition
+ *	value		the payload
+ *	headers		idem-message-id, idem-type (when the message has one),
+ *				idem-attempt, idem-headers (their JSON, when it has some)
+ *
+ * A batch is produced in its order, and then its delivery reports are
+ * awaited, at most the timeout after the last produce: a report without an
+ * error is delivered, one with an error (or none in time: what is left is
+ * purged) is retried with the topic's backoff.
+ *
+ * Settings: brokers (bootstrap.servers), topic, and property.NAME = value
+ * for any librdkafka setting (property.test.mock.num.brokers = 3 runs
+ * librdkafka's mock cluster inside the relay, for tests).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <librdkafka/rdkafka.h>
+
+#include "relay.h"
+
+typedef struct KafkaSink
+{
+	Sink		base;
+	rd_kafka_t *rk;
+	char	   *topic;			/* a template */
+	long		timeout_ms;
+	int			pending;		/* delivery reports awaited */
+} KafkaSink;
+
+/* What a delivery report sets: the outcome of its message. */
+typedef struct KafkaPending
+{
+	KafkaSink  *s;
+	Outcome    *out;
+} KafkaPending;
+
+static const char *const kafka_settings[] = {"brokers", "topic", "property.", NULL};
+
+static void
+on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+	KafkaPending *p = m->_private;
+
+	if (p == NULL)
+		return;
+	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		p->out->kind = OUTCOME_DELIVERED;
+	else
+	{
+		p->out->kind = OUTCOME_RETRY;
+		p->out->retry_after_ms = -1;
+		snprintf(p->out->error, sizeof(p->out->error), "kafka: %s", rd_kafka_err2str(m->err));
+	}
+	p->s->pending--;
+}
+
+static void
+on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+{
+	relay_log(level <= 3 ? LOG_ERROR : level <= 4 ? LOG_WARNING : level <= 6 ? LOG_INFO : LOG_DEBUG,
+			  "kafka: %s: %s", fac, buf);
+}
+
+typedef struct PropArg
+{
+	rd_kafka_conf_t *conf;
+	char	   *err;
+	size_t		errlen;
+	int			ok;
+} PropArg;
+
+static void
+set_property(void *argp, const char *name, const char *value)
+{
+	PropArg    *arg = argp;
+	char		e[512];
+
+	if (!arg->ok)
+		return;
+	if (rd_kafka_conf_set(arg->conf, name, value, e, sizeof(e)) != RD_KAFKA_CONF_OK)
+	{
+		snprintf(arg->err, arg->errlen, "kafka.property.%s: %s", name, e);
+		arg->ok = 0;
+	}
+}
+
+static Sink *
+kafka_init(const SinkSettings *ss, char *err, size_t errlen)
+{
+	const char *brokers = sink_setting(ss, "brokers");
+	const char *topic = sink_setting(ss, "topic");
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	KafkaSink  *s;
+	PropArg		parg;
+	char		e[512];
+	char		tmo[32];
+
+	if (topic == NULL)
+		topic = "{topic}";
+	parg.conf = conf;
+	parg.err = err;
+	parg.errlen = errlen;
+	parg.ok = 1;
+	snprintf(tmo, sizeof(tmo), "%ld", ss->timeout_ms);
+	set_property(&parg, "enable.idempotence", "true");
+	set_property(&parg, "acks", "all");
+	/* a report for every message within the timeout */
+	set_property(&parg, "message.timeout.ms", tmo);
+	if (brokers != NULL)
+		set_property(&parg, "bootstrap.servers", brokers);
+	sink_setting_each(ss, "property.", set_property, &parg);
+	if (parg.ok)
+	{
+		/* the settings may not weaken the guarantees */
+		size_t		len = sizeof(e);
+
+		if (rd_kafka_conf_get(conf, "enable.idempotence", e, &len) == RD_KAFKA_CONF_OK &&
+			strcmp(e, "true") != 0)
+		{
+			snprintf(err, errlen, "kafka.property.enable.idempotence must stay true");
+			parg.ok = 0;
+		}
+		len = sizeof(e);
+		if (parg.ok && rd_kafka_conf_get(conf, "acks", e, &len) == RD_KAFKA_CONF_OK &&
+			strcmp(e, "all") != 0 && strcmp(e, "-1") != 0)
+		{
+			snprintf(err, errlen, "kafka.property.acks must stay all");
+			parg.ok = 0;
+		}
+	}
+	if (!parg.ok)
+	{
+		rd_kafka_conf_destroy(conf);
+		return NULL;
+	}
+	rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
+	rd_kafka_conf_set_log_cb(conf, on_log);
+	s = xmalloc(sizeof(KafkaSink));
+	memset(s, 0, sizeof(KafkaSink));
+	s->base.type = &sink_kafka_type;
+	s->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, e, sizeof(e));
+	if (s->rk == NULL)
+	{
+		snprintf(err, errlen, "could not create a Kafka producer: %s", e);
+		rd_kafka_conf_destroy(conf);
+		free(s);
+		return NULL;
+	}
+	s->topic = xstrdup(topic);
+	s->timeout_ms = ss->timeout_ms;
+	return &s->base;
+}
+
+static void
+expand(StrBuf *sb, const char *tmpl, const RelayMessage *m)
+{
+	const char *p = tmpl;
+
+	sb_reset(sb);
+	while (*p)
+	{
+		if (strncmp(p, "{topic}", 7) == 0)
+		{
+			sb_puts(sb, m->topic);
+			p += 7;
+		}
+		else if (strncmp(p, "{key}", 5) == 0)
+		{
+			sb_puts(sb, m->key);
+			p += 5;
+		}
+		else if (strncmp(p, "{type}", 6) == 0)
+		{
+			sb_puts(sb, m->type ? m->type : "");
+			p += 6;
+		}
+		else
+			sb_putc(sb, *p++);
+	}
+}
+
+static int
+kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
+			  const PublishControl *ctl)
+{
+	KafkaSink  *s = (KafkaSink *) sink;
+	KafkaPending *pend = xmalloc(sizeof(KafkaPending) * (size_t) n);
+	StrBuf		topic;
+	int64_t		until;
+	int			i;
+
+	sb_init(&topic);
+	s->pending = 0;
+	for (i = 0; i < n; i++)
+	{
+		const RelayMessage *m = &msgs[i];
+		char		attempt[16];
+		rd_kafka_headers_t *hdrs;
+		rd_kafka_resp_err_t rc;
+
+		out[i].kind = OUTCOME_UNSENT;
+		out[i].retry_after_ms = -1;
+		if (*ctl->stop_now || now_ms() >= ctl->deadline_ms)
+			continue;
+		pend[i].s = s;
+		pend[i].out = &out[i];
+		expand(&topic, s->topic, m);
+		snprintf(attempt, sizeof(attempt), "%d", m->attempt);
+		hdrs = rd_kafka_headers_new(4);
+		rd_kafka_header_add(hdrs, "idem-message-id", -1, m->id, -1);
+		if (m->type)
+			rd_kafka_header_add(hdrs, "idem-type", -1, m->type, -1);
+		rd_kafka_header_add(hdrs, "idem-attempt", -1, attempt, -1);
+		if (m->headers)
+			rd_kafka_header_add(hdrs, "idem-headers", -1, m->headers, -1);
+		rc = rd_kafka_producev(s->rk,
+							   RD_KAFKA_V_TOPIC(topic.data),
+							   RD_KAFKA_V_KEY(m->key, strlen(m->key)),
+							   RD_KAFKA_V_VALUE((void *) m->payload, strlen(m->payload)),
+							   RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+							   RD_KAFKA_V_HEADERS(hdrs),
+							   RD_KAFKA_V_OPAQUE(&pend[i]),
+							   RD_KAFKA_V_END);
+		if (rc != RD_KAFKA_RESP_ERR_NO_ERROR)
+		{
+			/* the headers are the caller's unless the produce succeeded */
+			rd_kafka_headers_destroy(hdrs);
+			out[i].kind = OUTCOME_RETRY;
+			snprintf(out[i].error, sizeof(out[i].error), "kafka: could not produce: %s",
+					 rd_kafka_err2str(rc));
+			/* the rest of the batch: not started (the queue is full, ...) */
+			break;
+		}
+		s->pending++;
+	}
+	sb_free(&topic);
+
+	/* the reports, in the order of each partition */
+	until = now_ms() + s->timeout_ms;
+	while (s->pending > 0)
+	{
+		if (*ctl->stop_now || now_ms() >= until)
+		{
+			/* what is left gets a report with an error: retried */
+			rd_kafka_purge(s->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+			while (s->pending > 0)
+				rd_kafka_poll(s->rk, 100);
+			break;
+		}
+		rd_kafka_poll(s->rk, 100);
+	}
+	free(pend);
+	return 0;
+}
+
+static void
+kafka_close(Sink *sink)
+{
+	KafkaSink  *s = (KafkaSink *) sink;
+
+	/* nothing is pending between batches */
+	rd_kafka_destroy(s->rk);
+	free(s->topic);
+	free(s);
+}
+
+const SinkType sink_kafka_type = {
+	.name = "kafka",
+	.settings = kafka_settings,
+	.global_init = NULL,
+	.global_cleanup = NULL,
+	.init = kafka_init,
+	.publish = kafka_publish,
+	.close = kafka_close,
+};

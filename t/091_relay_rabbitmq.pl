@@ -1,0 +1,317 @@
+
+# Copyright (c) idem contributors
+#
+# idem-relay's rabbitmq sink end to end, against a real RabbitMQ
+# (rabbitmq-server, started here on 127.0.0.1 with its own directories):
+#
+# - N messages of 20 keys go through idem's outbox, in two halves;
+# - two relays deliver them; the first is killed with SIGKILL while it holds
+#   leased messages (stopped with SIGSTOP first and checked to hold a lease);
+# - two consumers (examples/consumer_rabbitmq.py: idem_claim and the
+#   business write in one transaction, manual ack after the commit) share
+#   the queue, the first killed with SIGKILL between a commit and its ack:
+#   the message comes back to the second, whose claim says "already done";
+# - the broker is killed with SIGKILL and started again while the second
+#   half is being delivered: the relays and the consumer reconnect;
+# - at the end every message was applied exactly once, and in order per key
+#   (checked in the business table).
+#
+# A broker that cannot be started fails the test: it is never skipped.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use Cwd qw(abs_path);
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+use IdemTest;
+
+my $amqp_port = 5731;
+my $dist_port = 25731;
+my $epmd_port = 25732;
+my $nodename = 'rabbit-idem-test@localhost';
+my $rabbit_server = '/usr/lib/rabbitmq/bin/rabbitmq-server';
+my $rabbitmqctl = '/usr/lib/rabbitmq/bin/rabbitmqctl';
+my $src = abs_path("$FindBin::RealBin/..");
+my $consumer = "$src/examples/consumer_rabbitmq.py";
+
+my $bindir = `pg_config --bindir`;
+chomp $bindir;
+my $relay = "$bindir/idem-relay";
+ok(-x $relay, 'idem-relay is installed');
+ok(-x $rabbit_server, "rabbitmq-server is installed ($rabbit_server)")
+  or BAIL_OUT('RabbitMQ is not installed: install rabbitmq-server (scripts/test.sh does)');
+
+my $tmp = PostgreSQL::Test::Utils::tempdir;
+
+########################################################################
+# The broker
+########################################################################
+
+my $rdir = "$tmp/rabbitmq";
+mkdir $rdir or die;
+my %rabbit_env = (
+	HOME => $rdir,    # the Erlang cookie
+	RABBITMQ_NODENAME => $nodename,
+	RABBITMQ_NODE_IP_ADDRESS => '127.0.0.1',
+	RABBITMQ_NODE_PORT => $amqp_port,
+	RABBITMQ_DIST_PORT => $dist_port,
+	ERL_EPMD_PORT => $epmd_port,
+	ERL_EPMD_ADDRESS => '127.0.0.1',
+	RABBITMQ_MNESIA_BASE => "$rdir/mnesia",
+	RABBITMQ_LOG_BASE => "$rdir/log",
+	RABBITMQ_PID_FILE => "$rdir/rabbit.pid",
+	RABBITMQ_CONF_ENV_FILE => "$rdir/rabbitmq-env.conf",
+	RABBITMQ_CONFIG_FILE => "$rdir/rabbitmq.conf",
+	RABBITMQ_ADVANCED_CONFIG_FILE => "$rdir/advanced.config",
+	RABBITMQ_ENABLED_PLUGINS_FILE => "$rdir/enabled_plugins");
+for my $f ([ 'rabbitmq-env.conf', '' ], [ 'enabled_plugins', "[].\n" ],
+	[ 'rabbitmq.conf', "listeners.tcp.default = 127.0.0.1:$amqp_port\n" ])
+{
+	open(my $fh, '>', "$rdir/$f->[0]") or die;
+	print $fh $f->[1];
+	close($fh);
+}
+
+sub rabbit_init
+{
+	return sub { $ENV{$_} = $rabbit_env{$_} for keys %rabbit_env; };
+}
+
+sub rabbitmqctl
+{
+	my @args = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ $rabbitmqctl, @args ], '>', \$out, '2>', \$err,
+		init => rabbit_init(),
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	return ($? >> 8, $out, $err);
+}
+
+my $broker;
+my $nstarts = 0;
+
+sub start_broker
+{
+	$nstarts++;
+	unlink "$rdir/rabbit.pid";
+	$broker = IPC::Run::start([$rabbit_server],
+		'>', "$rdir/server$nstarts.out", '2>', "$rdir/server$nstarts.err",
+		init => rabbit_init());
+	my ($rc, $out, $err) = rabbitmqctl('wait', '--timeout', '60', "$rdir/rabbit.pid");
+	if ($rc != 0)
+	{
+		diag("rabbitmqctl wait: $out$err");
+		diag(slurp_file("$rdir/server$nstarts.out"))
+		  if -f "$rdir/server$nstarts.out";
+	}
+	return $rc == 0;
+}
+
+# Whatever happens, no broker is left running.
+END
+{
+	if (-f "$rdir/rabbit.pid")
+	{
+		my $pid = slurp_file("$rdir/rabbit.pid");
+		chomp $pid;
+		kill 'KILL', $pid if $pid =~ /^\d+$/;
+	}
+	system('epmd', '-port', $epmd_port, '-kill');
+}
+
+sub broker_pid
+{
+	my $pid = slurp_file("$rdir/rabbit.pid");
+	chomp $pid;
+	return $pid;
+}
+
+ok(start_broker(), "rabbitmq-server started on 127.0.0.1:$amqp_port")
+  or BAIL_OUT('could not start rabbitmq-server: see the log above');
+
+# The queue, declared by the consumer as it declares it (durable, single
+# active consumer), before any message is published.
+my $node = idem_node('rabbit');
+my $dsn = $node->connstr('postgres');
+# no path: the virtual host "/" (a path "/" would name the virtual host "")
+my $amqp = "amqp://guest:guest\@127.0.0.1:$amqp_port";
+my ($out, $err) = ('', '');
+IPC::Run::run([ 'python3', $consumer, '--dsn', $dsn, '--amqp', $amqp, '--queue', 'orders',
+		'--declare-only' ], '>', \$out, '2>', \$err);
+is($?, 0, 'the queue is declared') or diag($err);
+
+########################################################################
+# The outbox, the relays, the consumers
+########################################################################
+
+$node->safe_psql('postgres', q{
+	CREATE TABLE order_events (
+		id bigserial PRIMARY KEY,
+		message_id uuid NOT NULL,
+		key text NOT NULL,
+		payload jsonb NOT NULL,
+		consumer text NOT NULL);
+	-- a broker outage must not use up a message's attempts
+	SELECT idem_outbox_configure('orders', 1000, '100 milliseconds', '1 second');
+});
+
+my $nkeys = 20;
+my $per_key = 16;
+my $n = $nkeys * $per_key;
+my %sent;    # message id => 1
+
+sub send_seqs
+{
+	my ($from, $to) = @_;
+	my $ids = $node->safe_psql('postgres', qq{
+		SELECT idem_outbox_send('orders', 'k' || k, jsonb_build_object('key', 'k' || k, 'seq', s))
+		FROM generate_series($from, $to) s, generate_series(1, $nkeys) k
+		ORDER BY s, k});
+	$sent{$_} = 1 for split /\n/, $ids;
+}
+
+sub wait_for
+{
+	my ($what, $cond) = @_;
+	for (my $i = 0; $i < 20 * $PostgreSQL::Test::Utils::timeout_default; $i++)
+	{
+		return 1 if $cond->();
+		usleep(50_000);
+	}
+	diag("timed out waiting for $what");
+	return 0;
+}
+
+sub sql { return $node->safe_psql('postgres', $_[0]); }
+
+my @relay_args = ('--sink', 'rabbitmq', '--set', "rabbitmq.url=$amqp", '--batch', '10',
+	'--lease', '3s', '--timeout', '1s', '--reconnect-max', '1s', '--poll', '200ms',
+	'--log-interval', '0', '--verbose');
+my %pgenv = (PGHOST => $node->host, PGPORT => $node->port, PGDATABASE => 'postgres');
+
+sub start_relay
+{
+	my ($name) = @_;
+	return IPC::Run::start([ $relay, '--name', $name, @relay_args ],
+		'>', "$tmp/$name.out", '2>', "$tmp/$name.err",
+		init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; },
+		IPC::Run::timeout(120));
+}
+
+sub start_consumer
+{
+	my ($name, @extra) = @_;
+	return IPC::Run::start([ 'python3', '-u', $consumer, '--dsn', $dsn, '--amqp', $amqp,
+			'--queue', 'orders', '--name', $name, '--prefetch', '5', @extra ],
+		'>', "$tmp/$name.out", '2>&1', IPC::Run::timeout(120));
+}
+
+# The first consumer is the active one; it dies after its 10th commit.
+my $ca = start_consumer('consumer-a', '--die-after-commit', '10');
+ok(wait_for('consumer-a to connect', sub { slurp_file("$tmp/consumer-a.out") =~ /connected/ }),
+	'consumer-a is connected');
+my $cb = start_consumer('consumer-b');
+
+send_seqs(1, $per_key / 2);
+
+# Relay 1, caught holding leased messages, is killed.
+my $r1 = start_relay('relay-1');
+my $caught = 0;
+for (my $i = 0; $i < 2000 && !$caught; $i++)
+{
+	$r1->signal('STOP');
+	$caught = sql(q{SELECT count(*) FROM idem.outbox_keys WHERE leased_by = 'relay-1' AND available_at > now()}) > 0;
+	if ($caught)
+	{
+		$r1->signal('KILL');
+	}
+	else
+	{
+		$r1->signal('CONT');
+		usleep(10_000);
+	}
+}
+ok($caught, 'relay-1 was stopped while holding leased messages');
+$r1->finish;
+is($r1->full_result(0) & 127, 9, 'relay-1 was killed by SIGKILL');
+my $r2 = start_relay('relay-2');
+
+# consumer-a dies between a commit and its ack.
+$ca->finish;
+is($ca->full_result(0) & 127, 9, 'consumer-a was killed by SIGKILL');
+my ($died_on) = slurp_file("$tmp/consumer-a.out") =~ /applied (\S+) key \S+ redelivered \S+\n[^\n]*dying between commit and ack/;
+ok(defined $died_on, 'consumer-a died after committing a message, before its ack');
+
+# The second half, and a broker killed and started again while it is
+# delivered.
+send_seqs($per_key / 2 + 1, $per_key);
+ok(wait_for('a message of the second half to be applied',
+		sub { sql(q{SELECT count(*) FROM order_events WHERE (payload->>'seq')::int > } . ($per_key / 2)) > 0 }),
+	'the second half is being delivered');
+kill 'KILL', broker_pid();
+$broker->finish;
+my $applied_at_crash = sql('SELECT count(*) FROM order_events');
+my $outbox_at_crash = sql('SELECT count(*) FROM idem.outbox');
+note("broker killed with $applied_at_crash applied and $outbox_at_crash messages in the outbox");
+ok(start_broker(), 'rabbitmq-server started again');
+
+ok( wait_for('the outbox to be empty and every message applied',
+		sub {
+			sql(q{SELECT (SELECT count(*) FROM idem.outbox) = 0
+			         AND (SELECT count(DISTINCT message_id) FROM order_events) = } . $n) eq 't';
+		}),
+	'the relays delivered everything and the consumers applied it');
+# The queue drains: redeliveries of what was applied are acknowledged too.
+ok( wait_for('the queue to be empty',
+		sub {
+			my ($rc, $qout) = rabbitmqctl('list_queues', '-q', '--no-table-headers', 'name',
+				'messages');
+			return $rc == 0 && $qout =~ /^orders\s+0$/m;
+		}),
+	'the queue is empty');
+
+$cb->signal('TERM');
+$cb->finish;
+$r2->signal('TERM');
+$r2->finish;
+
+########################################################################
+# Exactly once, in order per key
+########################################################################
+
+is(sql('SELECT count(*) FROM order_events'), $n, "$n business writes for $n messages");
+my @applied = split /\n/, sql('SELECT message_id FROM order_events ORDER BY id');
+is(scalar(grep { $sent{$_} } @applied), $n, 'each of them one of the messages sent');
+is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'rabbit'}), $n,
+	'one claim per message in the namespace rabbit');
+is( sql(qq{
+		SELECT count(*) FROM (
+			SELECT key FROM order_events GROUP BY key
+			HAVING array_agg((payload->>'seq')::int ORDER BY id)
+			       IS DISTINCT FROM ARRAY(SELECT generate_series(1, $per_key))) bad}),
+	0, 'every key applied in the order it was sent');
+
+my $bout = slurp_file("$tmp/consumer-b.out");
+like($bout, qr/duplicate \Q$died_on\E /,
+	'the message consumer-a committed but did not ack came back to consumer-b, as a duplicate')
+  if defined $died_on;
+like($bout, qr/broker: .*reconnecting/, 'consumer-b lost the broker and reconnected');
+like(slurp_file("$tmp/relay-2.err"), qr/rabbitmq: (connection|channel)|rabbitmq: could not/,
+	'relay-2 saw the broker go away');
+like(slurp_file("$tmp/relay-2.err"), qr/rabbitmq: connected to .* again/,
+	'and connected to it again');
+my $retried = () = slurp_file("$tmp/relay-2.err") =~ /retry .* after/g;
+note("relay-2 retried $retried messages");
+note('duplicates seen by the consumers: ' . (() = $bout =~ /duplicate /g));
+
+rabbitmqctl('shutdown');
+$broker->finish;
+
+done_testing();
