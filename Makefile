@@ -24,7 +24,7 @@ ISOLATION_OPTS = --inputdir=. --load-extension=idem
 TAP_TESTS = 1
 
 # idem-relay, the program that delivers the outbox (relay/): a client of
-# libpq and libcurl, built with the module's flags and installed beside the
+# libpq and libcurl (and of NATS, over its protocol: relay/sink_nats.c), built with the module's flags and installed beside the
 # server's programs.
 RELAY = relay/idem-relay
 RELAY_OBJS = \
@@ -33,7 +33,8 @@ RELAY_OBJS = \
 	relay/util.o \
 	relay/sink.o \
 	relay/sink_stdout.o \
-	relay/sink_webhook.o
+	relay/sink_webhook.o \
+	relay/sink_nats.o
 EXTRA_CLEAN = $(RELAY) $(RELAY_OBJS)
 
 PG_CONFIG ?= pg_config

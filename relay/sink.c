@@ -13,6 +13,7 @@
 static const SinkType *const sink_types[] = {
 	&sink_stdout_type,
 	&sink_webhook_type,
+	&sink_nats_type,
 	NULL
 };
 
