@@ -313,6 +313,32 @@ is(sql(qq{SELECT count(*) FROM applied WHERE msg_id = '$died'}), 1,
 	'the message whose consumer died before the ack was applied once');
 is(sql(q{SELECT count(*) FROM idem.outbox_keys WHERE dead}), 0, 'no message dead');
 
+########################################################################
+# Configuration errors, and a subject no stream takes
+########################################################################
+
+for my $case (
+	[ [ '--nats-url', 'https://127.0.0.1:4222' ], qr/NATS URL "https:\/\/127.0.0.1:4222" is not nats:\/\// ],
+	[ [ '--nats-url', 'nats://relay:pw@127.0.0.1' ], qr/give the credentials in nats.user and nats.password/ ],
+	[ [ '--set', 'nats.subject=orders.*' ], qr/nats.subject "orders.\*" is not a valid NATS subject/ ],
+	[ [ '--set', 'nats.user=relay' ], qr/nats.user and nats.password go together/ ])
+{
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ $relay, '--sink', 'nats', @{ $case->[0] } ], '>', \$out, '2>', \$err,
+		init => env_init(PGUSER => 'relay_b'));
+	is($? >> 8, 1, "exit code 1 for @{ $case->[0] }");
+	like($err, $case->[1], "message for @{ $case->[0] }");
+}
+
+sql(q{SELECT idem_outbox_configure('elsewhere', 5, '1 hour', '1 hour');
+      SELECT idem_outbox_send('elsewhere', 'e1', '{"n": 1}');});
+IPC::Run::run([ $relay, '--sink', 'nats', '--nats-url', "nats://$nats_url", '--once', '--log-interval', '0',
+		'--set', 'topic.elsewhere.nats.subject=no.stream.here' ], '>', \my $eout, '2>', \my $eerr,
+	init => env_init(PGUSER => 'relay_b'));
+is( sql(q{SELECT attempts, last_error FROM idem.outbox_keys WHERE topic = 'elsewhere'}),
+	'1|nats: no stream takes subject "no.stream.here" (503 no responders)',
+	'a subject no stream takes: retried, with the reason (topic.NAME.nats.subject)');
+
 stop_nats();
 $node->stop;
 done_testing();
