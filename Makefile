@@ -11,7 +11,8 @@ OBJS = \
 	src/guard.o \
 	src/request.o \
 	src/outbox.o \
-	src/stats.o
+	src/stats.o \
+	src/worker.o
 
 DATA = $(wildcard idem--*.sql)
 PGFILEDESC = "idem - idempotency primitives"

@@ -797,3 +797,36 @@ GRANT EXECUTE ON FUNCTION idem_stats_rows() TO pg_monitor;
 GRANT SELECT ON idem_stats TO pg_monitor;
 GRANT EXECUTE ON FUNCTION idem_metrics() TO pg_monitor;
 -- ==== END statistics ====
+
+-- ==== BEGIN maintenance ====
+-- One round of the purges of every capability, each of at most max_rows
+-- rows; what the maintenance worker runs, and what pg_cron can schedule.
+CREATE OR REPLACE FUNCTION idem_maintenance(max_rows pg_catalog.int4 DEFAULT 10000)
+RETURNS TABLE (kind pg_catalog.text, purged pg_catalog.int8)
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF max_rows IS NULL OR max_rows OPERATOR(pg_catalog.<) 1 OR max_rows OPERATOR(pg_catalog.>) 1000000 THEN
+        RAISE EXCEPTION 'max_rows must be between 1 and 1000000'
+            USING ERRCODE = '22023';
+    END IF;
+    kind := 'claims';
+    purged := @extschema@.idem_purge(NULL, max_rows);
+    RETURN NEXT;
+    kind := 'tokens';
+    purged := @extschema@.idem_token_purge(max_rows);
+    RETURN NEXT;
+    kind := 'requests';
+    purged := @extschema@.idem_request_purge(max_rows);
+    RETURN NEXT;
+    -- idle keys of the outbox, only when no sender is in flight
+    kind := 'outbox_keys';
+    purged := @extschema@.idem_outbox_purge('0');
+    RETURN NEXT;
+END;
+$$;
+COMMENT ON FUNCTION idem_maintenance(pg_catalog.int4) IS
+    'one round of every purge (expired claims, tokens and requests, idle outbox keys), at most max_rows of each';
+REVOKE ALL ON FUNCTION idem_maintenance(pg_catalog.int4) FROM PUBLIC;
+-- ==== END maintenance ====

@@ -31,6 +31,7 @@ _PG_init(void)
 	idem_token_init();
 	idem_outbox_init();
 	idem_stats_init();
+	idem_worker_init();
 	/* after the settings are defined: it drops placeholders of the prefix */
 	MarkGUCPrefixReserved("idem");
 }

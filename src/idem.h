@@ -158,6 +158,9 @@ enum
 };
 
 extern void idem_stats_init(void);
+
+/* worker.c: the maintenance worker */
+extern void idem_worker_init(void);
 extern void idem_stat_count(IdemStatKind kind, const char *ns, int nslen,
 							int outcome, int64 n);
 extern void idem_stat_count_text(IdemStatKind kind, text *ns, int outcome,

@@ -1,0 +1,215 @@
+/*-------------------------------------------------------------------------
+ *
+ * worker.c
+ *	  The maintenance worker: the purges of every capability, on schedule.
+ *
+ * With idem in shared_preload_libraries and idem.maintenance on, the
+ * postmaster starts one background worker.  It connects to idem.database
+ * and, every idem.maintenance_interval, runs idem_maintenance(batch) in
+ * transactions of their own until a round purges less than a batch of each
+ * kind (or the interval is used up), so that no transaction holds many rows
+ * and claims, tokens and requests go on meanwhile.  Each purge keeps to the
+ * retention of its namespace: the worker only calls the purge functions.
+ *
+ * A round that fails is logged and retried at the next interval; the worker
+ * does not exit for it.  A database without the extension is skipped (and
+ * logged once).  The worker ends at once on SIGTERM, and is restarted by the
+ * postmaster after a crash.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "idem.h"
+
+PGDLLEXPORT void idem_maintenance_main(Datum main_arg);
+
+static bool worker_enabled = true;
+static char *worker_database = NULL;
+static int	worker_interval = 60;	/* seconds */
+static int	worker_batch = 1000;
+
+void
+idem_worker_init(void)
+{
+	BackgroundWorker worker;
+
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	DefineCustomBoolVariable("idem.maintenance",
+							 "Runs the purges of idem in a background worker.",
+							 NULL,
+							 &worker_enabled,
+							 true,
+							 PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("idem.database",
+							   "Database in which the maintenance worker runs idem's purges.",
+							   NULL,
+							   &worker_database,
+							   "postgres",
+							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("idem.maintenance_interval",
+							"Time between two rounds of the maintenance worker.",
+							NULL,
+							&worker_interval,
+							60, 1, 86400,
+							PGC_SIGHUP, GUC_UNIT_S, NULL, NULL, NULL);
+	DefineCustomIntVariable("idem.maintenance_batch",
+							"Rows the maintenance worker purges of each kind per transaction.",
+							NULL,
+							&worker_batch,
+							1000, 1, 1000000,
+							PGC_SIGHUP, 0, NULL, NULL, NULL);
+
+	if (!worker_enabled)
+		return;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+		BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = 10;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "idem");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "idem_maintenance_main");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "idem maintenance worker");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "idem maintenance worker");
+	RegisterBackgroundWorker(&worker);
+}
+
+/*
+ * One transaction of maintenance: idem_maintenance(batch), which purges at
+ * most a batch of each kind.  Returns the largest number purged of one kind,
+ * or -1 when the extension is not installed, -2 when the round failed.
+ */
+static int64
+worker_round(void)
+{
+	volatile int64 most = 0;
+	MemoryContext cxt = CurrentMemoryContext;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "idem maintenance");
+
+	PG_TRY();
+	{
+		SPI_connect();
+		if (SPI_execute("SELECT pg_catalog.quote_ident(n.nspname) "
+						"FROM pg_catalog.pg_extension e "
+						"JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
+						"WHERE e.extname = 'idem'", true, 1) != SPI_OK_SELECT)
+			elog(ERROR, "could not look for extension \"idem\"");
+		if (SPI_processed == 0)
+			most = -1;
+		else
+		{
+			char	   *schema = SPI_getvalue(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 1);
+			char		sql[256];
+			uint64		i;
+
+			snprintf(sql, sizeof(sql),
+					 "SELECT kind, purged FROM %s.idem_maintenance(%d)",
+					 schema, worker_batch);
+			if (SPI_execute(sql, false, 0) != SPI_OK_SELECT)
+				elog(ERROR, "idem_maintenance() did not return rows");
+			for (i = 0; i < SPI_processed; i++)
+			{
+				bool		isnull;
+				Datum		d = SPI_getbinval(SPI_tuptable->vals[i],
+											  SPI_tuptable->tupdesc, 2, &isnull);
+
+				if (!isnull && DatumGetInt64(d) > most)
+					most = DatumGetInt64(d);
+			}
+		}
+		SPI_finish();
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+	}
+	PG_CATCH();
+	{
+		/* log it, undo the transaction, and go on at the next round */
+		MemoryContextSwitchTo(cxt);
+		EmitErrorReport();
+		FlushErrorState();
+		AbortCurrentTransaction();
+		most = -2;
+	}
+	PG_END_TRY();
+
+	pgstat_report_stat(true);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	return most;
+}
+
+void
+idem_maintenance_main(Datum main_arg)
+{
+	bool		missing_logged = false;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnection(worker_database, NULL, 0);
+
+	ereport(LOG,
+			(errmsg("idem maintenance worker started in database \"%s\", every %d s",
+					worker_database, worker_interval)));
+
+	for (;;)
+	{
+		TimestampTz start = GetCurrentTimestamp();
+		int64		most;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+
+		/* batch after batch, while there is more and time left */
+		do
+		{
+			CHECK_FOR_INTERRUPTS();
+			most = worker_round();
+		} while (most >= worker_batch &&
+				 !TimestampDifferenceExceeds(start, GetCurrentTimestamp(),
+											 worker_interval * 1000));
+		if (most == -1 && !missing_logged)
+		{
+			ereport(LOG,
+					(errmsg("idem maintenance worker: extension \"idem\" is not installed in database \"%s\"",
+							worker_database),
+					 errhint("Create it there, or set idem.database to the database that has it.")));
+			missing_logged = true;
+		}
+		else if (most != -1)
+			missing_logged = false;
+
+		(void) WaitLatch(MyLatch,
+						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 worker_interval * 1000L,
+						 PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+}

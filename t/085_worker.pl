@@ -1,0 +1,117 @@
+# Copyright (c) idem contributors
+#
+# The maintenance worker: it purges expired claims, tokens and requests in
+# batches and leaves fresh ones; it is restarted after it crashes; a round
+# that fails is logged and the next one goes on; idem_maintenance() runs one
+# round by hand.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+use IdemTest;
+
+my $node = idem_node('worker',
+	"shared_preload_libraries = 'idem'",
+	"idem.database = 'postgres'",
+	"idem.maintenance_interval = '1s'",
+	'idem.maintenance_batch = 100',
+	'restart_after_crash = on');
+
+sub poll
+{
+	my ($sql, $want) = @_;
+	for (my $i = 0; $i < 10 * $PostgreSQL::Test::Utils::timeout_default; $i++)
+	{
+		# the server may be restarting after a crash: failures are retried
+		my ($ret, $out) = $node->psql('postgres', $sql);
+		return 1 if $ret == 0 && $out eq $want;
+		usleep(100_000);
+	}
+	return 0;
+}
+
+sub worker_pid
+{
+	return $node->safe_psql('postgres',
+		q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'idem maintenance worker'});
+}
+
+ok(poll(q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idem maintenance worker'}, '1'),
+	'the worker runs');
+
+# expired and fresh rows of every kind; a namespace whose retention is long
+# keeps even its old claims
+sub fill
+{
+	$node->safe_psql('postgres', q{
+SELECT idem_set_retention('short', '1 hour');
+SELECT idem_set_retention('long', '100 days');
+INSERT INTO idem.claims SELECT 'short', 'old-' || i, now() - interval '2 days' FROM generate_series(1, 1000) i ON CONFLICT DO NOTHING;
+INSERT INTO idem.claims SELECT 'short', 'new-' || i, now() FROM generate_series(1, 50) i ON CONFLICT DO NOTHING;
+INSERT INTO idem.claims SELECT 'long', 'old-' || i, now() - interval '2 days' FROM generate_series(1, 50) i ON CONFLICT DO NOTHING;
+SELECT count(idem_token_issue('s', '1 millisecond')) FROM generate_series(1, 300);
+SELECT count(idem_token_issue('s', '1 hour')) FROM generate_series(1, 20) WHERE NOT EXISTS (SELECT 1 FROM idem.tokens WHERE expires_at > now() + interval '1 minute');});
+}
+
+fill();
+ok(poll(q{SELECT count(*) FROM idem.claims WHERE ns = 'short' AND msg_id LIKE 'old-%'}, '0'),
+	'expired claims are purged, in batches of 100');
+is($node->safe_psql('postgres', q{
+SELECT (SELECT count(*) FROM idem.claims WHERE ns = 'short' AND msg_id LIKE 'new-%'),
+       (SELECT count(*) FROM idem.claims WHERE ns = 'long')}),
+	'50|50', 'claims inside their retention are kept');
+ok(poll(q{SELECT count(*) FROM idem.tokens WHERE expires_at <= now()}, '0'),
+	'expired tokens are purged');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM idem.tokens}), '20',
+	'valid tokens are kept');
+
+# a round that fails is logged, and the next rounds go on once it works
+my $offset = -s $node->logfile;
+$node->safe_psql('postgres', q{ALTER FUNCTION idem_token_purge(int) RENAME TO idem_token_purge_away});
+ok(wait_for_log($node, qr/ERROR:.*idem_token_purge/, $offset), 'a failing round is logged');
+my $pid = worker_pid();
+isnt($pid, '', 'the worker is still there after a failing round');
+fill();
+usleep(1_500_000);
+is($node->safe_psql('postgres', q{SELECT count(*) FROM idem.claims WHERE ns = 'short' AND msg_id LIKE 'old-%'}),
+	'1000', 'nothing was purged while the round failed (it is one transaction)');
+$node->safe_psql('postgres', q{ALTER FUNCTION idem_token_purge_away(int) RENAME TO idem_token_purge});
+ok(poll(q{SELECT count(*) FROM idem.claims WHERE ns = 'short' AND msg_id LIKE 'old-%'}, '0'),
+	'the rounds after it purge again');
+is(worker_pid(), $pid, 'by the same worker');
+
+# a crash of the worker: the postmaster resets the server (the worker
+# touches shared memory) and starts it again
+kill 'KILL', $pid;
+ok(poll(q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idem maintenance worker' AND pid <> } . $pid, '1'),
+	'a worker killed by SIGKILL is started again');
+fill();
+ok(poll(q{SELECT count(*) FROM idem.claims WHERE ns = 'short' AND msg_id LIKE 'old-%'}, '0'),
+	'and purges');
+
+# by hand, for pg_cron
+$node->safe_psql('postgres', q{
+INSERT INTO idem.claims SELECT 'short', 'hand-' || i, now() - interval '2 days' FROM generate_series(1, 30) i});
+my $round = $node->safe_psql('postgres', q{
+SELECT string_agg(kind || '=' || (purged >= 0)::text, ',' ORDER BY kind) FROM idem_maintenance(10)});
+is($round, 'claims=true,outbox_keys=true,requests=true,tokens=true', 'idem_maintenance() reports every kind');
+is(sqlstate_of($node, 'postgres', 'SELECT * FROM idem_maintenance(0)'), '22023', 'a batch of 0 is refused');
+
+# stopping: the worker ends with the server
+$node->stop('fast');
+like(slurp_file($node->logfile), qr/idem maintenance worker started/, 'the worker logged its start');
+
+# off switch
+my $off = idem_node('worker_off', "shared_preload_libraries = 'idem'", 'idem.maintenance = off');
+is($off->safe_psql('postgres',
+	q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idem maintenance worker'}),
+	'0', 'idem.maintenance = off starts no worker');
+$off->stop;
+done_testing();
