@@ -25,8 +25,9 @@ ISOLATION_OPTS = --inputdir=. --load-extension=idem
 TAP_TESTS = 1
 
 # idem-relay, the program that delivers the outbox (relay/): a client of
-# libpq, libcurl, librabbitmq and librdkafka, built with the module's flags
-# and installed beside the server's programs.
+# libpq, libcurl, librabbitmq and librdkafka (and NATS, spoken over its protocol:
+# relay/sink_nats.c), built with the module's flags and installed beside the
+# server's programs.
 RELAY = relay/idem-relay
 RELAY_OBJS = \
 	relay/main.o \
@@ -36,7 +37,8 @@ RELAY_OBJS = \
 	relay/sink_stdout.o \
 	relay/sink_webhook.o \
 	relay/sink_rabbitmq.o \
-	relay/sink_kafka.o
+	relay/sink_kafka.o \
+	relay/sink_nats.o
 EXTRA_CLEAN = $(RELAY) $(RELAY_OBJS)
 
 PG_CONFIG ?= pg_config

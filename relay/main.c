@@ -125,6 +125,8 @@ usage(FILE *f)
 			"Sinks:\n"
 			"      --sink=NAME          the sink of every topic: %s (default stdout)\n"
 			"      --webhook-url=URL    the webhook sink's URL (webhook.url)\n"
+			"      --nats-url=URL       the nats sink's server, nats://HOST:PORT (nats.url,\n"
+			"                           default nats://127.0.0.1:4222)\n"
 			"  -s, --set=KEY=VALUE      any setting of the configuration file, such as\n"
 			"                           topic.orders.sink=webhook\n"
 			"  -c, --config=FILE        read settings (key = value lines) from FILE; the\n"
@@ -1083,6 +1085,7 @@ main(int argc, char **argv)
 		{"connect-attempts", required_argument, NULL, 5},
 		{"reconnect-max", required_argument, NULL, 6},
 		{"once", no_argument, NULL, 7},
+		{"nats-url", required_argument, NULL, 8},
 		{NULL, 0, NULL, 0}
 	};
 	Config		cmdline = {0};
@@ -1169,6 +1172,9 @@ main(int argc, char **argv)
 			case 7:
 				key = "once";
 				value = "true";
+				break;
+			case 8:
+				key = "nats.url";
 				break;
 			default:
 				fprintf(stderr, "Try \"idem-relay --help\" for more information.\n");

@@ -226,10 +226,11 @@ extern const SinkType sink_stdout_type;
 extern const SinkType sink_webhook_type;
 extern const SinkType sink_rabbitmq_type;
 extern const SinkType sink_kafka_type;
+extern const SinkType sink_nats_type;
 
 /* the sink named name, or NULL */
 extern const SinkType *sink_type_find(const char *name);
-/* "stdout, webhook" */
+/* "stdout, webhook, nats" */
 extern const char *sink_type_names(void);
 /* whether "<sink>.<setting>" is a setting some sink accepts */
 extern int	sink_setting_known(const char *key);

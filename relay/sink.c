@@ -15,6 +15,7 @@ static const SinkType *const sink_types[] = {
 	&sink_webhook_type,
 	&sink_rabbitmq_type,
 	&sink_kafka_type,
+	&sink_nats_type,
 	NULL
 };
 

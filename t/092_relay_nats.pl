@@ -1,0 +1,344 @@
+
+# Copyright (c) idem contributors
+#
+# idem-relay's nats sink end to end, against a real nats-server with
+# JetStream on loopback (port 4741, its store in the test's directory), and
+# examples/consumer_nats.py as the consumer:
+#
+# - a stream with a duplicate window, created over the NATS protocol
+#   (test/relay/nats_js.py);
+# - 240 messages on 12 keys through the outbox, half before the relays
+#   start and half while nats-server is down;
+# - two relays: relay A, whose role may not call idem_outbox_ack, publishes
+#   a batch (JetStream stores it) and is killed with SIGKILL before it can
+#   acknowledge it; relay B delivers everything, A's batch again once its
+#   leases ran out, and the stream's duplicate window absorbs those
+#   redeliveries (PubAck "duplicate": true, nothing stored twice);
+# - nats-server restarted once during the run: relay B and the consumers
+#   reconnect;
+# - two consumers sharing a durable pull consumer, one of which dies
+#   between its commit and its ack: JetStream redelivers that message,
+#   idem_claim says it is a duplicate, nothing is applied twice;
+# - in the end every message is stored once in the stream and applied once,
+#   in order per key.
+#
+# Without nats-server the test fails: it does not skip.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use IPC::Run;
+use JSON::PP;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+use IdemTest;
+
+my $NATS_PORT = 4741;
+my $nats_url = "127.0.0.1:$NATS_PORT";
+my $nkeys = 12;
+my $per_key = 20;
+my $total = $nkeys * $per_key;
+
+my $bindir = `pg_config --bindir`;
+chomp $bindir;
+my $relay = "$bindir/idem-relay";
+# Debian's python3 (with python3-psycopg2), whatever else is in PATH
+my $python = -x '/usr/bin/python3' ? '/usr/bin/python3' : 'python3';
+my $js_tool = "$FindBin::RealBin/../test/relay/nats_js.py";
+my $consumer_py = "$FindBin::RealBin/../examples/consumer_nats.py";
+my ($nats_bin) = grep { -x $_ } map { "$_/nats-server" } (split(/:/, $ENV{PATH}), '/usr/sbin', '/usr/bin');
+my $json = JSON::PP->new->utf8->canonical;
+
+my $tmp = PostgreSQL::Test::Utils::tempdir;
+my $node = idem_node('relay_nats');
+
+# Whatever this test started goes away with it, also when it dies.
+my @started;
+END
+{
+	for my $h (@started)
+	{
+		$h->kill_kill if $h->pumpable;
+	}
+}
+
+sub wait_for
+{
+	my ($what, $cond) = @_;
+	for (my $i = 0; $i < 20 * $PostgreSQL::Test::Utils::timeout_default; $i++)
+	{
+		return 1 if $cond->();
+		usleep(50_000);
+	}
+	diag("timed out waiting for $what");
+	return 0;
+}
+
+sub sql { return $node->safe_psql('postgres', $_[0]); }
+
+sub file { return -e $_[0] ? slurp_file($_[0]) : ''; }
+
+########################################################################
+# nats-server with JetStream
+########################################################################
+
+my $nats;
+my $nats_log = "$tmp/nats.log";
+
+# Starts nats-server and waits until it is ready; fails loudly if it cannot.
+sub start_nats
+{
+	my $offset = -s $nats_log // 0;
+	if (!defined $nats_bin)
+	{
+		fail('nats-server is installed (Debian package nats-server)');
+		BAIL_OUT('nats-server not found: the NATS test cannot run');
+	}
+	$nats = IPC::Run::start(
+		[ $nats_bin, '-js', '-a', '127.0.0.1', '-p', $NATS_PORT, '-n', 'idem-test',
+		  '-sd', "$tmp/jetstream", '-l', $nats_log ],
+		'>', "$tmp/nats.out", '2>', "$tmp/nats.err");
+	push @started, $nats;
+	my $ready = wait_for('nats-server', sub {
+			return 1 if substr(file($nats_log), $offset) =~ /Server is ready/;
+			return 1 unless $nats->pumpable;
+			return 0; });
+	if (!$ready || substr(file($nats_log), $offset) !~ /Server is ready/)
+	{
+		fail("nats-server listens on port $NATS_PORT");
+		diag(substr(file($nats_log), $offset) . file("$tmp/nats.err"));
+		BAIL_OUT("nats-server did not start on port $NATS_PORT: the NATS test cannot run");
+	}
+	pass("nats-server with JetStream listens on port $NATS_PORT");
+}
+
+sub stop_nats
+{
+	$nats->signal('TERM');
+	$nats->finish;
+}
+
+sub js
+{
+	my @args = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ $python, $js_tool, $nats_url, @args ], '>', \$out, '2>', \$err,
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default))
+	  or die "nats_js.py @args failed: $err";
+	return $out;
+}
+
+start_nats();
+my $created = $json->decode(js('stream-create', 'IDEM', 'orders', 120));
+is($created->{config}{duplicate_window}, 120_000_000_000,
+	'stream IDEM on subject "orders" with a duplicate window of two minutes');
+js('consumer-create', 'IDEM', 'workers', 2);
+
+########################################################################
+# The database: roles, the topic, the business table
+########################################################################
+
+# Relay A may lease and nack but not acknowledge: it publishes its batch
+# and then fails, like a relay that dies between the broker's confirmation
+# and its ack.
+sql(q{
+	CREATE ROLE relay_a LOGIN;
+	CREATE ROLE relay_b LOGIN;
+	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval),
+	                          idem_outbox_nack(uuid, text, interval, text) TO relay_a, relay_b;
+	GRANT EXECUTE ON FUNCTION idem_outbox_ack(uuid[]) TO relay_b;
+	REVOKE EXECUTE ON FUNCTION idem_outbox_ack(uuid[]) FROM PUBLIC;
+	SELECT idem_outbox_configure('orders', 1000, '50 milliseconds', '500 milliseconds');
+	CREATE TABLE applied (n bigserial PRIMARY KEY, msg_id text NOT NULL, key text NOT NULL,
+	                      payload jsonb NOT NULL, consumer text NOT NULL);
+});
+
+my @keys = map { sprintf('k%02d', $_) } 1 .. $nkeys;
+my %sent;    # id -> [key, seq]
+
+# Sends rounds FROM..TO: one message per key a round, a transaction a round.
+sub send_rounds
+{
+	my ($from, $to) = @_;
+	for my $seq ($from .. $to)
+	{
+		my @ids = split /\n/, sql(join("\n", 'BEGIN;',
+				(map { "SELECT idem_outbox_send('orders', '$_', '{\"key\": \"$_\", \"seq\": $seq}');" } @keys),
+				'COMMIT;'));
+		$sent{ $ids[$_] } = [ $keys[$_], $seq ] for 0 .. $#ids;
+	}
+}
+
+send_rounds(1, $per_key / 2);
+
+########################################################################
+# Two consumers, one of which dies between commit and ack
+########################################################################
+
+my %pgenv = (PGHOST => $node->host, PGPORT => $node->port, PGDATABASE => 'postgres');
+
+sub env_init
+{
+	my (%env) = (%pgenv, @_);
+	return sub {
+		delete $ENV{$_} for grep { /^PG/ } keys %ENV;
+		$ENV{$_} = $env{$_} for keys %env;
+	};
+}
+
+my %consumer;
+for my $c ([ 'c1', '--die-after-commit', '5' ], [ 'c2' ])
+{
+	my ($name, @extra) = @$c;
+	$consumer{$name} = { out => "$tmp/$name.out" };
+	$consumer{$name}{h} = IPC::Run::start(
+		[ $python, $consumer_py, '--nats', $nats_url, '--stream', 'IDEM', '--durable', 'workers',
+		  '--name', $name, '--ack-wait', '2', @extra ],
+		'>', $consumer{$name}{out}, '2>&1', init => env_init(PGUSER => 'postgres'));
+	push @started, $consumer{$name}{h};
+}
+
+########################################################################
+# Two relays; A is killed after publishing, before acknowledging
+########################################################################
+
+my %relay;
+sub start_relay
+{
+	my ($name, $role, @args) = @_;
+	$relay{$name} = { err => "$tmp/relay-$name.err" };
+	$relay{$name}{h} = IPC::Run::start(
+		[ $relay, '--name', "relay-$name", '--sink', 'nats', '--nats-url', "nats://$nats_url",
+		  '--lease', '3s', '--timeout', '1s', '--poll', '100ms', '--log-interval', '0', '--verbose', @args ],
+		'>', "$tmp/relay-$name.out", '2>', $relay{$name}{err}, init => env_init(PGUSER => $role));
+	push @started, $relay{$name}{h};
+}
+
+start_relay('a', 'relay_a', '--batch', '4');
+ok( wait_for('relay A to fail its ack', sub { file($relay{a}{err}) =~ /idem_outbox_ack failed/ }),
+	'relay A published a batch and could not acknowledge it');
+start_relay('b', 'relay_b', '--batch', '50');
+ok(wait_for('relay B to deliver', sub { file($relay{b}{err}) =~ /DEBUG:  delivered / }),
+	'relay B delivers while relay A runs');
+$relay{a}{h}->signal('KILL');
+$relay{a}{h}->finish;
+is(($relay{a}{h}->full_result(0) & 127), 9, 'relay A was killed with SIGKILL');
+my %a_stored = map { $_ => 1 } (file($relay{a}{err}) =~ /nats: (\S+) stored in stream IDEM/g);
+ok(scalar(keys %a_stored) > 0, 'relay A had messages stored in the stream, not acknowledged: '
+	  . scalar(keys %a_stored));
+is(sql("SELECT count(*) FROM idem.outbox WHERE id = ANY('{" . join(',', keys %a_stored) . "}'::uuid[])"),
+	scalar(keys %a_stored), 'none of them acknowledged in the outbox');
+
+########################################################################
+# nats-server restarted during the run
+########################################################################
+
+# The first half delivered (A's batch too, once its leases ran out); then
+# nats-server goes away, the second half is sent, relay B fails to reach
+# it, and nats-server comes back with its store.
+ok(wait_for('the first half', sub { sql('SELECT count(*) FROM idem.outbox') == 0 }),
+	'relay B delivered the first half, relay A\'s batch included');
+stop_nats();
+my $b_log_before = length(file($relay{b}{err}));
+send_rounds($per_key / 2 + 1, $per_key);
+ok( wait_for('relay B to miss nats-server', sub {
+			substr(file($relay{b}{err}), $b_log_before) =~ /nats: could not connect to .*Connection refused/ }),
+	'with nats-server down, relay B cannot publish and retries');
+is(sql(q{SELECT count(*) FROM idem.outbox}), $total / 2, 'nothing of the second half acknowledged meanwhile');
+start_nats();
+ok(wait_for('the second half', sub { sql('SELECT count(*) FROM idem.outbox') == 0 }),
+	'relay B reconnected and delivered the second half');
+like(substr(file($relay{b}{err}), $b_log_before), qr/nats: connected to nats:\/\/\Q$nats_url\E \(idem-test /,
+	'relay B says it connected again');
+
+########################################################################
+# The consumers
+########################################################################
+
+ok(wait_for('the consumers', sub { sql('SELECT count(*) FROM applied') == $total }),
+	"the consumers applied $total messages");
+$consumer{c1}{h}->finish;
+is($consumer{c1}{h}->result(0), 3, 'consumer c1 died after a commit, before its ack (exit code 3)');
+my ($died) = file($consumer{c1}{out}) =~ /dying after the commit of ([0-9a-f-]+)/;
+ok( wait_for('the redelivery', sub { file($consumer{c2}{out}) =~ /duplicate \Q$died\E/ }),
+	'JetStream redelivered that message to c2, and idem_claim said it was a duplicate');
+$consumer{c2}{h}->signal('TERM');
+$consumer{c2}{h}->finish;
+$relay{b}{h}->signal('TERM');
+$relay{b}{h}->finish;
+is($relay{b}{h}->result(0), 0, 'relay B stops with exit code 0');
+
+########################################################################
+# Every message once, in order per key
+########################################################################
+
+my $b_log = file($relay{b}{err});
+my %b_dup = map { $_ => 1 } ($b_log =~ /nats: (\S+) was a duplicate: stream IDEM has it already/g);
+is(scalar(grep { $b_dup{$_} } keys %a_stored), scalar(keys %a_stored),
+	'relay B published relay A\'s batch again: the stream answered "duplicate" for each message');
+
+my $state = $json->decode(js('stream-info', 'IDEM'));
+is($state->{messages}, $total, "the stream holds $total messages: the duplicate window absorbed the redeliveries");
+my @stored = map { $json->decode($_) } split /\n/, js('stream-dump', 'IDEM');
+my %stored_ids;
+$stored_ids{ $_->{msg_id} }++ for @stored;
+is(scalar(grep { $stored_ids{$_} && $stored_ids{$_} == 1 } keys %sent), $total,
+	'each message stored once, with its id as Nats-Msg-Id');
+my %stream_order;
+push @{ $stream_order{ $_->{payload}{key} } }, $_->{payload}{seq} for @stored;
+is(scalar(grep { join(',', @{ $stream_order{$_} // [] }) eq join(',', 1 .. $per_key) } @keys), $nkeys,
+	'the stream has the messages of each key in the order they were sent');
+my $h = $stored[0]{headers};
+is_deeply([ $h->{'Idem-Topic'}, $h->{'Idem-Key'}, $h->{'Content-Type'} ],
+	[ 'orders', $sent{ $stored[0]{msg_id} }[0], 'application/json' ],
+	'Idem-Topic, Idem-Key and Content-Type headers');
+
+is(sql(q{SELECT count(*), count(DISTINCT msg_id) FROM applied}), "$total|$total",
+	'every message applied exactly once');
+is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'nats'}), $total, 'and claimed once in namespace nats');
+my %applied_order;
+for my $row (split /\n/, sql(q{SELECT key, payload->>'seq' FROM applied ORDER BY n}))
+{
+	my ($k, $s) = split /\|/, $row;
+	push @{ $applied_order{$k} }, $s;
+}
+is(scalar(grep { join(',', @{ $applied_order{$_} // [] }) eq join(',', 1 .. $per_key) } @keys), $nkeys,
+	'the messages of each key were applied in the order they were sent');
+is(sql(qq{SELECT count(*) FROM applied WHERE msg_id = '$died'}), 1,
+	'the message whose consumer died before the ack was applied once');
+is(sql(q{SELECT count(*) FROM idem.outbox_keys WHERE dead}), 0, 'no message dead');
+
+########################################################################
+# Configuration errors, and a subject no stream takes
+########################################################################
+
+for my $case (
+	[ [ '--nats-url', 'https://127.0.0.1:4222' ], qr/NATS URL "https:\/\/127.0.0.1:4222" is not nats:\/\// ],
+	[ [ '--nats-url', 'nats://relay:pw@127.0.0.1' ], qr/give the credentials in nats.user and nats.password/ ],
+	[ [ '--set', 'nats.subject=orders.*' ], qr/nats.subject "orders.\*" is not a valid NATS subject/ ],
+	[ [ '--set', 'nats.user=relay' ], qr/nats.user and nats.password go together/ ])
+{
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ $relay, '--sink', 'nats', @{ $case->[0] } ], '>', \$out, '2>', \$err,
+		init => env_init(PGUSER => 'relay_b'));
+	is($? >> 8, 1, "exit code 1 for @{ $case->[0] }");
+	like($err, $case->[1], "message for @{ $case->[0] }");
+}
+
+sql(q{SELECT idem_outbox_configure('elsewhere', 5, '1 hour', '1 hour');
+      SELECT idem_outbox_send('elsewhere', 'e1', '{"n": 1}');});
+IPC::Run::run([ $relay, '--sink', 'nats', '--nats-url', "nats://$nats_url", '--once', '--log-interval', '0',
+		'--set', 'topic.elsewhere.nats.subject=no.stream.here' ], '>', \my $eout, '2>', \my $eerr,
+	init => env_init(PGUSER => 'relay_b'));
+is( sql(q{SELECT attempts, last_error FROM idem.outbox_keys WHERE topic = 'elsewhere'}),
+	'1|nats: no stream takes subject "no.stream.here" (503 no responders)',
+	'a subject no stream takes: retried, with the reason (topic.NAME.nats.subject)');
+
+stop_nats();
+$node->stop;
+done_testing();

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""JetStream administration for t/092_relay_nats.pl, over the NATS protocol
+(the client of examples/consumer_nats.py):
+
+    nats_js.py HOST:PORT stream-create NAME SUBJECT DUPLICATE_WINDOW_SECONDS
+    nats_js.py HOST:PORT stream-info NAME      the stream's state, JSON
+    nats_js.py HOST:PORT stream-dump NAME      one JSON line per stored message:
+                                               seq, msg_id, headers, payload
+    nats_js.py HOST:PORT consumer-create STREAM DURABLE ACK_WAIT_SECONDS
+"""
+
+import base64
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'examples'))
+from consumer_nats import Nats, ensure_consumer, parse_headers  # noqa: E402
+
+
+def main():
+    host, port = sys.argv[1].rsplit(':', 1)
+    cmd, args = sys.argv[2], sys.argv[3:]
+    nc = Nats(host, port, name='nats_js.py')
+    if cmd == 'stream-create':
+        name, subject, window = args
+        print(json.dumps(nc.js_api('$JS.API.STREAM.CREATE.' + name, {
+            'name': name, 'subjects': [subject], 'storage': 'file', 'retention': 'limits',
+            'duplicate_window': int(float(window) * 1e9)})))
+    elif cmd == 'stream-info':
+        print(json.dumps(nc.js_api('$JS.API.STREAM.INFO.' + args[0], None)['state']))
+    elif cmd == 'stream-dump':
+        name = args[0]
+        state = nc.js_api('$JS.API.STREAM.INFO.' + name, None)['state']
+        for seq in range(state['first_seq'], state['last_seq'] + 1):
+            m = nc.js_api('$JS.API.STREAM.MSG.GET.' + name, {'seq': seq})['message']
+            _, headers = parse_headers(base64.b64decode(m.get('hdrs', '')))
+            print(json.dumps({'seq': m['seq'], 'subject': m['subject'],
+                              'msg_id': headers.get('Nats-Msg-Id'), 'headers': headers,
+                              'payload': json.loads(base64.b64decode(m.get('data', '')) or 'null')}))
+    elif cmd == 'consumer-create':
+        stream, durable, ack_wait = args
+        ensure_consumer(nc, stream, durable, float(ack_wait), 1)
+    else:
+        sys.exit('unknown command ' + cmd)
+    nc.close()
+
+
+if __name__ == '__main__':
+    main()
