@@ -39,8 +39,9 @@ sql() { as_pg psql -h "$dir/cluster" -p "$PORT" -X -q -At -v ON_ERROR_STOP=1 -d 
 
 # start MODE: the server with (preload) or without (plain) idem preloaded
 start() {
-    local preload=""
-    [ "$1" = preload ] && preload="shared_preload_libraries = 'idem'"
+    local preload="" worker=""
+    # idem's settings only exist when it is preloaded
+    [ "$1" = preload ] && preload="shared_preload_libraries = 'idem'" && worker="idem.maintenance = off"
     stop_cluster "$dir/cluster"
     rm -rf "$dir/cluster"
     start_cluster "$dir/cluster" "$PORT" \
@@ -50,8 +51,7 @@ start() {
         "checkpoint_timeout = '1h'" \
         "autovacuum = off" \
         "jit = off" \
-        "idem.maintenance = off" \
-        ${preload:+"$preload"} >/dev/null
+        ${preload:+"$preload"} ${worker:+"$worker"} >/dev/null
     as_pg createdb -h "$dir/cluster" -p "$PORT" bench || die "createdb failed"
     sql -c "CREATE EXTENSION idem" >/dev/null || die "CREATE EXTENSION failed"
 }
