@@ -409,13 +409,15 @@ static void
 stats_check_rate(StatsEntry *entry)
 {
 	const StatsKindInfo *k = &kinds[entry->key.kind];
-	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz now;
 	uint64		ops;
 	uint64		dups;
 	double		rate;
 
-	if (stats_duplicate_rate_warning <= 0.0 ||
-		!TimestampDifferenceExceeds(entry->interval_start, now,
+	if (stats_duplicate_rate_warning <= 0.0)
+		return;
+	now = GetCurrentTimestamp();
+	if (!TimestampDifferenceExceeds(entry->interval_start, now,
 									stats_duplicate_rate_interval * 1000))
 		return;
 
