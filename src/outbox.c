@@ -515,7 +515,14 @@ outbox_set_relay_idle(bool idle)
 		return;
 	outbox_idle_locktag(&tag);
 	if (idle)
-		(void) LockAcquire(&tag, RowExclusiveLock, true, false);
+	{
+		/*
+		 * With the lock table full, the relay is not marked idle: it is
+		 * not notified and finds messages by polling.
+		 */
+		idle = LockAcquireExtended(&tag, RowExclusiveLock, true, true, false,
+								   NULL) != LOCKACQUIRE_NOT_AVAIL;
+	}
 	else
 		LockRelease(&tag, RowExclusiveLock, true);
 	outbox_relay_idle = idle;
@@ -533,7 +540,14 @@ outbox_xact_callback(XactEvent event, void *arg)
 			if (outbox_sent_topics == NIL)
 				break;
 			outbox_idle_locktag(&tag);
-			if (LockAcquire(&tag, ShareLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+
+			/*
+			 * Not available: a relay is idle, or the lock table is full, in
+			 * which case notifying is the safe answer (the commit must not
+			 * fail for the sake of a wake-up).
+			 */
+			if (LockAcquireExtended(&tag, ShareLock, false, true, false,
+									NULL) == LOCKACQUIRE_NOT_AVAIL)
 			{
 				foreach(lc, outbox_sent_topics)
 					Async_Notify(OUTBOX_CHANNEL, (char *) lfirst(lc));
