@@ -262,3 +262,20 @@ SELECT idem_seq_accept('max', 9223372036854775807) AS a,
        idem_seq_accept('max', 9223372036854775807 - 63) AS in_window,
        idem_seq_accept('max', 9223372036854775807 - 64) AS too_old,
        idem_seq_accept('max', 0) AS zero_too_old;
+
+-- idem's tables altered by hand: refused with 55000, never misread
+BEGIN;
+ALTER TABLE idem.producer_seqs RENAME COLUMN seen TO bits;
+SELECT idem_seq_accept('p', 500);
+ROLLBACK;
+BEGIN;
+ALTER TABLE idem.offsets DROP CONSTRAINT offsets_pkey;
+ALTER TABLE idem.offsets ADD PRIMARY KEY (stream, consumer, part);
+SELECT idem_offset_advance('c', 'orders', 0, 5000);
+ROLLBACK;
+BEGIN;
+ALTER TABLE idem.offsets DROP CONSTRAINT offsets_pkey;
+ALTER TABLE idem.offsets ADD PRIMARY KEY (consumer, stream);
+SELECT idem_offset_get('c', 'orders', 0);
+ROLLBACK;
+SELECT idem_seq_accept('p', 500) AS accepted_after_rollback;
