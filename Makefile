@@ -11,6 +11,7 @@ OBJS = \
 	src/guard.o \
 	src/request.o \
 	src/outbox.o \
+	src/stream.o \
 	src/stats.o \
 	src/worker.o
 

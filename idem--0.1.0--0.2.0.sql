@@ -830,3 +830,151 @@ COMMENT ON FUNCTION idem_maintenance(pg_catalog.int4) IS
     'one round of every purge (expired claims, tokens and requests, idle outbox keys), at most max_rows of each';
 REVOKE ALL ON FUNCTION idem_maintenance(pg_catalog.int4) FROM PUBLIC;
 -- ==== END maintenance ====
+
+-- ==== BEGIN ordered streams ====
+-- Consumer offsets: one row per (consumer, stream, partition), the offset of
+-- the last message applied.  Advances are HOT updates (no indexed column
+-- changes); the fillfactor leaves them room on the page.
+CREATE TABLE IF NOT EXISTS idem.offsets (
+    consumer    pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    stream      pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    part        pg_catalog.int4 NOT NULL,
+    "offset"    pg_catalog.int8 NOT NULL,
+    updated_at  pg_catalog.timestamptz NOT NULL,
+    CONSTRAINT offsets_pkey PRIMARY KEY (consumer, stream, part)
+) WITH (fillfactor = 50);
+COMMENT ON TABLE idem.offsets IS
+    'ordered streams: the offset of the last message each consumer applied, per stream and partition';
+REVOKE ALL ON TABLE idem.offsets FROM PUBLIC;
+
+-- Producer sequences: one row per producer, the highest number accepted and
+-- a bitmap of the last "window" numbers (bit i for high - i), of a fixed
+-- length: the row's size never grows.
+CREATE TABLE IF NOT EXISTS idem.producer_seqs (
+    producer    pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    "window"    pg_catalog.int4 NOT NULL,
+    high        pg_catalog.int8 NOT NULL,
+    seen        pg_catalog.bytea NOT NULL,
+    updated_at  pg_catalog.timestamptz NOT NULL,
+    CONSTRAINT producer_seqs_pkey PRIMARY KEY (producer)
+) WITH (fillfactor = 50);
+COMMENT ON TABLE idem.producer_seqs IS
+    'ordered streams: the high-water mark and the bitmap of the last window numbers of each producer';
+REVOKE ALL ON TABLE idem.producer_seqs FROM PUBLIC;
+
+SELECT pg_catalog.pg_extension_config_dump('idem.offsets', '')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension e
+                    WHERE e.extname OPERATOR(pg_catalog.=) 'idem'
+                      AND 'idem.offsets'::pg_catalog.regclass OPERATOR(pg_catalog.=) ANY (e.extconfig));
+SELECT pg_catalog.pg_extension_config_dump('idem.producer_seqs', '')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension e
+                    WHERE e.extname OPERATOR(pg_catalog.=) 'idem'
+                      AND 'idem.producer_seqs'::pg_catalog.regclass OPERATOR(pg_catalog.=) ANY (e.extconfig));
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_type t
+                    WHERE t.typname OPERATOR(pg_catalog.=) 'idem_seq_result'
+                      AND t.typnamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace) THEN
+        CREATE TYPE @extschema@.idem_seq_result AS ENUM ('accepted', 'duplicate', 'too_old');
+    END IF;
+END;
+$$;
+COMMENT ON TYPE idem_seq_result IS 'the answer of idem_seq_accept';
+
+CREATE OR REPLACE FUNCTION idem_offset_advance(consumer pg_catalog.text, stream pg_catalog.text,
+                                               part pg_catalog.int4, "offset" pg_catalog.int8)
+RETURNS pg_catalog.bool
+AS 'MODULE_PATHNAME', 'idem_offset_advance'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_offset_advance(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int8) IS
+    'true, and the offset stored, when it is beyond the stored one (apply the message); false at or below it (a replay)';
+
+CREATE OR REPLACE FUNCTION idem_offset_get(consumer pg_catalog.text, stream pg_catalog.text,
+                                           part pg_catalog.int4)
+RETURNS pg_catalog.int8
+AS 'MODULE_PATHNAME', 'idem_offset_get'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL SAFE;
+COMMENT ON FUNCTION idem_offset_get(pg_catalog.text, pg_catalog.text, pg_catalog.int4) IS
+    'the offset of the last message applied (where to resume is the next one); NULL when none';
+
+-- Moves an offset on purpose (backwards to reprocess, forwards to skip), or
+-- forgets it with a NULL offset.  Returns the offset it replaced.
+CREATE OR REPLACE FUNCTION idem_offset_reset(consumer pg_catalog.text, stream pg_catalog.text,
+                                             part pg_catalog.int4, "offset" pg_catalog.int8)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    prev pg_catalog.int8;
+BEGIN
+    IF idem_offset_reset.consumer IS NULL THEN
+        RAISE EXCEPTION 'consumer must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF idem_offset_reset.stream IS NULL THEN
+        RAISE EXCEPTION 'stream must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF idem_offset_reset.part IS NULL THEN
+        RAISE EXCEPTION 'part must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF idem_offset_reset.consumer OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'consumer must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF idem_offset_reset.stream OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'stream must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF pg_catalog.octet_length(idem_offset_reset.consumer) OPERATOR(pg_catalog.>) 512 THEN
+        RAISE EXCEPTION 'consumer is too long' USING ERRCODE = '22001';
+    END IF;
+    IF pg_catalog.octet_length(idem_offset_reset.stream) OPERATOR(pg_catalog.>) 512 THEN
+        RAISE EXCEPTION 'stream is too long' USING ERRCODE = '22001';
+    END IF;
+    IF idem_offset_reset.part OPERATOR(pg_catalog.<) 0 THEN
+        RAISE EXCEPTION 'part must not be negative' USING ERRCODE = '22023';
+    END IF;
+    IF idem_offset_reset."offset" OPERATOR(pg_catalog.<) 0 THEN
+        RAISE EXCEPTION 'offset must not be negative' USING ERRCODE = '22023';
+    END IF;
+    IF idem_offset_reset."offset" IS NULL THEN
+        DELETE FROM idem.offsets o
+         WHERE o.consumer OPERATOR(pg_catalog.=) idem_offset_reset.consumer
+           AND o.stream OPERATOR(pg_catalog.=) idem_offset_reset.stream
+           AND o.part OPERATOR(pg_catalog.=) idem_offset_reset.part
+        RETURNING o."offset" INTO prev;
+        RETURN prev;
+    END IF;
+    SELECT o."offset" INTO prev FROM idem.offsets o
+     WHERE o.consumer OPERATOR(pg_catalog.=) idem_offset_reset.consumer
+       AND o.stream OPERATOR(pg_catalog.=) idem_offset_reset.stream
+       AND o.part OPERATOR(pg_catalog.=) idem_offset_reset.part
+       FOR UPDATE;
+    INSERT INTO idem.offsets AS o (consumer, stream, part, "offset", updated_at)
+    VALUES (idem_offset_reset.consumer, idem_offset_reset.stream, idem_offset_reset.part,
+            idem_offset_reset."offset", pg_catalog.now())
+    ON CONFLICT (consumer, stream, part)
+    DO UPDATE SET "offset" = EXCLUDED."offset", updated_at = EXCLUDED.updated_at;
+    RETURN prev;
+END;
+$$;
+COMMENT ON FUNCTION idem_offset_reset(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int8) IS
+    'set the stored offset of a partition (forget it with NULL); returns the offset it replaced';
+REVOKE ALL ON FUNCTION idem_offset_reset(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int8) FROM PUBLIC;
+
+CREATE OR REPLACE VIEW idem_offsets AS
+    SELECT o.consumer, o.stream, o.part, o."offset", o.updated_at
+      FROM idem.offsets o;
+COMMENT ON VIEW idem_offsets IS
+    'the offset of the last message each consumer applied, per stream and partition';
+REVOKE ALL ON idem_offsets FROM PUBLIC;
+GRANT SELECT ON idem_offsets TO pg_monitor;
+
+CREATE OR REPLACE FUNCTION idem_seq_accept(producer pg_catalog.text, seq pg_catalog.int8,
+                                           "window" pg_catalog.int4 DEFAULT 64)
+RETURNS idem_seq_result
+AS 'MODULE_PATHNAME', 'idem_seq_accept'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_seq_accept(pg_catalog.text, pg_catalog.int8, pg_catalog.int4) IS
+    'accepted once per sequence number of a producer; duplicate after; too_old below its window (1 to 1024 numbers)';
+-- ==== END ordered streams ====

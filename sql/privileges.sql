@@ -24,7 +24,10 @@
 --       idem_request_checkpoint(text, text, jsonb, text),
 --       idem_request_finish(text, integer, jsonb, text, boolean),
 --       idem_request_fingerprint(jsonb),
---       idem_transition(regclass, text, text, bigint)
+--       idem_transition(regclass, text, text, bigint),
+--       idem_offset_advance(text, text, integer, bigint),
+--       idem_offset_get(text, text, integer),
+--       idem_seq_accept(text, bigint, integer)
 --     TO app;
 --
 -- and an administration role the rest with:
@@ -36,7 +39,8 @@
 --       idem_request_purge(integer), idem_request_set_retention(text, interval),
 --       idem_allow(text, text, text), idem_disallow(text, text, text),
 --       idem_guard(regclass, text, name, name), idem_unguard(regclass),
---       idem_guard_trigger()
+--       idem_guard_trigger(),
+--       idem_offset_reset(text, text, integer, bigint)
 --     TO admin;
 --
 -- (idem_guard_trigger() is needed by whoever creates a guard, since

@@ -78,6 +78,8 @@ extern void idem_token_init(void);
 extern void idem_outbox_init(void);
 
 extern IdemStore *idem_store_open(const char *relname, LOCKMODE lockmode);
+extern IdemStore *idem_store_open_keys(const char *relname, LOCKMODE lockmode,
+									   int nkeys);
 extern void idem_store_close(IdemStore *store);
 extern TupleDesc idem_store_tupdesc(IdemStore *store);
 extern ItemPointerData idem_store_inserted_tid(IdemStore *store);
@@ -120,6 +122,18 @@ extern IdemStoreUpdateResult idem_store_try_update_at(IdemStore *store,
 													  void *arg);
 extern bool idem_store_read(IdemStore *store, Datum ns, Datum key,
 							Datum *values, bool *isnull);
+
+/*
+ * store.c: the same calls for a table whose unique index has one to three
+ * key columns of any type (idem_store_open_keys); idem_store_insert takes
+ * the key from the first columns of values.
+ */
+extern IdemStoreUpdateResult idem_store_update_keys(IdemStore *store,
+													const Datum *keys,
+													IdemStoreUpdateFn fn,
+													void *arg);
+extern bool idem_store_read_keys(IdemStore *store, const Datum *keys,
+								 Datum *values, bool *isnull);
 
 /*
  * stats.c: counters of outcomes in shared memory, added when the

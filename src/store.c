@@ -47,8 +47,14 @@
 
 uint64		idem_store_waits = 0;
 
-/* A keyed table's unique index has two key columns: namespace and key. */
+/*
+ * A keyed table's unique index has two key columns: namespace and key.  A
+ * table opened with idem_store_open_keys may have one to STORE_MAX_KEYS key
+ * columns of any btree type (ordered streams key their offsets by consumer,
+ * stream and partition), always the table's first columns, in order.
+ */
 #define STORE_NKEYS 2
+#define STORE_MAX_KEYS 3
 
 struct IdemStore
 {
@@ -69,8 +75,9 @@ struct IdemStore
 	List	   *arbiters;		/* list of the unique index's OID */
 	TupleTableSlot *probe_slot; /* receives existing rows */
 	TupleTableSlot *ins_slot;	/* holds the row being inserted */
-	Oid			eqproc[STORE_NKEYS];
-	Oid			collation[STORE_NKEYS];
+	int			nkeys;			/* key columns of the unique index */
+	Oid			eqproc[STORE_MAX_KEYS];
+	Oid			collation[STORE_MAX_KEYS];
 	struct StoreCacheEntry *entry;	/* counted as a user of it */
 };
 
@@ -83,8 +90,8 @@ typedef struct StoreCacheEntry
 	char		relname[NAMEDATALEN];
 	Oid			relid;
 	Oid			indexid;
-	Oid			eqproc[STORE_NKEYS];	/* equality of each key column */
-	Oid			collation[STORE_NKEYS];
+	Oid			eqproc[STORE_MAX_KEYS]; /* equality of each key column */
+	Oid			collation[STORE_MAX_KEYS];
 
 	/*
 	 * The table's indexes, with their IndexInfo built once rather than on
@@ -345,13 +352,29 @@ store_lookup_relid(const char *relname)
 IdemStore *
 idem_store_open(const char *relname, LOCKMODE lockmode)
 {
+	return idem_store_open_keys(relname, lockmode, STORE_NKEYS);
+}
+
+/*
+ * The same for a table whose unique index has nkeys key columns (1 to
+ * STORE_MAX_KEYS), the table's first columns in order.  The calls taking
+ * (ns, key) need two; the others take the key as an array of nkeys Datums.
+ */
+IdemStore *
+idem_store_open_keys(const char *relname, LOCKMODE lockmode, int nkeys)
+{
 	StoreCacheEntry *e = store_cache_entry(relname);
-	IdemStore  *store = palloc0(sizeof(IdemStore));
+	IdemStore  *store;
 	Relation	rel = NULL;
 	Oid			relid;
 	Oid			indexid;
 	int			tries;
 
+	if (nkeys < 1 || nkeys > STORE_MAX_KEYS)
+		elog(ERROR, "a keyed table has 1 to %d key columns, not %d",
+			 STORE_MAX_KEYS, nkeys);
+	store = palloc0(sizeof(IdemStore));
+	store->nkeys = nkeys;
 	for (tries = 0; rel == NULL; tries++)
 	{
 		relid = e->relid;
@@ -443,25 +466,32 @@ idem_store_open(const char *relname, LOCKMODE lockmode)
 	else
 		store->index = index_open(indexid, lockmode);
 
-	if (OidIsValid(e->eqproc[0]) && e->indexid == indexid)
+	if (OidIsValid(e->eqproc[0]) && e->indexid == indexid &&
+		IndexRelationGetNumberOfKeyAttributes(store->index) == nkeys)
 	{
 		memcpy(store->eqproc, e->eqproc, sizeof(store->eqproc));
 		memcpy(store->collation, e->collation, sizeof(store->collation));
 	}
 	else
 	{
+		static const char *const counts[] = {"", "one", "two", "three"};
+		bool		shaped;
 		int			i;
 
-		/* rows are compared with the key by position: columns 1 and 2 */
-		if (IndexRelationGetNumberOfKeyAttributes(store->index) != STORE_NKEYS ||
-			store->index->rd_rel->relam != BTREE_AM_OID ||
-			store->index->rd_index->indkey.values[0] != 1 ||
-			store->index->rd_index->indkey.values[1] != 2)
+		/* rows are compared with the key by position: columns 1 to nkeys */
+		shaped = (IndexRelationGetNumberOfKeyAttributes(store->index) == nkeys &&
+				  store->index->rd_rel->relam == BTREE_AM_OID);
+		for (i = 0; shaped && i < nkeys; i++)
+			shaped = (store->index->rd_index->indkey.values[i] == i + 1);
+		if (!shaped)
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("primary key of \"%s.%s\" is not a btree on its first two columns",
-							IDEM_SCHEMA, relname)));
-		for (i = 0; i < STORE_NKEYS; i++)
+					 nkeys == 1 ?
+					 errmsg("primary key of \"%s.%s\" is not a btree on its first column",
+							IDEM_SCHEMA, relname) :
+					 errmsg("primary key of \"%s.%s\" is not a btree on its first %s columns",
+							IDEM_SCHEMA, relname, counts[nkeys])));
+		for (i = 0; i < nkeys; i++)
 		{
 			Oid			opcintype = store->index->rd_opcintype[i];
 			Oid			eqop;
@@ -583,12 +613,24 @@ typedef enum ProbeResult
 } ProbeResult;
 
 static void
-store_scankeys(IdemStore *store, ScanKey skeys, Datum ns, Datum key)
+store_scankeys(IdemStore *store, ScanKey skeys, const Datum *keys)
 {
-	ScanKeyEntryInitialize(&skeys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
-						   store->collation[0], store->eqproc[0], ns);
-	ScanKeyEntryInitialize(&skeys[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
-						   store->collation[1], store->eqproc[1], key);
+	int			i;
+
+	for (i = 0; i < store->nkeys; i++)
+		ScanKeyEntryInitialize(&skeys[i], 0, i + 1, BTEqualStrategyNumber,
+							   InvalidOid, store->collation[i],
+							   store->eqproc[i], keys[i]);
+}
+
+/* The two key columns of a (ns, key) table as an array. */
+static const Datum *
+store_key_pair(IdemStore *store, Datum *pair, Datum ns, Datum key)
+{
+	Assert(store->nkeys == STORE_NKEYS);
+	pair[0] = ns;
+	pair[1] = key;
+	return pair;
 }
 
 /*
@@ -708,8 +750,8 @@ store_fetch_hint(IdemStore *store, Snapshot snapshot, ScanKey skeys,
 		return false;
 	slot->tts_tableOid = RelationGetRelid(store->rel);
 	ExecStoreBufferHeapTuple(&bslot->base.tupdata, slot, store->hbuf);
-	slot_getsomeattrs(slot, STORE_NKEYS);
-	for (i = 0; i < STORE_NKEYS; i++)
+	slot_getsomeattrs(slot, store->nkeys);
+	for (i = 0; i < store->nkeys; i++)
 	{
 		if (slot->tts_isnull[i] ||
 			!DatumGetBool(FunctionCall2Coll(&skeys[i].sk_func,
@@ -732,12 +774,12 @@ store_fetch_hint(IdemStore *store, Snapshot snapshot, ScanKey skeys,
  * PROBE_EXISTS and PROBE_IN_FLIGHT_DELETE the row is left in probe_slot.
  */
 static ProbeResult
-store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
+store_probe(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 {
-	ScanKeyData skeys[2];
+	ScanKeyData skeys[STORE_MAX_KEYS];
 	TupleTableSlot *slot = store->probe_slot;
 
-	store_scankeys(store, skeys, ns, key);
+	store_scankeys(store, skeys, keys);
 
 	for (;;)
 	{
@@ -764,8 +806,8 @@ store_probe(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait)
 
 			if (store->scan == NULL)
 				store->scan = index_beginscan(store->rel, store->index,
-											  &store->dirty, STORE_NKEYS, 0);
-			index_rescan(store->scan, skeys, STORE_NKEYS, NULL, 0);
+											  &store->dirty, store->nkeys, 0);
+			index_rescan(store->scan, skeys, store->nkeys, NULL, 0);
 			found = store_fetch(store, slot);
 			MemoryContextSwitchTo(oldcxt);
 		}
@@ -859,7 +901,7 @@ idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
 
 		if (precheck)
 		{
-			found = store_probe(store, values[0], values[1], wait);
+			found = store_probe(store, values, wait);
 			ExecClearTuple(store->probe_slot);
 			if (found != PROBE_ABSENT)
 			{
@@ -935,8 +977,9 @@ idem_store_lookup(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait,
 {
 	ProbeResult found;
 	TupleTableSlot *slot = store->probe_slot;
+	Datum		pair[STORE_NKEYS];
 
-	found = store_probe(store, ns, key, wait);
+	found = store_probe(store, store_key_pair(store, pair, ns, key), wait);
 	if (found == PROBE_ABSENT)
 		return IDEM_STORE_ABSENT;
 	if (found == PROBE_IN_FLIGHT_INSERT)
@@ -961,7 +1004,10 @@ idem_store_delete(IdemStore *store, Datum ns, Datum key)
 		TM_FailureData tmfd;
 		TM_Result	result;
 
-		if (store_probe(store, ns, key, IDEM_WAIT) != PROBE_EXISTS)
+		Datum		pair[STORE_NKEYS];
+
+		if (store_probe(store, store_key_pair(store, pair, ns, key),
+						IDEM_WAIT) != PROBE_EXISTS)
 		{
 			ExecClearTuple(store->probe_slot);
 			return false;
@@ -1016,7 +1062,7 @@ idem_store_delete(IdemStore *store, Datum ns, Datum key)
  * on the page, the entries of every index of the table are made here.
  */
 static IdemStoreUpdateResult
-store_update(IdemStore *store, Datum ns, Datum key, IdemStoreUpdateFn fn,
+store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 			 void *arg, IdemStoreWait wait)
 {
 	TupleDesc	tupdesc = RelationGetDescr(store->rel);
@@ -1029,7 +1075,7 @@ store_update(IdemStore *store, Datum ns, Datum key, IdemStoreUpdateFn fn,
 		TM_Result	result;
 		LockTupleMode lockmode;
 		bool		update_indexes = false;
-		ProbeResult found = store_probe(store, ns, key, wait);
+		ProbeResult found = store_probe(store, keys, wait);
 
 		if (found != PROBE_EXISTS)
 		{
@@ -1102,7 +1148,18 @@ IdemStoreUpdateResult
 idem_store_update(IdemStore *store, Datum ns, Datum key,
 				  IdemStoreUpdateFn fn, void *arg)
 {
-	return store_update(store, ns, key, fn, arg, IDEM_WAIT);
+	Datum		pair[STORE_NKEYS];
+
+	return store_update(store, store_key_pair(store, pair, ns, key), fn, arg,
+						IDEM_WAIT);
+}
+
+/* The same for a table opened with idem_store_open_keys. */
+IdemStoreUpdateResult
+idem_store_update_keys(IdemStore *store, const Datum *keys,
+					   IdemStoreUpdateFn fn, void *arg)
+{
+	return store_update(store, keys, fn, arg, IDEM_WAIT);
 }
 
 /*
@@ -1113,7 +1170,10 @@ IdemStoreUpdateResult
 idem_store_try_update(IdemStore *store, Datum ns, Datum key,
 					  IdemStoreUpdateFn fn, void *arg)
 {
-	return store_update(store, ns, key, fn, arg, IDEM_NOWAIT);
+	Datum		pair[STORE_NKEYS];
+
+	return store_update(store, store_key_pair(store, pair, ns, key), fn, arg,
+						IDEM_NOWAIT);
 }
 
 /*
@@ -1188,12 +1248,23 @@ bool
 idem_store_read(IdemStore *store, Datum ns, Datum key, Datum *values,
 				bool *isnull)
 {
-	ScanKeyData skeys[2];
+	Datum		pair[STORE_NKEYS];
+
+	return idem_store_read_keys(store, store_key_pair(store, pair, ns, key),
+								values, isnull);
+}
+
+/* The same for a table opened with idem_store_open_keys. */
+bool
+idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
+					 bool *isnull)
+{
+	ScanKeyData skeys[STORE_MAX_KEYS];
 	IndexScanDesc scan;
 	TupleTableSlot *slot = store->probe_slot;
 	bool		found;
 
-	store_scankeys(store, skeys, ns, key);
+	store_scankeys(store, skeys, keys);
 	if (ItemPointerIsValid(&store->hint) &&
 		store_fetch_hint(store, SnapshotSelf, skeys, slot))
 	{
@@ -1201,8 +1272,9 @@ idem_store_read(IdemStore *store, Datum ns, Datum key, Datum *values,
 		ExecClearTuple(slot);
 		return true;
 	}
-	scan = index_beginscan(store->rel, store->index, SnapshotSelf, 2, 0);
-	index_rescan(scan, skeys, 2, NULL, 0);
+	scan = index_beginscan(store->rel, store->index, SnapshotSelf,
+						   store->nkeys, 0);
+	index_rescan(scan, skeys, store->nkeys, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	if (found)
 		store_copy_row(store, slot, values, isnull);
