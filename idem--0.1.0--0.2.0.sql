@@ -667,21 +667,24 @@ COMMENT ON FUNCTION idem_outbox_redrive(pg_catalog.text, pg_catalog.text) IS
 
 CREATE OR REPLACE FUNCTION idem_outbox_stats()
 RETURNS TABLE (topic pg_catalog.text, pending pg_catalog.int8, leased pg_catalog.int8,
-               dead pg_catalog.int8, oldest_pending_age pg_catalog.interval)
+               dead pg_catalog.int8, held_back pg_catalog.int8, oldest_pending_age pg_catalog.interval)
 LANGUAGE sql STABLE PARALLEL SAFE
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT m.aggregatetype,
-           pg_catalog.count(*) FILTER (WHERE NOT m.is_dead AND NOT m.is_leased),
-           pg_catalog.count(*) FILTER (WHERE m.is_leased),
-           pg_catalog.count(*) FILTER (WHERE m.is_dead),
+           pg_catalog.count(*) FILTER (WHERE m.state OPERATOR(pg_catalog.=) 'pending'),
+           pg_catalog.count(*) FILTER (WHERE m.state OPERATOR(pg_catalog.=) 'leased'),
+           pg_catalog.count(*) FILTER (WHERE m.state OPERATOR(pg_catalog.=) 'dead'),
+           pg_catalog.count(*) FILTER (WHERE m.state OPERATOR(pg_catalog.=) 'held_back'),
            pg_catalog.now() OPERATOR(pg_catalog.-)
-               pg_catalog.min(m.created_at) FILTER (WHERE NOT m.is_dead AND NOT m.is_leased)
+               pg_catalog.min(m.created_at) FILTER (WHERE m.state OPERATOR(pg_catalog.=) 'pending')
       FROM (SELECT o.aggregatetype, o.created_at,
-                   COALESCE(k.head_id OPERATOR(pg_catalog.=) o.id AND k.dead, false) AS is_dead,
-                   COALESCE(k.head_id OPERATOR(pg_catalog.=) o.id AND NOT k.dead
-                                       AND k.leased_by IS NOT NULL
-                                       AND k.available_at OPERATOR(pg_catalog.>) pg_catalog.now(), false) AS is_leased
+                   CASE WHEN k.dead AND k.head_id OPERATOR(pg_catalog.=) o.id THEN 'dead'
+                        -- behind a dead message of its key: waits for its redrive
+                        WHEN k.dead THEN 'held_back'
+                        WHEN k.head_id OPERATOR(pg_catalog.=) o.id AND k.leased_by IS NOT NULL
+                             AND k.available_at OPERATOR(pg_catalog.>) pg_catalog.now() THEN 'leased'
+                        ELSE 'pending' END AS state
               FROM idem.outbox o
               LEFT JOIN idem.outbox_keys k
                 ON k.topic OPERATOR(pg_catalog.=) o.aggregatetype
@@ -690,7 +693,7 @@ AS $$
      ORDER BY m.aggregatetype
 $$;
 COMMENT ON FUNCTION idem_outbox_stats() IS
-    'per topic: messages pending, leased and dead, and the age of the oldest pending one';
+    'per topic: messages pending, leased, dead and held back behind a dead one, and the age of the oldest pending one';
 
 -- Keys whose messages were all delivered keep their row until this runs.
 -- Senders hold ROW EXCLUSIVE on idem.outbox_keys until they commit; the

@@ -174,7 +174,7 @@ SELECT idem_outbox_nack(pg_temp.id_of(30), 'rejected') AS nacked;
 SELECT pg_temp.keyrow('payments', 'p-1');
 UPDATE idem.outbox_keys SET available_at = now() - interval '1 hour' WHERE key = 'p-1';
 SELECT * FROM pg_temp.lease('relay-a') WHERE topic = 'payments';
-SELECT topic, pending, leased, dead FROM idem_outbox_stats();
+SELECT topic, pending, leased, dead, held_back FROM idem_outbox_stats();
 -- redrive: back to pending, attempts from the start
 SELECT idem_outbox_redrive('payments', 'p-2') AS other_key;
 SELECT idem_outbox_redrive('payments') AS redriven;
