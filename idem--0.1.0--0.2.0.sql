@@ -578,12 +578,13 @@ COMMENT ON FUNCTION idem_outbox_ack(pg_catalog.uuid[]) IS
 
 CREATE OR REPLACE FUNCTION idem_outbox_nack(id pg_catalog.uuid, error pg_catalog.text,
                                             retry_after pg_catalog.interval DEFAULT NULL,
-                                            relay pg_catalog.text DEFAULT NULL)
+                                            relay pg_catalog.text DEFAULT NULL,
+                                            permanent pg_catalog.bool DEFAULT false)
 RETURNS pg_catalog.bool
 AS 'MODULE_PATHNAME', 'idem_outbox_nack'
 LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_catalog.interval, pg_catalog.text) IS
-    'report a failed delivery: retried after retry_after or a backoff, dead after the topic''s maximum attempts';
+COMMENT ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_catalog.interval, pg_catalog.text, pg_catalog.bool) IS
+    'report a failed delivery: retried after retry_after or a backoff, dead after the topic''s maximum attempts or at once when permanent';
 
 CREATE OR REPLACE FUNCTION idem_outbox_configure(topic pg_catalog.text, max_attempts pg_catalog.int4,
                                                  backoff_base pg_catalog.interval,
@@ -751,7 +752,7 @@ COMMENT ON FUNCTION idem_outbox_purge(pg_catalog.interval) IS
 
 REVOKE ALL ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_ack(pg_catalog.uuid[]) FROM PUBLIC;
-REVOKE ALL ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_catalog.interval, pg_catalog.text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_catalog.interval, pg_catalog.text, pg_catalog.bool) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_configure(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_redrive(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_stats() FROM PUBLIC;

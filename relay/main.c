@@ -496,8 +496,9 @@ db_connect(void)
 	snprintf(sql, sizeof(sql),
 			 "SELECT pg_catalog.count(*) FROM ROWS FROM ("
 			 "pg_catalog.unnest($1::pg_catalog.uuid[]), pg_catalog.unnest($2::pg_catalog.text[]), "
-			 "pg_catalog.unnest($3::pg_catalog.interval[])) AS u(id, error, retry_after) "
-			 "WHERE %s.idem_outbox_nack(u.id, u.error, u.retry_after, $4::pg_catalog.text)", schema);
+			 "pg_catalog.unnest($3::pg_catalog.interval[]), pg_catalog.unnest($5::pg_catalog.bool[])) "
+			 "AS u(id, error, retry_after, permanent) "
+			 "WHERE %s.idem_outbox_nack(u.id, u.error, u.retry_after, $4::pg_catalog.text, u.permanent)", schema);
 	if (!prepare("nack", sql, &failure))
 		return failure;
 
@@ -596,6 +597,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	StrBuf		ids;
 	StrBuf		errs;
 	StrBuf		waits;
+	StrBuf		perms;
 	StrBuf		nids;
 	int			nacks = 0;
 	int			ndelivered = 0;
@@ -607,6 +609,8 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	sb_init(&nids);
 	sb_init(&errs);
 	sb_init(&waits);
+	sb_init(&perms);
+	sb_putc(&perms, '{');
 	sb_putc(&ids, '{');
 	sb_putc(&nids, '{');
 	sb_putc(&errs, '{');
@@ -619,6 +623,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 		char		topic[64];
 		char		key[64];
 		const char *w = NULL;
+		const char *perm = "f";
 
 		printable_copy(topic, sizeof(topic), m->topic, strlen(m->topic));
 		printable_copy(key, sizeof(key), m->key, strlen(m->key));
@@ -646,19 +651,14 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 				break;
 			case OUTCOME_PERMANENT:
 
-				/*
-				 * idem_outbox_nack has no "dead now": the message waits the
-				 * longest retry_after nack accepts, a day, and dies once it
-				 * has had the topic's maximum attempts (at once when this
-				 * was the last).
-				 */
+				/* dead at once: later messages of its key wait for a redrive */
 				snprintf(error, sizeof(error), "permanent: %s", out[i].error);
 				printable_copy(error, sizeof(error), error, strlen(error));
-				w = "1 day";
+				perm = "t";
 				COUNT(dead, 1);
 				printable_copy(last_error, sizeof(last_error), error, strlen(error));
 				relay_log(LOG_WARNING, "message %s (topic %s, key %s, attempt %d) refused for good, "
-						  "held back for a day: %s", m->id, topic, key, m->attempt, error);
+						  "dead: %s", m->id, topic, key, m->attempt, error);
 				break;
 			case OUTCOME_UNSENT:
 				if (stop_now)
@@ -678,6 +678,9 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 		array_elem(&nids, m->id);
 		array_elem(&errs, error);
 		array_elem(&waits, w);
+		if (perms.len > 1)
+			sb_putc(&perms, ',');
+		sb_puts(&perms, perm);
 		nacks++;
 	}
 	if (nlate > 0)
@@ -689,6 +692,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	sb_putc(&nids, '}');
 	sb_putc(&errs, '}');
 	sb_putc(&waits, '}');
+	sb_putc(&perms, '}');
 	COUNT(delivered, ndelivered);
 
 	if (ndelivered > 0)
@@ -712,8 +716,8 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	if (ok && nacks > 0)
 	{
 		/* naming itself: a nack never ends a lease another relay took since */
-		const char *params[4] = {nids.data, errs.data, waits.data, settings.name};
-		PGresult   *res = PQexecPrepared(conn, "nack", 4, params, NULL, NULL, 0);
+		const char *params[5] = {nids.data, errs.data, waits.data, settings.name, perms.data};
+		PGresult   *res = PQexecPrepared(conn, "nack", 5, params, NULL, NULL, 0);
 
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		{
@@ -728,6 +732,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	sb_free(&nids);
 	sb_free(&errs);
 	sb_free(&waits);
+	sb_free(&perms);
 	return ok;
 }
 

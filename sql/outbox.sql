@@ -277,3 +277,10 @@ BEGIN READ ONLY;
 SELECT pg_temp.err($$SELECT idem_outbox_send('t', 'k', '{}')$$);
 SELECT pg_temp.err($$SELECT * FROM idem_outbox_lease('r')$$);
 ROLLBACK;
+
+-- a failure that is permanent (the receiver refused the message itself): dead at once
+SELECT idem_outbox_send('perm', 'p', '{"n": 80}') IS NOT NULL AS sent;
+SELECT count(*) FROM idem_outbox_lease('relay-a') WHERE topic = 'perm';
+SELECT idem_outbox_nack(pg_temp.id_of(80), 'HTTP 400', permanent => true) AS nacked;
+SELECT pg_temp.keyrow('perm', 'p');
+SELECT pg_temp.err($$SELECT idem_outbox_nack(gen_random_uuid(), 'e', NULL, NULL, NULL)$$);

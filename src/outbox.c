@@ -1136,6 +1136,7 @@ typedef struct AckArg
 	text	   *error;
 	int64		retry_after;	/* -1: backoff */
 	text	   *relay;			/* NULL: any relay's lease */
+	bool		permanent;		/* dead at once */
 	bool		died;
 } AckArg;
 
@@ -1181,7 +1182,7 @@ nack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	values[OK_LAST_ERROR] = PointerGetDatum(arg->error);
 	isnull[OK_LAST_ERROR] = false;
 	isnull[OK_LEASED_BY] = true;
-	if (attempts >= arg->topic->max_attempts)
+	if (arg->permanent || attempts >= arg->topic->max_attempts)
 	{
 		values[OK_DEAD] = BoolGetDatum(true);
 		arg->died = true;
@@ -1281,11 +1282,12 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 }
 
 /*
- * idem_outbox_nack(id, error, retry_after, relay) returns boolean
+ * idem_outbox_nack(id, error, retry_after, relay, permanent) returns boolean
  *
  * The delivery of a leased head failed: it may be leased again after
  * retry_after exactly when given, else after the topic's backoff; once it
- * has had the topic's maximum attempts it is dead.  Returns whether id was
+ * has had the topic's maximum attempts, or at once when the failure is
+ * permanent (the receiver refused the message itself), it is dead.  Returns whether id was
  * the leased head of its key (leased to relay, when given).
  */
 PG_FUNCTION_INFO_V1(idem_outbox_nack);
@@ -1322,6 +1324,11 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 
 		error = cstring_to_text_with_len(VARDATA_ANY(error), len);
 	}
+	if (PG_ARGISNULL(4))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("permanent must not be null")));
+	arg.permanent = PG_GETARG_BOOL(4);
 	arg.relay = NULL;
 	if (!PG_ARGISNULL(3))
 		arg.relay = idem_arg_key(fcinfo, 3, "relay", OUTBOX_MAX_RELAY_LEN);

@@ -150,7 +150,7 @@ sql(q{
 	CREATE ROLE relay_a LOGIN;
 	CREATE ROLE relay_b LOGIN;
 	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval),
-	                          idem_outbox_nack(uuid, text, interval, text) TO relay_a, relay_b;
+	                          idem_outbox_nack(uuid, text, interval, text, boolean) TO relay_a, relay_b;
 	GRANT EXECUTE ON FUNCTION idem_outbox_ack(uuid[]) TO relay_b;
 	REVOKE EXECUTE ON FUNCTION idem_outbox_ack(uuid[]) FROM PUBLIC;
 	SELECT idem_outbox_configure('orders', 1000, '50 milliseconds', '500 milliseconds');
