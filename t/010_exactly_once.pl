@@ -288,7 +288,7 @@ cmp_ok($f->{absorbed} // 0, '>', 0, 'idem_claim absorbed redeliveries');
 # Offsets: a consumer group of a partitioned log
 ########################################################################
 
-# 8,000 messages in 16 partitions, offsets with gaps.  Four consumers pick
+# 6,000 messages in 16 partitions, offsets with gaps.  Four consumers pick
 # partitions at random (two often share one, as a consumer group does while
 # it rebalances); each resumes after the offset idem_offset_get gives (after
 # a restart up to a batch earlier, as a source redelivering from a position
@@ -300,9 +300,9 @@ cmp_ok($f->{absorbed} // 0, '>', 0, 'idem_claim absorbed redeliveries');
 # in its partition, which must be the message's predecessor in the log.
 ($rc, $out, $err) = chaos('setup', '--kind', 'offset');
 is($rc, 0, 'setup of the offset kind') or diag($err);
-($rc, $out, $err) = chaos('produce', '--kind', 'offset', '--messages', 8000,
+($rc, $out, $err) = chaos('produce', '--kind', 'offset', '--messages', 6000,
 	'--partitions', 16, '--seed', 37);
-is($rc, 0, 'produce 8,000 messages in 16 partitions') or diag($err);
+is($rc, 0, 'produce 6,000 messages in 16 partitions') or diag($err);
 $log_offset = -s $log;
 ($rc, $out, $err) = chaos(
 	'run',
@@ -310,7 +310,7 @@ $log_offset = -s $log;
 	'--partitions'   => 16,
 	'--consumers'    => 4,
 	'--seed'         => 37,
-	'--kill-every'   => 100,
+	'--kill-every'   => 150,
 	'--sigkill-ms'   => 1500,
 	'--terminate-ms' => 400,
 	'--timeout-s'    => 600,
@@ -325,7 +325,7 @@ cmp_ok(recoveries($log_offset), '>=', 1,
 diag($out);
 $f = figures($out);
 is($rc, 0, 'check says every message was applied exactly once, in offset order');
-is($f->{messages}, 8000, '8,000 messages');
+is($f->{messages}, 6000, '6,000 messages');
 is($f->{lost}, 0, 'no message lost');
 is($f->{twice}, 0, 'no message applied twice');
 is($f->{unacked}, 0, 'every partition\'s offset at its last message');
@@ -430,7 +430,7 @@ is($f->{lost}, 0, 'without order per key nothing is lost');
 chaos('setup', '--kind', 'offset');
 chaos('produce', '--kind', 'offset', '--messages', 1000, '--seed', 38);
 ($rc, $out, $err) = chaos('run', '--kind', 'offset', '--broken', 'split',
-	'--seed' => 38, '--kill-every' => 25);
+	'--seed' => 38, '--kill-every' => 50);
 is($rc, 0, 'offset run with the advance apart from the write');
 ($rc, $out, $err) = chaos('check', '--kind', 'offset');
 note($out);

@@ -103,10 +103,10 @@ END $$;
 SQL
 
 cat > "$scripts/offset.sql" <<'EOF2'
-\set k random(0, :perclient - 1)
+\set part :client_id + :clients * random(0, :perclient - 1)
 \set amount random(1, 100000)
 BEGIN;
-SELECT idem_offset_advance('bench', 'events', :client_id + :clients * :k, nextval('bench.msg'));
+SELECT idem_offset_advance('bench', 'events', :part, nextval('bench.msg'));
 INSERT INTO bench.events_offset (amount) VALUES (:amount);
 END;
 EOF2
@@ -180,6 +180,7 @@ for rep in $(seq 1 "$REPEAT"); do
         for v in $order; do
             reset_side "$v"
             read -r r n u <<<"$(run_pgbench "$v" "$c")"
+            [ -n "${n:-}" ] || die "pgbench of $v failed"
             check_side "$v" "$c" "$n"
             record "$v" "$c" "$r" "$u"
             printf '  run %d  %-7s %2d clients  %10.1f tps  %7.1f us CPU\n' "$rep" "$v" "$c" "$r" "$u"
