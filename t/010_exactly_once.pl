@@ -18,10 +18,16 @@
 # ack them, under the same faults; every committed message must be applied
 # exactly once and in send order per key, and none that rolled back leased.
 #
+# The offset round: a consumer group reads a log of 16 numbered partitions;
+# each consumer resumes a partition from idem_offset_get and applies every
+# message in one transaction with idem_offset_advance, under the same
+# faults; every message must be applied exactly once, in offset order.
+#
 # The checker is proven live: consumers that skip idem_claim must be caught
 # applying messages twice, consumers that ack before they commit must be
-# caught losing messages, and relays that ignore the order of a key must be
-# caught leasing and applying out of order.
+# caught losing messages, relays that ignore the order of a key must be
+# caught leasing and applying out of order, and consumers that commit the
+# offset apart from the write must be caught losing messages.
 
 use strict;
 use warnings;
@@ -279,6 +285,69 @@ cmp_ok($f->{redelivered} // 0, '>', 0, 'messages delivered more than once');
 cmp_ok($f->{absorbed} // 0, '>', 0, 'idem_claim absorbed redeliveries');
 
 ########################################################################
+# Offsets: a consumer group of a partitioned log
+########################################################################
+
+# 6,000 messages in 16 partitions, offsets with gaps.  Four consumers pick
+# partitions at random (two often share one, as a consumer group does while
+# it rebalances); each resumes after the offset idem_offset_get gives (after
+# a restart up to a batch earlier, as a source redelivering from a position
+# behind idem's does) and applies each message in one transaction with
+# idem_offset_advance, the business write only when it says true.
+# Consumers die before the advance, between it and the write, before and
+# after the commit, and by outside SIGKILLs; backends are terminated, and
+# the server crashes once.  Each write records the offset applied before it
+# in its partition, which must be the message's predecessor in the log.
+($rc, $out, $err) = chaos('setup', '--kind', 'offset');
+is($rc, 0, 'setup of the offset kind') or diag($err);
+($rc, $out, $err) = chaos('produce', '--kind', 'offset', '--messages', 6000,
+	'--partitions', 16, '--seed', 37);
+is($rc, 0, 'produce 6,000 messages in 16 partitions') or diag($err);
+$log_offset = -s $log;
+($rc, $out, $err) = chaos(
+	'run',
+	'--kind'         => 'offset',
+	'--partitions'   => 16,
+	'--consumers'    => 4,
+	'--seed'         => 37,
+	'--kill-every'   => 150,
+	'--sigkill-ms'   => 1500,
+	'--terminate-ms' => 400,
+	'--timeout-s'    => 600,
+	'--crashes'      => 1,
+	'--crash-cmd'    => "pg_ctl -D '$pgdata' -m immediate stop >/dev/null 2>&1",
+	'--start-cmd'    => "pg_ctl -w -D '$pgdata' -l '$log' start >/dev/null 2>&1");
+is($rc, 0, 'the offset run under faults ends') or diag($err);
+$node->_update_pid(1);
+cmp_ok(recoveries($log_offset), '>=', 1,
+	'the server went through crash recovery');
+($rc, $out, $err) = chaos('check', '--kind', 'offset');
+diag($out);
+$f = figures($out);
+is($rc, 0, 'check says every message was applied exactly once, in offset order');
+is($f->{messages}, 6000, '6,000 messages');
+is($f->{lost}, 0, 'no message lost');
+is($f->{twice}, 0, 'no message applied twice');
+is($f->{unacked}, 0, 'every partition\'s offset at its last message');
+is($f->{sum_ok}, 1, 'account balances equal the sum of the messages');
+is($f->{kind_bad}, 0, 'in offset order, one offset row per partition');
+like($out, qr/^applied out of order\s+0$/m,
+	'every write follows the write of its predecessor in the log');
+like($out, qr/^offset rows not one per partition\s+0$/m,
+	'idem.offsets holds one row per partition');
+is($f->{unexpected}, 0, 'no error other than lost connections');
+cmp_ok($f->{kills} // 0, '>=', 20, 'consumers killed');
+cmp_ok($f->{kills_before_claim} // 0, '>', 0, 'kills before the advance');
+cmp_ok($f->{kills_after_claim} // 0, '>', 0,
+	'kills between the advance and the write');
+cmp_ok($f->{kills_before_commit} // 0, '>', 0, 'kills before the commit');
+cmp_ok($f->{kills_after_commit} // 0, '>', 0, 'kills after the commit');
+cmp_ok($f->{terminations} // 0, '>', 0, 'backends terminated');
+cmp_ok($f->{crashes} // 0, '>=', 1, 'a server crash');
+cmp_ok($f->{absorbed} // 0, '>', 0,
+	'idem_offset_advance said false to messages already applied');
+
+########################################################################
 # The checker catches broken consumers
 ########################################################################
 
@@ -354,6 +423,24 @@ is($rc, 1, 'check fails without order per key');
 unlike($out, qr/^leased out of order\s+0$/m, 'messages leased out of order are caught');
 unlike($out, qr/^applied out of order\s+0$/m, 'messages applied out of order are caught');
 is($f->{lost}, 0, 'without order per key nothing is lost');
+
+# Consumers that commit the advance in a transaction of its own, before
+# the write, lose the messages of those that die in between: the offset
+# says applied, the write never happened.
+chaos('setup', '--kind', 'offset');
+chaos('produce', '--kind', 'offset', '--messages', 1000, '--seed', 38);
+($rc, $out, $err) = chaos('run', '--kind', 'offset', '--broken', 'split',
+	'--seed' => 38, '--kill-every' => 50);
+is($rc, 0, 'offset run with the advance apart from the write');
+($rc, $out, $err) = chaos('check', '--kind', 'offset');
+note($out);
+$f = figures($out);
+is($rc, 1, 'check fails when the advance is committed apart from the write');
+cmp_ok($f->{lost} // 0, '>', 0,
+	'the advance apart from the write loses messages');
+unlike($out, qr/^applied out of order\s+0$/m,
+	'the writes that follow a lost message are caught out of order');
+is($f->{twice}, 0, 'the advance apart from the write applies nothing twice');
 
 $node->stop;
 done_testing();

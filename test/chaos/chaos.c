@@ -42,6 +42,20 @@
  * one producer, which sends to it one transaction after the other), and no
  * message of a transaction that rolled back may ever be leased.
  *
+ * The offset kind is a consumer group of an ordered log: "chaos produce"
+ * fills a table of numbered messages per partition (offsets with gaps, as
+ * a compacted topic has), and each consumer, for a partition it picks,
+ * reads where to resume with idem_offset_get (after a restart it goes back
+ * a little further, as a broker redelivering from a committed position
+ * behind idem's would), fetches the next messages in offset order and
+ * applies each in one transaction: idem_offset_advance, and the business
+ * write only when it says true.  Consumers pick partitions at random, so
+ * two of them often work on the same one: the second waits on the first's
+ * offset row and skips what it applied.  Every message must be applied
+ * exactly once, and in offset order per partition: the business write
+ * records the offset applied before it in the partition, which must be the
+ * message's predecessor in the log.
+ *
  *-------------------------------------------------------------------------
  */
 #define _GNU_SOURCE
@@ -136,7 +150,9 @@ typedef struct Options
 	const char *start_cmd;
 	int			reconnect_s;	/* give up reaching the server after this */
 	int			timeout_s;		/* give up a run after this */
-	const char *broken;			/* NULL, "no-idem", "ack-first" or "unordered" */
+	int			partitions;		/* offset kind: partitions of the log */
+	const char *broken;			/* NULL, "no-idem", "ack-first", "unordered" or
+								 * "split" */
 	bool		quiet;
 } Options;
 
@@ -152,6 +168,7 @@ static Options opt = {
 	.consumers = 4,
 	.producers = 4,
 	.keys = 64,
+	.partitions = 8,
 	.nack_every = 0,
 	.batch = 32,
 	.lease_ms = 1000,
@@ -486,7 +503,16 @@ typedef struct Kind
 	const char *truth_sql;
 	bool		producers;
 	int			effect_params;	/* parameters of "effect": 4 or 6 */
+
+	/*
+	 * A kind that consumes in a loop of its own (the offset kind), and the
+	 * query counting what it has to apply (for the crashes of a run).
+	 */
+	int			(*consume) (int slot, unsigned long generation);
+	const char *total_sql;
 } Kind;
+
+static int	offset_consume(int slot, unsigned long generation);
 
 /*
  * The claim kind: idem_claim(msg_id) guards a credit and a ledger row.  The
@@ -798,6 +824,66 @@ static const Kind kinds[] = {
 		.producers = true,
 		.effect_params = 6,
 	},
+	{
+		.name = "offset",
+		.setup_sql =
+		"DROP TABLE IF EXISTS stream, part_state;"
+	/* the log: numbered messages per partition */
+		"CREATE TABLE stream (part int NOT NULL, off bigint NOT NULL, msg_id text NOT NULL,"
+		"  amount int NOT NULL, account int NOT NULL, PRIMARY KEY (part, off));"
+	/* the consumer's side: the last offset applied per partition */
+		"CREATE TABLE part_state (part int PRIMARY KEY, last_off bigint NOT NULL, prev_off bigint);"
+		"ALTER TABLE ledger ADD COLUMN part int, ADD COLUMN off bigint, ADD COLUMN prev_off bigint;"
+		"SELECT idem_offset_reset(consumer, stream, part, NULL) FROM idem_offsets "
+		" WHERE consumer = 'chaos' AND stream = 'chaos';",
+		.prepare_sql = {
+			"PREPARE position(int) AS SELECT idem_offset_get('chaos', 'chaos', $1)",
+			"PREPARE next_messages(int, bigint, int) AS "
+			"SELECT off, msg_id, amount, account FROM stream "
+			" WHERE part = $1 AND off > $2 ORDER BY off LIMIT $3",
+			"PREPARE advance(int, bigint) AS SELECT idem_offset_advance('chaos', 'chaos', $1, $2)",
+			"PREPARE effect(text, int, int, int, int, bigint) AS "
+			"WITH k AS (INSERT INTO part_state(part, last_off) VALUES ($5, $6) "
+			"           ON CONFLICT (part) DO UPDATE "
+			"           SET prev_off = part_state.last_off, last_off = excluded.last_off "
+			"           RETURNING prev_off), "
+			"     credit AS (UPDATE accounts SET balance = balance + $2 WHERE id = $3) "
+			"INSERT INTO ledger(msg_id, amount, account, consumer, part, off, prev_off) "
+			"SELECT $1, $2, $3, $4, $5, $6, prev_off FROM k",
+			NULL
+		},
+		.checks_sql =
+	/* each write must follow the write of the message before it in the log */
+		"SELECT 'applied out of order', "
+		"       (SELECT count(*) FROM ledger l "
+		"          JOIN (SELECT part, off, lag(off) OVER (PARTITION BY part ORDER BY off) AS pred "
+		"                  FROM stream) s USING (part, off) "
+		"         WHERE l.prev_off IS DISTINCT FROM s.pred) "
+		"UNION ALL "
+		"SELECT 'offsets not at the end', "
+		"       (SELECT count(*) FROM (SELECT part, max(off) AS last FROM stream GROUP BY part) m "
+		"          LEFT JOIN idem_offsets o ON o.consumer = $1 AND o.stream = 'chaos' "
+		"                                  AND o.part = m.part "
+		"         WHERE o.\"offset\" IS DISTINCT FROM m.last) "
+		"UNION ALL "
+		"SELECT 'offset rows not one per partition', "
+		"       abs((SELECT count(*) FROM idem.offsets WHERE consumer = $1 AND stream = 'chaos') "
+		"           - (SELECT count(DISTINCT part) FROM stream))",
+		.pending_sql =
+		"SELECT EXISTS (SELECT 1 FROM (SELECT part, max(off) AS last FROM stream GROUP BY part) m "
+		"                WHERE idem_offset_get('chaos', 'chaos', m.part) IS DISTINCT FROM m.last)",
+	/* acked: at or below the offset idem stored for its partition */
+		.truth_sql =
+		"CREATE TEMP TABLE truth AS "
+		"SELECT s.msg_id, s.amount, s.account, 1::bigint AS rows, 1::bigint AS deliveries, "
+		"       s.off <= coalesce(o.\"offset\", -1) AS acked "
+		"  FROM stream s "
+		"  LEFT JOIN idem_offsets o ON o.consumer = 'chaos' AND o.stream = 'chaos' "
+		"                          AND o.part = s.part",
+		.effect_params = 6,
+		.consume = offset_consume,
+		.total_sql = "SELECT count(*) FROM stream",
+	},
 };
 
 /*
@@ -839,7 +925,9 @@ consumer_connect(Consumer *c, const Kind *kind)
 		"PREPARE ack(bigint[]) AS UPDATE src SET acked = true WHERE seq = ANY ($1)";
 	Outcome		o;
 
-	if (kind->lease_sql)
+	if (kind->consume)
+		lease_sql = ack_sql = NULL;
+	else if (kind->lease_sql)
 	{
 		bool		unordered = opt.broken && strcmp(opt.broken, "unordered") == 0;
 
@@ -849,8 +937,8 @@ consumer_connect(Consumer *c, const Kind *kind)
 	c->conn = connect_retry(c->appname);
 	if (c->conn == NULL)
 		return false;
-	if ((o = run_command(c, lease_sql, "PREPARE lease")) != O_DONE ||
-		(o = run_command(c, ack_sql, "PREPARE ack")) != O_DONE ||
+	if ((lease_sql && (o = run_command(c, lease_sql, "PREPARE lease")) != O_DONE) ||
+		(ack_sql && (o = run_command(c, ack_sql, "PREPARE ack")) != O_DONE) ||
 		(kind->nack_sql && (o = run_command(c, kind->nack_sql, "PREPARE nack")) != O_DONE) ||
 		(o = run_command(c, "SET statement_timeout = '60s'", "SET")) != O_DONE)
 		goto failed;
@@ -918,6 +1006,193 @@ ack_later(char *seqs, const Delivery *d)
 	if (strcmp(seqs, "{") != 0)
 		strcat(seqs, ",");
 	strcat(seqs, d->seq);
+}
+
+/*
+ * One message of the offset kind: idem_offset_advance and, when it says
+ * true, the business write, in one transaction.  The broken "split"
+ * consumer commits the advance on its own before the write.
+ */
+static Outcome
+offset_apply(Consumer *c, const Delivery *d)
+{
+	Outcome		o;
+	PGresult   *res;
+	bool		first;
+	char		consumer[16];
+	const char *adv[] = {d->key, d->n};
+	const char *params[] = {d->msg_id, d->amount, d->account, consumer, d->key, d->n};
+
+	snprintf(consumer, sizeof(consumer), "%d", c->slot);
+	chaos_point(c, P_BEFORE_CLAIM);
+	if ((o = run_command(c, "BEGIN", "BEGIN")) != O_DONE ||
+		(o = run_prepared(c, "advance", 2, adv, PGRES_TUPLES_OK, &res)) != O_DONE)
+		return o;
+	first = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+	PQclear(res);
+	if (opt.broken && strcmp(opt.broken, "split") == 0)
+	{
+		/* deliberately wrong: the offset committed before the write */
+		if ((o = commit(c)) != O_DONE)
+			return o;
+		chaos_point(c, P_AFTER_CLAIM);
+		if ((o = run_command(c, "BEGIN", "BEGIN")) != O_DONE)
+			return o;
+	}
+	chaos_point(c, P_AFTER_CLAIM);
+	if (first &&
+		(o = run_prepared(c, "effect", 6, params, PGRES_COMMAND_OK, NULL)) != O_DONE)
+		return o;
+	chaos_point(c, P_BEFORE_COMMIT);
+	if ((o = commit(c)) != O_DONE)
+		return o;
+	count(&shared->committed, 1);
+	count(first ? &shared->applied : &shared->absorbed, 1);
+	if (first)
+		count(&shared->acks, 1);
+	return O_DONE;
+}
+
+/*
+ * A consumer of the offset kind.  It picks a partition not known to be
+ * drained, resumes after the offset idem stored for it (after a start or a
+ * reconnection, up to a batch earlier: the source redelivers from a
+ * position behind idem's), and applies the next batch of messages in
+ * order.  It is done when every partition's stored offset is its last
+ * message's.
+ */
+static int
+offset_consume(int slot, unsigned long generation)
+{
+	const Kind *kind = find_kind(opt.kind);
+	Consumer	c = {.slot = slot};
+	Delivery   *batch = calloc(opt.batch, sizeof(Delivery));
+	bool	   *resumed = calloc(opt.partitions, sizeof(bool));
+	bool	   *drained = calloc(opt.partitions, sizeof(bool));
+	bool		reconnecting = generation > 0;
+	char		batch_n[16];
+
+	snprintf(c.appname, sizeof(c.appname), "chaos-consumer-%d", slot);
+	snprintf(batch_n, sizeof(batch_n), "%d", opt.batch);
+	rng_seed(&c.rng, opt.seed * 1000003 + slot * 7919 + generation);
+	c.use_idem = true;
+	c.effect_params = 6;
+
+	for (;;)
+	{
+		PGresult   *res;
+		int			left = 0;
+		int			part = 0;
+		long long	from;
+		char		part_s[16];
+		char		from_s[24];
+		const char *params[] = {part_s, from_s, batch_n};
+		int			n;
+
+		if (c.conn == NULL)
+		{
+			if (!consumer_connect(&c, kind))
+				_exit(EXIT_GAVE_UP);
+			if (c.conn == NULL)
+				continue;
+			if (reconnecting)
+				count(&shared->reconnects, 1);
+			reconnecting = true;
+			memset(resumed, 0, opt.partitions * sizeof(bool));
+		}
+
+		for (int p = 0; p < opt.partitions; p++)
+			left += !drained[p];
+		if (left == 0)
+		{
+			/* every partition looked drained: done, unless some is not */
+			res = PQexec(c.conn, kind->pending_sql);
+			if (PQresultStatus(res) != PGRES_TUPLES_OK)
+			{
+				failure(&c, res, "done?");
+				PQclear(res);
+				PQfinish(c.conn);
+				c.conn = NULL;
+				continue;
+			}
+			if (strcmp(PQgetvalue(res, 0, 0), "f") == 0)
+			{
+				PQclear(res);
+				PQfinish(c.conn);
+				_exit(EXIT_DONE);
+			}
+			PQclear(res);
+			memset(drained, 0, opt.partitions * sizeof(bool));
+			sleep_ms(20);
+			continue;
+		}
+		for (int k = (int) rng_below(&c.rng, left);; part++)
+			if (!drained[part] && k-- == 0)
+				break;
+		snprintf(part_s, sizeof(part_s), "%d", part);
+
+		if (run_prepared(&c, "position", 1, params, PGRES_TUPLES_OK, &res) != O_DONE)
+		{
+			PQfinish(c.conn);
+			c.conn = NULL;
+			continue;
+		}
+		from = PQgetisnull(res, 0, 0) ? -1 : atoll(PQgetvalue(res, 0, 0));
+		PQclear(res);
+		if (!resumed[part])
+		{
+			resumed[part] = true;
+			from -= rng_below(&c.rng, opt.batch + 1);
+			if (from < -1)
+				from = -1;
+		}
+		snprintf(from_s, sizeof(from_s), "%lld", from);
+		if (run_prepared(&c, "next_messages", 3, params, PGRES_TUPLES_OK, &res) != O_DONE)
+		{
+			PQfinish(c.conn);
+			c.conn = NULL;
+			continue;
+		}
+		n = PQntuples(res);
+		for (int i = 0; i < n; i++)
+		{
+			snprintf(batch[i].seq, sizeof(batch[i].seq), "%s", PQgetvalue(res, i, 0));
+			snprintf(batch[i].n, sizeof(batch[i].n), "%s", PQgetvalue(res, i, 0));
+			snprintf(batch[i].msg_id, sizeof(batch[i].msg_id), "%s", PQgetvalue(res, i, 1));
+			snprintf(batch[i].amount, sizeof(batch[i].amount), "%s", PQgetvalue(res, i, 2));
+			snprintf(batch[i].account, sizeof(batch[i].account), "%s", PQgetvalue(res, i, 3));
+			snprintf(batch[i].key, sizeof(batch[i].key), "%s", part_s);
+		}
+		PQclear(res);
+		count(&shared->leased, n);
+		if (n == 0)
+		{
+			drained[part] = true;
+			continue;
+		}
+
+		for (int i = 0; i < n; i++)
+		{
+			Outcome		o;
+
+			c.kill_at = P_NONE;
+			if (opt.kill_every > 0 && rng_below(&c.rng, opt.kill_every) == 0)
+				c.kill_at = (Point) (P_BEFORE_CLAIM + rng_below(&c.rng, 4));
+			o = offset_apply(&c, &batch[i]);
+			if (o == O_DONE)
+				chaos_point(&c, P_AFTER_COMMIT);
+			else
+			{
+				/* lost, or an unexpected error: resume from idem's offset */
+				if (o == O_LOST)
+				{
+					PQfinish(c.conn);
+					c.conn = NULL;
+				}
+				break;
+			}
+		}
+	}
 }
 
 static int
@@ -1192,7 +1467,9 @@ save_stats(long crashes, double seconds)
 static int
 consumer_entry(int slot, unsigned long generation)
 {
-	return consumer_main(slot, generation);
+	const Kind *kind = find_kind(opt.kind);
+
+	return kind->consume ? kind->consume(slot, generation) : consumer_main(slot, generation);
 }
 
 /* ---------- producers of the outbox kind ---------- */
@@ -1373,7 +1650,8 @@ mode_run(void)
 		die("cannot connect");
 	/* with producers, the messages to send (some will roll back) */
 	total = kind->producers ? opt.messages :
-		query_long(conn, "SELECT count(*) FROM src WHERE NOT acked");
+		query_long(conn, kind->total_sql ? kind->total_sql :
+				   "SELECT count(*) FROM src WHERE NOT acked");
 	must_exec(conn, "DELETE FROM chaos_stats");
 	PQfinish(conn);
 
@@ -1554,6 +1832,55 @@ mode_setup(void)
 	return 0;
 }
 
+/*
+ * The log of the offset kind: the messages spread over the partitions, each
+ * partition numbered from a small offset up, with a gap now and then.
+ */
+static int
+produce_offset(PGconn *conn)
+{
+	Rng			rng;
+	char		buf[256];
+	PGresult   *res;
+
+	rng_seed(&rng, opt.seed);
+	snprintf(buf, sizeof(buf),
+			 "INSERT INTO accounts(id) SELECT g FROM generate_series(1, %d) g "
+			 "ON CONFLICT DO NOTHING", opt.accounts);
+	must_exec(conn, buf);
+	res = PQexec(conn, "COPY stream (part, off, msg_id, amount, account) FROM STDIN");
+	if (PQresultStatus(res) != PGRES_COPY_IN)
+		die("%s", PQerrorMessage(conn));
+	PQclear(res);
+	for (int p = 0; p < opt.partitions; p++)
+	{
+		long		n = opt.messages / opt.partitions + (p < opt.messages % opt.partitions);
+		long		off = rng_below(&rng, 3);
+
+		for (long i = 0; i < n; i++)
+		{
+			int			len = snprintf(buf, sizeof(buf), "%d\t%ld\ts%lu-p%d-o%ld\t%d\t%d\n",
+									   p, off, opt.seed, p, off,
+									   1 + (int) rng_below(&rng, 1000),
+									   1 + (int) rng_below(&rng, opt.accounts));
+
+			if (PQputCopyData(conn, buf, len) != 1)
+				die("%s", PQerrorMessage(conn));
+			off += 1 + (rng_below(&rng, 10) == 0 ? 1 + rng_below(&rng, 3) : 0);
+		}
+	}
+	if (PQputCopyEnd(conn, NULL) != 1)
+		die("%s", PQerrorMessage(conn));
+	res = PQgetResult(conn);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		die("%s", PQerrorMessage(conn));
+	PQclear(res);
+	must_exec(conn, "ANALYZE stream");
+	PQfinish(conn);
+	note("chaos: produced %ld messages in %d partitions", opt.messages, opt.partitions);
+	return 0;
+}
+
 static int
 mode_produce(void)
 {
@@ -1576,6 +1903,8 @@ mode_produce(void)
 		die("the %s kind produces during the run", opt.kind);
 	if (n <= 0 || opt.redeliver < 0 || opt.redeliver > 1 || opt.max_copies < 1)
 		die("bad --messages, --redeliver or --max-copies");
+	if (find_kind(opt.kind)->consume)
+		return produce_offset(conn);
 	rng_seed(&rng, opt.seed);
 	pick = malloc(n * sizeof(long));
 	copies = calloc(n, sizeof(long));
@@ -1801,7 +2130,7 @@ usage(void)
 	fprintf(stderr,
 			"usage: chaos setup|produce|run|check [options]\n"
 			"  -d, --dbname CONNINFO      where to connect (default: libpq environment)\n"
-			"  --kind NAME                consumer kind: claim (default), request or outbox\n"
+			"  --kind NAME                consumer kind: claim (default), request, outbox or offset\n"
 			"  --ns NAME                  idem namespace (chaos)\n"
 			"  --messages N               messages to produce, or for the outbox kind to send (100000)\n"
 			"  --redeliver F              share of messages given extra copies (0.35)\n"
@@ -1811,6 +2140,7 @@ usage(void)
 			"  --consumers N              consumer processes (4)\n"
 			"  --producers N              outbox kind: producer processes (4)\n"
 			"  --keys N                   outbox kind: keys the messages are sent to (64)\n"
+			"  --partitions N             offset kind: partitions of the log (8)\n"
 			"  --nack-every N             one delivery in N fails and is nacked (outbox kind)\n"
 			"  --batch N                  rows leased at a time (32)\n"
 			"  --lease-ms N               lease of a row before redelivery (1000)\n"
@@ -1823,7 +2153,7 @@ usage(void)
 			"  --reconnect-s N            give up reaching the server after N seconds (120)\n"
 			"  --timeout-s N              give up a run after N seconds (1800)\n"
 			"  --no-idem                  broken consumer: skip idem_claim\n"
-			"  --broken no-idem|ack-first|unordered\n"
+			"  --broken no-idem|ack-first|unordered|split\n"
 			"                             broken consumer, to prove the checker live\n"
 			"  -q, --quiet                no progress on stderr\n");
 	exit(2);
@@ -1844,6 +2174,7 @@ main(int argc, char **argv)
 		{"consumers", required_argument, NULL, 'c'},
 		{"producers", required_argument, NULL, 'P'},
 		{"keys", required_argument, NULL, 'y'},
+		{"partitions", required_argument, NULL, 'Q'},
 		{"nack-every", required_argument, NULL, 'F'},
 		{"batch", required_argument, NULL, 'b'},
 		{"lease-ms", required_argument, NULL, 'l'},
@@ -1904,6 +2235,9 @@ main(int argc, char **argv)
 			case 'y':
 				opt.keys = atoi(optarg);
 				break;
+			case 'Q':
+				opt.partitions = atoi(optarg);
+				break;
 			case 'F':
 				opt.nack_every = atol(optarg);
 				break;
@@ -1944,8 +2278,8 @@ main(int argc, char **argv)
 				break;
 			case 'B':
 				if (strcmp(optarg, "no-idem") != 0 && strcmp(optarg, "ack-first") != 0 &&
-					strcmp(optarg, "unordered") != 0)
-					die("--broken takes no-idem, ack-first or unordered");
+					strcmp(optarg, "unordered") != 0 && strcmp(optarg, "split") != 0)
+					die("--broken takes no-idem, ack-first, unordered or split");
 				opt.broken = optarg;
 				break;
 			case 'q':
@@ -1967,6 +2301,10 @@ main(int argc, char **argv)
 		die("--keys must be between --producers and %d", MAX_KEYS);
 	if (opt.broken && strcmp(opt.broken, "unordered") == 0 && !find_kind(opt.kind)->lease_sql)
 		die("--broken unordered is for the outbox kind");
+	if (opt.broken && (find_kind(opt.kind)->consume != NULL) != (strcmp(opt.broken, "split") == 0))
+		die("the offset kind takes --broken split, and only it does");
+	if (opt.partitions < 1)
+		die("--partitions must be positive");
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	if (strcmp(mode, "setup") == 0)
