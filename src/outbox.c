@@ -823,12 +823,15 @@ uuid_datum_eq(Datum a, pg_uuid_t *b)
  * ---- Lease ----
  */
 
+/*
+ * A key row that may be leased now, as a pass's scan saw it: where it was
+ * and when it became available.  Candidates are tried in the order of
+ * (available_at, tid): the keys that have waited longest first.
+ */
 typedef struct LeaseCandidate
 {
-	text	   *topic;
 	TimestampTz available_at;
 	ItemPointerData tid;		/* where the scan saw the key's row */
-	HeapTuple	row;			/* and what it saw */
 } LeaseCandidate;
 
 typedef struct LeaseArg
@@ -849,10 +852,64 @@ typedef struct LeaseArg
 static int
 lease_candidate_cmp(const void *a, const void *b)
 {
-	TimestampTz ta = ((const LeaseCandidate *) a)->available_at;
-	TimestampTz tb = ((const LeaseCandidate *) b)->available_at;
+	const LeaseCandidate *ca = a;
+	const LeaseCandidate *cb = b;
 
-	return ta < tb ? -1 : ta > tb ? 1 : 0;
+	if (ca->available_at != cb->available_at)
+		return ca->available_at < cb->available_at ? -1 : 1;
+	return ItemPointerCompare((ItemPointer) &ca->tid, (ItemPointer) &cb->tid);
+}
+
+/*
+ * The best candidates of a scan, kept in a max-heap of at most "size"
+ * entries: the worst kept is at the root, and a better one replaces it.
+ */
+typedef struct LeaseHeap
+{
+	LeaseCandidate *c;
+	int			n;
+	int			size;
+} LeaseHeap;
+
+static void
+lease_heap_add(LeaseHeap *h, TimestampTz available_at, ItemPointer tid)
+{
+	LeaseCandidate cand;
+	int			i;
+
+	cand.available_at = available_at;
+	cand.tid = *tid;
+	if (h->n < h->size)
+	{
+		/* sift up */
+		i = h->n++;
+		while (i > 0 && lease_candidate_cmp(&h->c[(i - 1) / 2], &cand) < 0)
+		{
+			h->c[i] = h->c[(i - 1) / 2];
+			i = (i - 1) / 2;
+		}
+		h->c[i] = cand;
+		return;
+	}
+	if (lease_candidate_cmp(&cand, &h->c[0]) >= 0)
+		return;
+	/* replace the root, sift down */
+	i = 0;
+	for (;;)
+	{
+		int			child = 2 * i + 1;
+
+		if (child >= h->n)
+			break;
+		if (child + 1 < h->n &&
+			lease_candidate_cmp(&h->c[child + 1], &h->c[child]) > 0)
+			child++;
+		if (lease_candidate_cmp(&h->c[child], &cand) <= 0)
+			break;
+		h->c[i] = h->c[child];
+		i = child;
+	}
+	h->c[i] = cand;
 }
 
 /* Called by the store with the latest version of a key row. */
@@ -948,6 +1005,12 @@ outbox_check_message_type(TupleDesc desc)
 /*
  * One look for keys whose head may be leased now: their heads go into the
  * result, up to max_messages.  Returns how many.
+ *
+ * The scan keeps only the best candidates, about twice as many as may be
+ * leased; the rows are read again when they are tried, under the scan's
+ * snapshot, which keeps the versions it saw where they were.  When fewer
+ * than max_messages could be leased and the scan saw more candidates than
+ * it kept, it runs again under the same snapshot for the next ones.
  */
 static int
 lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
@@ -957,82 +1020,103 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 	TableScanDesc scan;
 	Snapshot	snap;
 	TupleTableSlot *kslot;
-	LeaseCandidate *cands;
-	int			ncands = 0;
-	int			maxcands = 64;
+	LeaseHeap	heap;
+	LeaseCandidate last;
+	bool		have_last = false;
+	bool		more;
 	int			nleased = 0;
 	int			i;
-	TupleDesc	tupdesc = idem_store_tupdesc(store);
-	Datum		values[OK_NATTS];
-	bool		isnull[OK_NATTS];
 
 	arg->now = GetCurrentTimestamp();
-	cands = palloc(sizeof(LeaseCandidate) * maxcands);
+	heap.size = max_messages * 2 + 16;
+	heap.c = palloc(sizeof(LeaseCandidate) * heap.size);
 	/* this call's own updates (a first pass) must be seen */
 	CommandCounterIncrement();
 	keys_rel = table_open(outbox_keys_relid, RowExclusiveLock);
 	snap = RegisterSnapshot(GetLatestSnapshot());
 	kslot = table_slot_create(keys_rel, NULL);
-	scan = table_beginscan(keys_rel, snap, 0, NULL);
-	while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
+	do
 	{
-		bool		dnull;
-		bool		anull;
-		Datum		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
-		Datum		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
-
-		if (dnull || anull || DatumGetBool(dead) ||
-			DatumGetTimestampTz(avail) > arg->now)
-			continue;
-		if (ncands == maxcands)
+		heap.n = 0;
+		more = false;
+		scan = table_beginscan(keys_rel, snap, 0, NULL);
+		while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
 		{
-			maxcands *= 2;
-			cands = repalloc(cands, sizeof(LeaseCandidate) * maxcands);
+			bool		dnull;
+			bool		anull;
+			Datum		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
+			Datum		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
+
+			if (dnull || anull || DatumGetBool(dead) ||
+				DatumGetTimestampTz(avail) > arg->now)
+				continue;
+			if (have_last)
+			{
+				LeaseCandidate cand;
+
+				/* tried by an earlier round */
+				cand.available_at = DatumGetTimestampTz(avail);
+				cand.tid = kslot->tts_tid;
+				if (lease_candidate_cmp(&cand, &last) <= 0)
+					continue;
+			}
+			if (heap.n == heap.size)
+				more = true;
+			lease_heap_add(&heap, DatumGetTimestampTz(avail), &kslot->tts_tid);
+			CHECK_FOR_INTERRUPTS();
 		}
-		cands[ncands].topic = DatumGetTextPCopy(slot_getattr(kslot, OK_TOPIC + 1, &dnull));
-		cands[ncands].available_at = DatumGetTimestampTz(avail);
-		cands[ncands].tid = kslot->tts_tid;
-		cands[ncands].row = ExecCopySlotHeapTuple(kslot);
-		ncands++;
-		CHECK_FOR_INTERRUPTS();
-	}
-	table_endscan(scan);
+		table_endscan(scan);
+
+		/* the keys that have waited longest first */
+		qsort(heap.c, heap.n, sizeof(LeaseCandidate), lease_candidate_cmp);
+
+		for (i = 0; i < heap.n && nleased < max_messages; i++)
+		{
+			IdemStoreUpdateResult res;
+			text	   *topic;
+
+			CHECK_FOR_INTERRUPTS();
+			/* the version the scan saw: the snapshot keeps it there */
+			if (!table_tuple_fetch_row_version(keys_rel, &heap.c[i].tid, snap,
+											   kslot))
+				continue;
+			slot_getallattrs(kslot);
+			topic = DatumGetTextPCopy(kslot->tts_values[OK_TOPIC]);
+			arg->topic = outbox_topic(topics, topic);
+
+			/*
+			 * The row is updated where the scan saw it, if no transaction has
+			 * changed it since: one that has, or is changing it, is skipped.
+			 */
+			res = idem_store_try_update_at(store, &heap.c[i].tid,
+										   kslot->tts_values, kslot->tts_isnull,
+										   lease_key, arg);
+			ExecClearTuple(kslot);
+			if (res == IDEM_UPDATE_DONE && arg->leased)
+			{
+				tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
+									 arg->values, arg->isnull);
+				nleased++;
+				idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
+									 IDEM_OUTBOX_LEASED, 1);
+				if (DatumGetInt32(arg->values[6]) > 1)
+					idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
+										 IDEM_OUTBOX_REDELIVERED, 1);
+			}
+			else if (res == IDEM_UPDATE_DONE && arg->died)
+				idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
+									 IDEM_OUTBOX_DEAD, 1);
+		}
+		if (heap.n > 0)
+		{
+			last = heap.c[heap.n - 1];
+			have_last = true;
+		}
+	} while (more && nleased < max_messages);
 	ExecDropSingleTupleTableSlot(kslot);
 	UnregisterSnapshot(snap);
 	table_close(keys_rel, NoLock);
-
-	/* the keys that have waited longest first */
-	qsort(cands, ncands, sizeof(LeaseCandidate), lease_candidate_cmp);
-
-	for (i = 0; i < ncands && nleased < max_messages; i++)
-	{
-		IdemStoreUpdateResult res;
-
-		CHECK_FOR_INTERRUPTS();
-		arg->topic = outbox_topic(topics, cands[i].topic);
-
-		/*
-		 * The row is updated where the scan saw it, if no transaction has
-		 * changed it since: one that has, or is changing it, is skipped.
-		 */
-		heap_deform_tuple(cands[i].row, tupdesc, values, isnull);
-		res = idem_store_try_update_at(store, &cands[i].tid, values, isnull,
-									   lease_key, arg);
-		if (res == IDEM_UPDATE_DONE && arg->leased)
-		{
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
-								 arg->values, arg->isnull);
-			nleased++;
-			idem_stat_count_text(IDEM_KIND_OUTBOX, cands[i].topic,
-								 IDEM_OUTBOX_LEASED, 1);
-			if (DatumGetInt32(arg->values[6]) > 1)
-				idem_stat_count_text(IDEM_KIND_OUTBOX, cands[i].topic,
-									 IDEM_OUTBOX_REDELIVERED, 1);
-		}
-		else if (res == IDEM_UPDATE_DONE && arg->died)
-			idem_stat_count_text(IDEM_KIND_OUTBOX, cands[i].topic,
-								 IDEM_OUTBOX_DEAD, 1);
-	}
+	pfree(heap.c);
 	return nleased;
 }
 
