@@ -59,6 +59,7 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "mb/pg_wchar.h"
+#include "storage/bufmgr.h"
 #include "storage/lock.h"
 #include "common/hashfn.h"
 #include "utils/array.h"
@@ -202,6 +203,8 @@ typedef struct OutboxRels
 	Relation	key_seq;
 	TupleTableSlot *slot;
 	LOCKMODE	lockmode;
+	BlockNumber nblocks;		/* rel's size once asked, or
+								 * InvalidBlockNumber */
 } OutboxRels;
 
 /*
@@ -262,6 +265,7 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 	r->key_seq = index_open(outbox_key_seq_oid, lockmode);
 	outbox_check_index(r->key_seq, r->rel, 2, key_seq_cols);
 	r->slot = table_slot_create(r->rel, NULL);
+	r->nblocks = InvalidBlockNumber;
 }
 
 static void
@@ -748,17 +752,41 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	PG_RETURN_UUID_P(id);
 }
 
+static bool uuid_datum_eq(Datum a, pg_uuid_t *b);
+
 /*
  * Find a message by its id, as it stands now (the latest committed
- * version, or this transaction's).  Leaves its columns in r->slot.
+ * version, or this transaction's).  Leaves its columns in r->slot.  When
+ * tid is given, the row there is taken if it is visible and has the id.
  */
 static bool
-outbox_find(OutboxRels *r, pg_uuid_t *id)
+outbox_find(OutboxRels *r, pg_uuid_t *id, ItemPointer tid)
 {
 	ScanKeyData skey;
 	IndexScanDesc scan;
 	Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
 	bool		found;
+
+	/*
+	 * The table's size is asked once per call: the lock held keeps it from
+	 * shrinking, and the row cannot be in a block added since.
+	 */
+	if (tid != NULL && ItemPointerIsValid(tid) &&
+		r->nblocks == InvalidBlockNumber)
+		r->nblocks = RelationGetNumberOfBlocks(r->rel);
+	if (tid != NULL && ItemPointerIsValid(tid) &&
+		ItemPointerGetBlockNumber(tid) < r->nblocks &&
+		table_tuple_fetch_row_version(r->rel, tid, snap, r->slot))
+	{
+		slot_getallattrs(r->slot);
+		if (!r->slot->tts_isnull[OB_ID] &&
+			uuid_datum_eq(r->slot->tts_values[OB_ID], id))
+		{
+			UnregisterSnapshot(snap);
+			return true;
+		}
+		ExecClearTuple(r->slot);
+	}
 
 	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ,
 				UUIDPGetDatum(id));
@@ -820,6 +848,74 @@ uuid_datum_eq(Datum a, pg_uuid_t *b)
 }
 
 /*
+ * ---- Where leased messages are ----
+ *
+ * A relay acknowledges the messages it leased, usually in the same session:
+ * the lease remembers, per message id, where the message was and where it
+ * left the key row's new version, and the ack looks there before it probes
+ * the indexes.  What it finds there is checked (the message's id; the key
+ * row's key, and that the version is still the latest), so a stale entry
+ * (another relay's lease since, a rollback, DROP EXTENSION) only costs the
+ * probes.  Entries are removed by the ack; the whole table is dropped when
+ * it grows past OUTBOX_LEASED_MAX (leases never acknowledged here).
+ */
+#define OUTBOX_LEASED_MAX	65536
+
+typedef struct OutboxLeased
+{
+	pg_uuid_t	id;				/* hash key */
+	ItemPointerData msg_tid;
+	ItemPointerData key_tid;
+} OutboxLeased;
+
+static HTAB *outbox_leased = NULL;
+
+static void
+outbox_remember_lease(pg_uuid_t *id, ItemPointer msg_tid,
+					  ItemPointerData key_tid)
+{
+	OutboxLeased *e;
+	bool		found;
+
+	if (outbox_leased != NULL &&
+		hash_get_num_entries(outbox_leased) >= OUTBOX_LEASED_MAX)
+	{
+		hash_destroy(outbox_leased);
+		outbox_leased = NULL;
+	}
+	if (outbox_leased == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(pg_uuid_t);
+		ctl.entrysize = sizeof(OutboxLeased);
+		ctl.hcxt = TopMemoryContext;
+		outbox_leased = hash_create("idem outbox leases", 1024, &ctl,
+									HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	e = hash_search(outbox_leased, id, HASH_ENTER, &found);
+	e->msg_tid = *msg_tid;
+	e->key_tid = key_tid;
+}
+
+/* Where a message leased by this session was, forgotten once asked. */
+static bool
+outbox_recall_lease(pg_uuid_t *id, ItemPointer msg_tid, ItemPointer key_tid)
+{
+	OutboxLeased *e;
+
+	if (outbox_leased == NULL)
+		return false;
+	e = hash_search(outbox_leased, id, HASH_FIND, NULL);
+	if (e == NULL)
+		return false;
+	*msg_tid = e->msg_tid;
+	*key_tid = e->key_tid;
+	(void) hash_search(outbox_leased, id, HASH_REMOVE, NULL);
+	return true;
+}
+
+/*
  * ---- Lease ----
  */
 
@@ -847,6 +943,7 @@ typedef struct LeaseArg
 	Datum		values[OM_NATTS];
 	bool		isnull[OM_NATTS];
 	pg_uuid_t	head_id;
+	ItemPointerData head_tid;	/* where the leased head is */
 } LeaseArg;
 
 static int
@@ -942,6 +1039,7 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		attempts = 0;
 
 	memcpy(&arg->head_id, DatumGetUUIDP(slot->tts_values[OB_ID]), UUID_LEN);
+	arg->head_tid = slot->tts_tid;
 	values[OK_HEAD_ID] = UUIDPGetDatum(&arg->head_id);
 	isnull[OK_HEAD_ID] = false;
 
@@ -1096,6 +1194,8 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 			{
 				tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
 									 arg->values, arg->isnull);
+				outbox_remember_lease(&arg->head_id, &arg->head_tid,
+									  idem_store_updated_tid(store));
 				nleased++;
 				idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
 									 IDEM_OUTBOX_LEASED, 1);
@@ -1306,6 +1406,8 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	for (i = 0; i < nelems; i++)
 	{
 		ItemPointerData tid;
+		ItemPointerData msg_tid;
+		ItemPointerData key_tid;
 		text	   *topic;
 		text	   *key;
 
@@ -1313,15 +1415,20 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		if (nulls[i])
 			continue;
 		arg.id = DatumGetUUIDP(elems[i]);
-		if (!outbox_find(&r, arg.id))
+		if (!outbox_recall_lease(arg.id, &msg_tid, &key_tid))
+		{
+			ItemPointerSetInvalid(&msg_tid);
+			ItemPointerSetInvalid(&key_tid);
+		}
+		if (!outbox_find(&r, arg.id, &msg_tid))
 			continue;
 		tid = r.slot->tts_tid;
 		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
 		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);
 		ExecClearTuple(r.slot);
 
-		if (idem_store_update(store, PointerGetDatum(topic),
-							  PointerGetDatum(key), ack_key, &arg) == IDEM_UPDATE_DONE)
+		if (idem_store_update_at(store, &key_tid, PointerGetDatum(topic),
+								 PointerGetDatum(key), ack_key, &arg) == IDEM_UPDATE_DONE)
 		{
 			TM_FailureData tmfd;
 			TM_Result	result;
@@ -1406,7 +1513,7 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 	arg.id = id;
 	arg.error = error;
 	arg.now = GetCurrentTimestamp();
-	if (outbox_find(&r, id))
+	if (outbox_find(&r, id, NULL))
 	{
 		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
 		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);
