@@ -1101,6 +1101,35 @@ outbox_check_message_type(TupleDesc desc)
 }
 
 /*
+ * Whether the key row version in slot (pinned) has been updated or deleted
+ * by a transaction that committed or is still running: idem_store_try_update_at
+ * would then leave it, whatever lease_key said.  A lock (held or not), a
+ * multixact and an aborted updater say no: the update is tried, and
+ * decides.
+ */
+static bool
+lease_row_changed(TupleTableSlot *slot)
+{
+	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+	HeapTupleHeader tup = bslot->base.tuple->t_data;
+	uint16		infomask;
+	TransactionId xmax;
+	bool		changed;
+
+	LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
+	infomask = tup->t_infomask;
+	xmax = HeapTupleHeaderGetRawXmax(tup);
+	LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
+	if ((infomask & HEAP_XMAX_INVALID) || (infomask & HEAP_XMAX_IS_MULTI) ||
+		!TransactionIdIsValid(xmax))
+		return false;
+	if (HEAP_XMAX_IS_LOCKED_ONLY(infomask))
+		return false;
+	changed = !TransactionIdDidAbort(xmax);
+	return changed;
+}
+
+/*
  * One look for keys whose head may be leased now: their heads go into the
  * result, up to max_messages.  Returns how many.
  *
@@ -1178,6 +1207,16 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 			if (!table_tuple_fetch_row_version(keys_rel, &heap.c[i].tid, snap,
 											   kslot))
 				continue;
+			/*
+			 * A version another transaction has updated since, or is
+			 * updating, will not be updated here: skip it before the probe
+			 * of its head.
+			 */
+			if (lease_row_changed(kslot))
+			{
+				ExecClearTuple(kslot);
+				continue;
+			}
 			slot_getallattrs(kslot);
 			topic = DatumGetTextPCopy(kslot->tts_values[OK_TOPIC]);
 			arg->topic = outbox_topic(topics, topic);
