@@ -110,6 +110,12 @@ typedef bool (*IdemStoreUpdateFn) (TupleDesc tupdesc, Datum *values,
 extern IdemStoreUpdateResult idem_store_update(IdemStore *store, Datum ns,
 											   Datum key, IdemStoreUpdateFn fn,
 											   void *arg);
+extern IdemStoreUpdateResult idem_store_update_at(IdemStore *store,
+												  ItemPointer latest,
+												  Datum ns, Datum key,
+												  IdemStoreUpdateFn fn,
+												  void *arg);
+extern ItemPointerData idem_store_updated_tid(IdemStore *store);
 extern IdemStoreUpdateResult idem_store_try_update(IdemStore *store,
 												   Datum ns, Datum key,
 												   IdemStoreUpdateFn fn,

@@ -59,6 +59,7 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "mb/pg_wchar.h"
+#include "storage/bufmgr.h"
 #include "storage/lock.h"
 #include "common/hashfn.h"
 #include "utils/array.h"
@@ -202,6 +203,8 @@ typedef struct OutboxRels
 	Relation	key_seq;
 	TupleTableSlot *slot;
 	LOCKMODE	lockmode;
+	BlockNumber nblocks;		/* rel's size once asked, or
+								 * InvalidBlockNumber */
 } OutboxRels;
 
 /*
@@ -262,6 +265,7 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 	r->key_seq = index_open(outbox_key_seq_oid, lockmode);
 	outbox_check_index(r->key_seq, r->rel, 2, key_seq_cols);
 	r->slot = table_slot_create(r->rel, NULL);
+	r->nblocks = InvalidBlockNumber;
 }
 
 static void
@@ -762,17 +766,41 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	PG_RETURN_UUID_P(id);
 }
 
+static bool uuid_datum_eq(Datum a, pg_uuid_t *b);
+
 /*
  * Find a message by its id, as it stands now (the latest committed
- * version, or this transaction's).  Leaves its columns in r->slot.
+ * version, or this transaction's).  Leaves its columns in r->slot.  When
+ * tid is given, the row there is taken if it is visible and has the id.
  */
 static bool
-outbox_find(OutboxRels *r, pg_uuid_t *id)
+outbox_find(OutboxRels *r, pg_uuid_t *id, ItemPointer tid)
 {
 	ScanKeyData skey;
 	IndexScanDesc scan;
 	Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
 	bool		found;
+
+	/*
+	 * The table's size is asked once per call: the lock held keeps it from
+	 * shrinking, and the row cannot be in a block added since.
+	 */
+	if (tid != NULL && ItemPointerIsValid(tid) &&
+		r->nblocks == InvalidBlockNumber)
+		r->nblocks = RelationGetNumberOfBlocks(r->rel);
+	if (tid != NULL && ItemPointerIsValid(tid) &&
+		ItemPointerGetBlockNumber(tid) < r->nblocks &&
+		table_tuple_fetch_row_version(r->rel, tid, snap, r->slot))
+	{
+		slot_getallattrs(r->slot);
+		if (!r->slot->tts_isnull[OB_ID] &&
+			uuid_datum_eq(r->slot->tts_values[OB_ID], id))
+		{
+			UnregisterSnapshot(snap);
+			return true;
+		}
+		ExecClearTuple(r->slot);
+	}
 
 	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ,
 				UUIDPGetDatum(id));
@@ -834,15 +862,86 @@ uuid_datum_eq(Datum a, pg_uuid_t *b)
 }
 
 /*
+ * ---- Where leased messages are ----
+ *
+ * A relay acknowledges the messages it leased, usually in the same session:
+ * the lease remembers, per message id, where the message was and where it
+ * left the key row's new version, and the ack looks there before it probes
+ * the indexes.  What it finds there is checked (the message's id; the key
+ * row's key, and that the version is still the latest), so a stale entry
+ * (another relay's lease since, a rollback, DROP EXTENSION) only costs the
+ * probes.  Entries are removed by the ack; the whole table is dropped when
+ * it grows past OUTBOX_LEASED_MAX (leases never acknowledged here).
+ */
+#define OUTBOX_LEASED_MAX	65536
+
+typedef struct OutboxLeased
+{
+	pg_uuid_t	id;				/* hash key */
+	ItemPointerData msg_tid;
+	ItemPointerData key_tid;
+} OutboxLeased;
+
+static HTAB *outbox_leased = NULL;
+
+static void
+outbox_remember_lease(pg_uuid_t *id, ItemPointer msg_tid,
+					  ItemPointerData key_tid)
+{
+	OutboxLeased *e;
+	bool		found;
+
+	if (outbox_leased != NULL &&
+		hash_get_num_entries(outbox_leased) >= OUTBOX_LEASED_MAX)
+	{
+		hash_destroy(outbox_leased);
+		outbox_leased = NULL;
+	}
+	if (outbox_leased == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(pg_uuid_t);
+		ctl.entrysize = sizeof(OutboxLeased);
+		ctl.hcxt = TopMemoryContext;
+		outbox_leased = hash_create("idem outbox leases", 1024, &ctl,
+									HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	e = hash_search(outbox_leased, id, HASH_ENTER, &found);
+	e->msg_tid = *msg_tid;
+	e->key_tid = key_tid;
+}
+
+/* Where a message leased by this session was, forgotten once asked. */
+static bool
+outbox_recall_lease(pg_uuid_t *id, ItemPointer msg_tid, ItemPointer key_tid)
+{
+	OutboxLeased *e;
+
+	if (outbox_leased == NULL)
+		return false;
+	e = hash_search(outbox_leased, id, HASH_FIND, NULL);
+	if (e == NULL)
+		return false;
+	*msg_tid = e->msg_tid;
+	*key_tid = e->key_tid;
+	(void) hash_search(outbox_leased, id, HASH_REMOVE, NULL);
+	return true;
+}
+
+/*
  * ---- Lease ----
  */
 
+/*
+ * A key row that may be leased now, as a pass's scan saw it: where it was
+ * and when it became available.  Candidates are tried in the order of
+ * (available_at, tid): the keys that have waited longest first.
+ */
 typedef struct LeaseCandidate
 {
-	text	   *topic;
 	TimestampTz available_at;
 	ItemPointerData tid;		/* where the scan saw the key's row */
-	HeapTuple	row;			/* and what it saw */
 } LeaseCandidate;
 
 typedef struct LeaseArg
@@ -858,15 +957,70 @@ typedef struct LeaseArg
 	Datum		values[OM_NATTS];
 	bool		isnull[OM_NATTS];
 	pg_uuid_t	head_id;
+	ItemPointerData head_tid;	/* where the leased head is */
 } LeaseArg;
 
 static int
 lease_candidate_cmp(const void *a, const void *b)
 {
-	TimestampTz ta = ((const LeaseCandidate *) a)->available_at;
-	TimestampTz tb = ((const LeaseCandidate *) b)->available_at;
+	const LeaseCandidate *ca = a;
+	const LeaseCandidate *cb = b;
 
-	return ta < tb ? -1 : ta > tb ? 1 : 0;
+	if (ca->available_at != cb->available_at)
+		return ca->available_at < cb->available_at ? -1 : 1;
+	return ItemPointerCompare((ItemPointer) &ca->tid, (ItemPointer) &cb->tid);
+}
+
+/*
+ * The best candidates of a scan, kept in a max-heap of at most "size"
+ * entries: the worst kept is at the root, and a better one replaces it.
+ */
+typedef struct LeaseHeap
+{
+	LeaseCandidate *c;
+	int			n;
+	int			size;
+} LeaseHeap;
+
+static void
+lease_heap_add(LeaseHeap *h, TimestampTz available_at, ItemPointer tid)
+{
+	LeaseCandidate cand;
+	int			i;
+
+	cand.available_at = available_at;
+	cand.tid = *tid;
+	if (h->n < h->size)
+	{
+		/* sift up */
+		i = h->n++;
+		while (i > 0 && lease_candidate_cmp(&h->c[(i - 1) / 2], &cand) < 0)
+		{
+			h->c[i] = h->c[(i - 1) / 2];
+			i = (i - 1) / 2;
+		}
+		h->c[i] = cand;
+		return;
+	}
+	if (lease_candidate_cmp(&cand, &h->c[0]) >= 0)
+		return;
+	/* replace the root, sift down */
+	i = 0;
+	for (;;)
+	{
+		int			child = 2 * i + 1;
+
+		if (child >= h->n)
+			break;
+		if (child + 1 < h->n &&
+			lease_candidate_cmp(&h->c[child + 1], &h->c[child]) > 0)
+			child++;
+		if (lease_candidate_cmp(&h->c[child], &cand) <= 0)
+			break;
+		h->c[i] = h->c[child];
+		i = child;
+	}
+	h->c[i] = cand;
 }
 
 /* Called by the store with the latest version of a key row. */
@@ -899,6 +1053,7 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		attempts = 0;
 
 	memcpy(&arg->head_id, DatumGetUUIDP(slot->tts_values[OB_ID]), UUID_LEN);
+	arg->head_tid = slot->tts_tid;
 	values[OK_HEAD_ID] = UUIDPGetDatum(&arg->head_id);
 	isnull[OK_HEAD_ID] = false;
 
@@ -960,8 +1115,43 @@ outbox_check_message_type(TupleDesc desc)
 }
 
 /*
+ * Whether the key row version in slot (pinned) has been updated or deleted
+ * by a transaction that committed or is still running: idem_store_try_update_at
+ * would then leave it, whatever lease_key said.  A lock (held or not), a
+ * multixact and an aborted updater say no: the update is tried, and
+ * decides.
+ */
+static bool
+lease_row_changed(TupleTableSlot *slot)
+{
+	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+	HeapTupleHeader tup = bslot->base.tuple->t_data;
+	uint16		infomask;
+	TransactionId xmax;
+	bool		changed;
+
+	LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
+	infomask = tup->t_infomask;
+	xmax = HeapTupleHeaderGetRawXmax(tup);
+	LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
+	if ((infomask & HEAP_XMAX_INVALID) || (infomask & HEAP_XMAX_IS_MULTI) ||
+		!TransactionIdIsValid(xmax))
+		return false;
+	if (HEAP_XMAX_IS_LOCKED_ONLY(infomask))
+		return false;
+	changed = !TransactionIdDidAbort(xmax);
+	return changed;
+}
+
+/*
  * One look for keys whose head may be leased now: their heads go into the
  * result, up to max_messages.  Returns how many.
+ *
+ * The scan keeps only the best candidates, about twice as many as may be
+ * leased; the rows are read again when they are tried, under the scan's
+ * snapshot, which keeps the versions it saw where they were.  When fewer
+ * than max_messages could be leased and the scan saw more candidates than
+ * it kept, it runs again under the same snapshot for the next ones.
  */
 static int
 lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
@@ -971,82 +1161,115 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 	TableScanDesc scan;
 	Snapshot	snap;
 	TupleTableSlot *kslot;
-	LeaseCandidate *cands;
-	int			ncands = 0;
-	int			maxcands = 64;
+	LeaseHeap	heap;
+	LeaseCandidate last;
+	bool		have_last = false;
+	bool		more;
 	int			nleased = 0;
 	int			i;
-	TupleDesc	tupdesc = idem_store_tupdesc(store);
-	Datum		values[OK_NATTS];
-	bool		isnull[OK_NATTS];
 
 	arg->now = GetCurrentTimestamp();
-	cands = palloc(sizeof(LeaseCandidate) * maxcands);
+	heap.size = max_messages * 2 + 16;
+	heap.c = palloc(sizeof(LeaseCandidate) * heap.size);
 	/* this call's own updates (a first pass) must be seen */
 	CommandCounterIncrement();
 	keys_rel = table_open(outbox_keys_relid, RowExclusiveLock);
 	snap = RegisterSnapshot(GetLatestSnapshot());
 	kslot = table_slot_create(keys_rel, NULL);
-	scan = table_beginscan(keys_rel, snap, 0, NULL);
-	while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
+	do
 	{
-		bool		dnull;
-		bool		anull;
-		Datum		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
-		Datum		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
-
-		if (dnull || anull || DatumGetBool(dead) ||
-			DatumGetTimestampTz(avail) > arg->now)
-			continue;
-		if (ncands == maxcands)
+		heap.n = 0;
+		more = false;
+		scan = table_beginscan(keys_rel, snap, 0, NULL);
+		while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
 		{
-			maxcands *= 2;
-			cands = repalloc(cands, sizeof(LeaseCandidate) * maxcands);
+			bool		dnull;
+			bool		anull;
+			Datum		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
+			Datum		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
+
+			if (dnull || anull || DatumGetBool(dead) ||
+				DatumGetTimestampTz(avail) > arg->now)
+				continue;
+			if (have_last)
+			{
+				LeaseCandidate cand;
+
+				/* tried by an earlier round */
+				cand.available_at = DatumGetTimestampTz(avail);
+				cand.tid = kslot->tts_tid;
+				if (lease_candidate_cmp(&cand, &last) <= 0)
+					continue;
+			}
+			if (heap.n == heap.size)
+				more = true;
+			lease_heap_add(&heap, DatumGetTimestampTz(avail), &kslot->tts_tid);
+			CHECK_FOR_INTERRUPTS();
 		}
-		cands[ncands].topic = DatumGetTextPCopy(slot_getattr(kslot, OK_TOPIC + 1, &dnull));
-		cands[ncands].available_at = DatumGetTimestampTz(avail);
-		cands[ncands].tid = kslot->tts_tid;
-		cands[ncands].row = ExecCopySlotHeapTuple(kslot);
-		ncands++;
-		CHECK_FOR_INTERRUPTS();
-	}
-	table_endscan(scan);
+		table_endscan(scan);
+
+		/* the keys that have waited longest first */
+		qsort(heap.c, heap.n, sizeof(LeaseCandidate), lease_candidate_cmp);
+
+		for (i = 0; i < heap.n && nleased < max_messages; i++)
+		{
+			IdemStoreUpdateResult res;
+			text	   *topic;
+
+			CHECK_FOR_INTERRUPTS();
+			/* the version the scan saw: the snapshot keeps it there */
+			if (!table_tuple_fetch_row_version(keys_rel, &heap.c[i].tid, snap,
+											   kslot))
+				continue;
+			/*
+			 * A version another transaction has updated since, or is
+			 * updating, will not be updated here: skip it before the probe
+			 * of its head.
+			 */
+			if (lease_row_changed(kslot))
+			{
+				ExecClearTuple(kslot);
+				continue;
+			}
+			slot_getallattrs(kslot);
+			topic = DatumGetTextPCopy(kslot->tts_values[OK_TOPIC]);
+			arg->topic = outbox_topic(topics, topic);
+
+			/*
+			 * The row is updated where the scan saw it, if no transaction has
+			 * changed it since: one that has, or is changing it, is skipped.
+			 */
+			res = idem_store_try_update_at(store, &heap.c[i].tid,
+										   kslot->tts_values, kslot->tts_isnull,
+										   lease_key, arg);
+			ExecClearTuple(kslot);
+			if (res == IDEM_UPDATE_DONE && arg->leased)
+			{
+				tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
+									 arg->values, arg->isnull);
+				outbox_remember_lease(&arg->head_id, &arg->head_tid,
+									  idem_store_updated_tid(store));
+				nleased++;
+				idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
+									 IDEM_OUTBOX_LEASED, 1);
+				if (DatumGetInt32(arg->values[6]) > 1)
+					idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
+										 IDEM_OUTBOX_REDELIVERED, 1);
+			}
+			else if (res == IDEM_UPDATE_DONE && arg->died)
+				idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
+									 IDEM_OUTBOX_DEAD, 1);
+		}
+		if (heap.n > 0)
+		{
+			last = heap.c[heap.n - 1];
+			have_last = true;
+		}
+	} while (more && nleased < max_messages);
 	ExecDropSingleTupleTableSlot(kslot);
 	UnregisterSnapshot(snap);
 	table_close(keys_rel, NoLock);
-
-	/* the keys that have waited longest first */
-	qsort(cands, ncands, sizeof(LeaseCandidate), lease_candidate_cmp);
-
-	for (i = 0; i < ncands && nleased < max_messages; i++)
-	{
-		IdemStoreUpdateResult res;
-
-		CHECK_FOR_INTERRUPTS();
-		arg->topic = outbox_topic(topics, cands[i].topic);
-
-		/*
-		 * The row is updated where the scan saw it, if no transaction has
-		 * changed it since: one that has, or is changing it, is skipped.
-		 */
-		heap_deform_tuple(cands[i].row, tupdesc, values, isnull);
-		res = idem_store_try_update_at(store, &cands[i].tid, values, isnull,
-									   lease_key, arg);
-		if (res == IDEM_UPDATE_DONE && arg->leased)
-		{
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
-								 arg->values, arg->isnull);
-			nleased++;
-			idem_stat_count_text(IDEM_KIND_OUTBOX, cands[i].topic,
-								 IDEM_OUTBOX_LEASED, 1);
-			if (DatumGetInt32(arg->values[6]) > 1)
-				idem_stat_count_text(IDEM_KIND_OUTBOX, cands[i].topic,
-									 IDEM_OUTBOX_REDELIVERED, 1);
-		}
-		else if (res == IDEM_UPDATE_DONE && arg->died)
-			idem_stat_count_text(IDEM_KIND_OUTBOX, cands[i].topic,
-								 IDEM_OUTBOX_DEAD, 1);
-	}
+	pfree(heap.c);
 	return nleased;
 }
 
@@ -1237,6 +1460,8 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	for (i = 0; i < nelems; i++)
 	{
 		ItemPointerData tid;
+		ItemPointerData msg_tid;
+		ItemPointerData key_tid;
 		text	   *topic;
 		text	   *key;
 
@@ -1244,15 +1469,20 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		if (nulls[i])
 			continue;
 		arg.id = DatumGetUUIDP(elems[i]);
-		if (!outbox_find(&r, arg.id))
+		if (!outbox_recall_lease(arg.id, &msg_tid, &key_tid))
+		{
+			ItemPointerSetInvalid(&msg_tid);
+			ItemPointerSetInvalid(&key_tid);
+		}
+		if (!outbox_find(&r, arg.id, &msg_tid))
 			continue;
 		tid = r.slot->tts_tid;
 		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
 		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);
 		ExecClearTuple(r.slot);
 
-		if (idem_store_update(store, PointerGetDatum(topic),
-							  PointerGetDatum(key), ack_key, &arg) == IDEM_UPDATE_DONE)
+		if (idem_store_update_at(store, &key_tid, PointerGetDatum(topic),
+								 PointerGetDatum(key), ack_key, &arg) == IDEM_UPDATE_DONE)
 		{
 			TM_FailureData tmfd;
 			TM_Result	result;
@@ -1343,7 +1573,7 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 	arg.id = id;
 	arg.error = error;
 	arg.now = GetCurrentTimestamp();
-	if (outbox_find(&r, id))
+	if (outbox_find(&r, id, NULL))
 	{
 		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
 		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);

@@ -71,6 +71,9 @@ struct IdemStore
 	Buffer		hbuf;			/* heap page pinned by store_fetch */
 	ItemPointerData hint;		/* where the next probe looks first */
 	ItemPointerData last_tid;	/* where the last insertion put its row */
+	ItemPointerData updated_tid;	/* where the last update put its version */
+	BlockNumber nblocks;		/* the table's size, once store_fetch_version
+								 * asked (InvalidBlockNumber: not yet) */
 	SnapshotData dirty;			/* the probes' snapshot */
 	List	   *arbiters;		/* list of the unique index's OID */
 	TupleTableSlot *probe_slot; /* receives existing rows */
@@ -518,6 +521,8 @@ idem_store_open_keys(const char *relname, LOCKMODE lockmode, int nkeys)
 	InitDirtySnapshot(store->dirty);
 	ItemPointerSetInvalid(&store->hint);
 	ItemPointerSetInvalid(&store->last_tid);
+	ItemPointerSetInvalid(&store->updated_tid);
+	store->nblocks = InvalidBlockNumber;
 	return store;
 }
 
@@ -1047,6 +1052,69 @@ idem_store_delete(IdemStore *store, Datum ns, Datum key)
  */
 
 /*
+ * The row version at tid itself (not the chain of versions it starts), as
+ * the probes see it, when it has the key in skeys.  tid may point anywhere.
+ */
+static bool
+store_fetch_version(IdemStore *store, ItemPointer tid, ScanKey skeys,
+					TupleTableSlot *slot)
+{
+	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+	HeapTuple	tuple = &bslot->base.tupdata;
+	OffsetNumber offnum = ItemPointerGetOffsetNumber(tid);
+	Page		page;
+	bool		valid = false;
+	int			i;
+
+	/*
+	 * The size is asked once per store: the lock the store holds keeps the
+	 * table from shrinking, and a block added since is one this version
+	 * cannot be in.
+	 */
+	if (!store->heap)
+		return false;
+	if (store->nblocks == InvalidBlockNumber)
+		store->nblocks = RelationGetNumberOfBlocks(store->rel);
+	if (ItemPointerGetBlockNumber(tid) >= store->nblocks)
+		return false;
+	page = store_pin_page(store, ItemPointerGetBlockNumber(tid));
+	LockBuffer(store->hbuf, BUFFER_LOCK_SHARE);
+	if (offnum >= FirstOffsetNumber && offnum <= PageGetMaxOffsetNumber(page))
+	{
+		ItemId		lp = PageGetItemId(page, offnum);
+
+		if (ItemIdIsNormal(lp))
+		{
+			tuple->t_data = (HeapTupleHeader) PageGetItem(page, lp);
+			tuple->t_len = ItemIdGetLength(lp);
+			tuple->t_tableOid = RelationGetRelid(store->rel);
+			tuple->t_self = *tid;
+			valid = HeapTupleSatisfiesVisibility(tuple, &store->dirty,
+												 store->hbuf);
+		}
+	}
+	LockBuffer(store->hbuf, BUFFER_LOCK_UNLOCK);
+	if (!valid)
+		return false;
+	slot->tts_tableOid = RelationGetRelid(store->rel);
+	ExecStoreBufferHeapTuple(tuple, slot, store->hbuf);
+	slot_getsomeattrs(slot, store->nkeys);
+	for (i = 0; i < store->nkeys; i++)
+	{
+		if (slot->tts_isnull[i] ||
+			!DatumGetBool(FunctionCall2Coll(&skeys[i].sk_func,
+											skeys[i].sk_collation,
+											slot->tts_values[i],
+											skeys[i].sk_argument)))
+		{
+			ExecClearTuple(slot);
+			return false;
+		}
+	}
+	return true;
+}
+
+/*
  * Find the row (ns, key) and update it when fn says so: the semantics of
  * UPDATE ... WHERE ns = $1 AND key = $2 AND <fn> in READ COMMITTED, where the
  * latest version of the row is the one judged, whatever the snapshot.  An
@@ -1063,7 +1131,7 @@ idem_store_delete(IdemStore *store, Datum ns, Datum key)
  */
 static IdemStoreUpdateResult
 store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
-			 void *arg, IdemStoreWait wait)
+			 void *arg, IdemStoreWait wait, ItemPointer latest)
 {
 	TupleDesc	tupdesc = RelationGetDescr(store->rel);
 	TupleTableSlot *slot = store_write_slot(store);
@@ -1075,7 +1143,35 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 		TM_Result	result;
 		LockTupleMode lockmode;
 		bool		update_indexes = false;
-		ProbeResult found = store_probe(store, keys, wait);
+		ProbeResult found = PROBE_ABSENT;
+		bool		probed = false;
+
+		/*
+		 * A version the caller says was the latest is taken without a probe
+		 * when it has the key and still is: no transaction has updated,
+		 * deleted or locked it for update, or is doing so.  Anything else,
+		 * and every later round, goes through the probe.
+		 */
+		if (latest != NULL && ItemPointerIsValid(latest))
+		{
+			ScanKeyData skeys[STORE_MAX_KEYS];
+
+			store_scankeys(store, skeys, keys);
+			if (store_fetch_version(store, latest, skeys, store->probe_slot))
+			{
+				if (!TransactionIdIsValid(store->dirty.xmin) &&
+					!TransactionIdIsValid(store->dirty.xmax))
+				{
+					found = PROBE_EXISTS;
+					probed = true;
+				}
+				else
+					ExecClearTuple(store->probe_slot);
+			}
+			latest = NULL;
+		}
+		if (!probed)
+			found = store_probe(store, keys, wait);
 
 		if (found != PROBE_EXISTS)
 		{
@@ -1124,6 +1220,7 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 					list_free(recheck);
 					ResetPerTupleExprContext(store->estate);
 				}
+				store->updated_tid = slot->tts_tid;
 				ExecClearTuple(slot);
 				return IDEM_UPDATE_DONE;
 			case TM_SelfModified:
@@ -1151,7 +1248,7 @@ idem_store_update(IdemStore *store, Datum ns, Datum key,
 	Datum		pair[STORE_NKEYS];
 
 	return store_update(store, store_key_pair(store, pair, ns, key), fn, arg,
-						IDEM_WAIT);
+						IDEM_WAIT, NULL);
 }
 
 /* The same for a table opened with idem_store_open_keys. */
@@ -1159,7 +1256,32 @@ IdemStoreUpdateResult
 idem_store_update_keys(IdemStore *store, const Datum *keys,
 					   IdemStoreUpdateFn fn, void *arg)
 {
-	return store_update(store, keys, fn, arg, IDEM_WAIT);
+	return store_update(store, keys, fn, arg, IDEM_WAIT, NULL);
+}
+
+/*
+ * idem_store_update, when the caller remembers where the row's latest
+ * version was (idem_store_updated_tid after an update of it): that version
+ * is judged without a probe when it has the key and still is the latest.
+ * latest may point anywhere; the answer is idem_store_update's.
+ */
+IdemStoreUpdateResult
+idem_store_update_at(IdemStore *store, ItemPointer latest, Datum ns,
+					 Datum key, IdemStoreUpdateFn fn, void *arg)
+{
+	Datum		pair[STORE_NKEYS];
+
+	return store_update(store, store_key_pair(store, pair, ns, key), fn, arg,
+						IDEM_WAIT, latest);
+}
+
+/*
+ * Where the last successful update of this store put the row's new version.
+ */
+ItemPointerData
+idem_store_updated_tid(IdemStore *store)
+{
+	return store->updated_tid;
 }
 
 /*
@@ -1173,7 +1295,7 @@ idem_store_try_update(IdemStore *store, Datum ns, Datum key,
 	Datum		pair[STORE_NKEYS];
 
 	return store_update(store, store_key_pair(store, pair, ns, key), fn, arg,
-						IDEM_NOWAIT);
+						IDEM_NOWAIT, NULL);
 }
 
 /*
@@ -1222,6 +1344,7 @@ idem_store_try_update_at(IdemStore *store, ItemPointer tid, Datum *values,
 				list_free(recheck);
 				ResetPerTupleExprContext(store->estate);
 			}
+			store->updated_tid = slot->tts_tid;
 			ExecClearTuple(slot);
 			return IDEM_UPDATE_DONE;
 		case TM_SelfModified:
