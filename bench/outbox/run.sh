@@ -44,9 +44,11 @@
 # Settings (environment):
 #   QUICK         1: the defaults below become N=20000, STEADY=30
 #   N             messages per phase, default 100000
-#   ROUNDS        rounds, default 3
+#   ROUNDS        rounds, default 3 (0: only the steady load, see steady.sh)
 #   STEADY        seconds of the steady load per peer, default 600 (0: none)
 #   STEADY_RATE   messages per second of the steady load, default 1000
+#   SAMPLE_EVERY  seconds between the samples of each table's and its
+#                 indexes' size in the steady load, default 60
 #   SYNC_COMMIT   synchronous_commit, default off
 #   AUTOVACUUM    autovacuum during the measured phases, default off (each
 #                 phase starts on a fresh outbox; the steady load has it on)
@@ -78,6 +80,7 @@ BATCH=100
 ROUNDS=${ROUNDS:-3}
 STEADY=${STEADY:-600}
 STEADY_RATE=${STEADY_RATE:-1000}
+SAMPLE_EVERY=${SAMPLE_EVERY:-60}
 SYNC_COMMIT=${SYNC_COMMIT:-off}
 AUTOVACUUM=${AUTOVACUUM:-off}
 DEADLINE=${DEADLINE:-60}
@@ -88,9 +91,11 @@ PORT=${PORT:-5661}
 RESULTS="$here/bench/results"
 
 [[ "$N" =~ ^[1-9][0-9]*$ ]] && [ $((N % 4)) = 0 ] || die "N must be a positive multiple of 4"
-[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer"
+[[ "$ROUNDS" =~ ^[0-9]+$ ]] || die "ROUNDS must be a number (0: the steady load only)"
+[ "$ROUNDS" -gt 0 ] || [ "$STEADY" -gt 0 ] || die "nothing to run: ROUNDS=0 and STEADY=0"
 [[ "$STEADY" =~ ^[0-9]+$ ]] || die "STEADY must be a number of seconds"
 [[ "$STEADY_RATE" =~ ^[1-9][0-9]*$ ]] || die "STEADY_RATE must be a positive integer"
+[[ "$SAMPLE_EVERY" =~ ^[1-9][0-9]*$ ]] || die "SAMPLE_EVERY must be a positive integer"
 [[ "$DEADLINE" =~ ^[1-9][0-9]*$ ]] || die "DEADLINE must be a positive integer"
 case $SYNC_COMMIT in on|off|local|remote_write|remote_apply) ;; *) die "SYNC_COMMIT: on or off" ;; esac
 case $AUTOVACUUM in on|off) ;; *) die "AUTOVACUUM: on or off" ;; esac
@@ -109,9 +114,11 @@ dir=$(mktemp -d /tmp/idem-bench-outbox.XXXXXX)
 chmod 755 "$dir"
 work=
 sampler=
+detail=
 ok=0
 cleanup() {
     [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
+    [ -n "$detail" ] && kill "$detail" 2>/dev/null
     stop_cluster "$dir/cluster"
     [ -n "$work" ] && rm -rf "$work"
     if [ "${KEEP:-0}" = 1 ] || [ "$ok" != 1 ]; then echo "files kept in $dir" >&2; else rm -rf "$dir"; fi
@@ -178,7 +185,8 @@ raw=$dir/raw.txt
         "pgboss=$([ "$PGBOSS" = 1 ] && sed -n 's/^  "version": "\(.*\)",$/\1/p' "$node_dir/node_modules/pg-boss/package.json" || echo -)" \
         "node=$([ -n "$NODE" ] && "$NODE" --version || echo -)"
     echo "SETTINGS n=$N keys=$KEYS batch=$BATCH rounds=$ROUNDS sync_commit=$SYNC_COMMIT autovacuum=$AUTOVACUUM" \
-        "deadline=$DEADLINE steady=$STEADY steady_rate=$STEADY_RATE pgq_rotation=\"$PGQ_ROTATION\"" \
+        "deadline=$DEADLINE steady=$STEADY steady_rate=$STEADY_RATE sample_every=$SAMPLE_EVERY" \
+        "pgq_rotation=\"$PGQ_ROTATION\"" \
         "date=$(date -u +%Y-%m-%dT%H:%MZ)"
 } >> "$raw"
 
@@ -203,6 +211,25 @@ schema_size() {
     esac
     sql -c "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c
               JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'm') AND $where"
+}
+
+# relation_sizes PEER SECONDS: one SAMPLE line per table of the peer: its
+# heap (with TOAST), its indexes, its live and dead rows as the statistics
+# collector counts them, and how many times autovacuum has vacuumed it
+relation_sizes() {
+    local where
+    case $1 in
+        idem) where="n.nspname = 'idem' AND c.relname LIKE 'outbox%'" ;;
+        pgboss) where="n.nspname = 'pgboss'" ;;
+        *) where="n.nspname = '$1'" ;;
+    esac
+    sql -F ' ' -c "SELECT 'SAMPLE peer=$1 t=$2 rel=' || n.nspname || '.' || c.relname,
+                          'table=' || (pg_table_size(c.oid)), 'indexes=' || pg_indexes_size(c.oid),
+                          'live=' || coalesce(s.n_live_tup, 0), 'dead=' || coalesce(s.n_dead_tup, 0),
+                          'autovacuums=' || coalesce(s.autovacuum_count, 0)
+                     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                     LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+                    WHERE c.relkind = 'r' AND $where ORDER BY 1"
 }
 
 # setup_peer PEER [steady]: a fresh, empty outbox
@@ -330,12 +357,19 @@ steady_peer() {   # peer
     every=$(( STEADY >= 300 ? 10 : (STEADY >= 60 ? 5 : 2) ))
     ( while sleep "$every"; do schema_size "$p"; done ) > "$dir/sizes" 2>/dev/null &
     sampler=$!
+    relation_sizes "$p" 0 >> "$raw"
+    ( t=0; while sleep "$SAMPLE_EVERY"; do t=$((t + SAMPLE_EVERY)); relation_sizes "$p" "$t"; done ) \
+        > "$dir/detail" 2>/dev/null &
+    detail=$!
     if [ "$p" = pgboss ]; then
         phase 0 "$p" st steady single 4 "$r4" 0 --steady "$STEADY" --rate "$STEADY_RATE" --poll 10
     else
         phase 0 "$p" st steady single 4 "$r4" 0 -s "$STEADY" -R "$STEADY_RATE" -i 10
     fi
     kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; sampler=
+    kill "$detail" 2>/dev/null; wait "$detail" 2>/dev/null; detail=
+    grep '^SAMPLE' "$dir/detail" >> "$raw"
+    relation_sizes "$p" end >> "$raw"
     s1=$(schema_size "$p")
     smax=$( (cat "$dir/sizes"; echo "$s0"; echo "$s1") | grep -E '^[0-9]+$' | sort -n | tail -n 1)
     echo "SIZE peer=$p start=$s0 max=$smax end=$s1 samples=$(wc -l < "$dir/sizes") every=$every" >> "$raw"

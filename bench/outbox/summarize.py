@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The tables of the outbox benchmark, in markdown, from the raw lines run.sh writes (MACHINE, VERSIONS,
-SETTINGS, RESULT, SIZE, LOAD): medians over the rounds, and the median of each round's ratio to sl."""
+SETTINGS, RESULT, SIZE, SAMPLE, LOAD): medians over the rounds, and the median of each round's ratio to sl."""
 import shlex
 import statistics as st
 import sys
@@ -26,7 +26,7 @@ ORDER = ["idem", "sl", "ord", "pgq", "pgboss"]
 
 
 def parse(path):
-    meta, res, sizes = {}, [], {}
+    meta, res, sizes, samples = {}, [], {}, []
     for line in open(path):
         parts = shlex.split(line)
         if not parts:
@@ -36,9 +36,11 @@ def parse(path):
             res.append(kv)
         elif parts[0] == "SIZE":
             sizes[kv["peer"]] = kv
+        elif parts[0] == "SAMPLE":
+            samples.append(kv)
         else:
             meta.update(kv)
-    return meta, res, sizes
+    return meta, res, sizes, samples
 
 
 def num(x, f):
@@ -54,7 +56,7 @@ def mb(b):
 
 
 def main(path):
-    meta, res, sizes = parse(path)
+    meta, res, sizes, samples = parse(path)
     runs = defaultdict(dict)  # (peer, slot) -> round -> result
     for r in res:
         if r.get("slot") != "st":
@@ -100,6 +102,17 @@ def main(path):
           f"{meta.get('autovacuum', '?')} in the measured phases (on in the steady load); "
           f"a phase stops after {meta.get('deadline', '?')} s.\n")
 
+    if rounds:
+        rounds_tables(peers, rounds, runs, metric, table)
+    order_table(peers, runs, steady)
+    steady_tables(meta, peers, steady, sizes, samples)
+    if rounds and "idem" in peers:
+        goals(runs, metric)
+    if rounds:
+        every_round(peers, rounds, runs)
+
+
+def rounds_tables(peers, rounds, runs, metric, table):
     print("### Throughput, messages per second\n")
     print("Median over the rounds; in brackets the median of each round's ratio to `sl` (min-max over the rounds). "
           "`*`: a phase hit the deadline (rate = messages moved / time). `[1 relay]`: PgQ has one consumer "
@@ -114,6 +127,8 @@ def main(path):
     print("### WAL per message, bytes\n")
     table(lambda x: per_msg(x, "wal_bytes"), lambda v: f"{v:,.0f}", ratio=False)
 
+
+def order_table(peers, runs, steady):
     print("### Order per key and delivery, over every phase of every round\n")
     print("Inversions: a message delivered after one of the same key with a higher sequence number. Overlaps: "
           "the next message of a key handed to another relay before the relay holding the previous one had "
@@ -131,6 +146,8 @@ def main(path):
               f"{sum(num(x, 'dups') for x in xs):,.0f} | {', '.join(bad) or '-'} |")
     print()
 
+
+def steady_tables(meta, peers, steady, sizes, samples):
     if steady:
         print("### Steady load\n")
         print(f"4 producers send {meta.get('steady_rate', '?')} messages per second in all, one per transaction, "
@@ -154,8 +171,22 @@ def main(path):
                   f"{mb(s.get('max', 0))} | {mb(s.get('end', 0))} | {x.get('inversions')} / {x.get('overlaps')} / "
                   f"{x.get('missing')} / {x.get('dups')} |")
         print()
+    if samples:
+        print(f"#### Size of each table during the steady load\n")
+        print("Every table of the peer, sampled when the load starts, every "
+              f"{meta.get('sample_every', '?')} s during it, and once the relays have drained it: heap (with TOAST) and "
+              "indexes in MB, live and dead rows as the statistics collector counts them, and the autovacuums of "
+              "the table so far.\n")
+        print("| peer | table | s | heap (MB) | indexes (MB) | live rows | dead rows | autovacuums |")
+        print("|---|---|---|---|---|---|---|---|")
+        for x in samples:
+            print(f"| {x['peer']} | {x['rel']} | {x['t']} | {mb(x['table'])} | {mb(x['indexes'])} | "
+                  f"{int(x['live']):,} | {int(x['dead']):,} | {x['autovacuums']} |")
+        print()
 
-    if "idem" in peers:
+
+def goals(runs, metric):
+    if True:
         def ratios(p, slot, q, qslot):
             a, b = metric(p, slot, lambda x: num(x, "rate")), metric(q, qslot, lambda x: num(x, "rate"))
             rs = [a[rd] / b[rd] for rd in a if rd in b and b[rd] > 0]
@@ -184,6 +215,9 @@ def main(path):
         print("| consume WAL per message and the size after the steady load, beside the peers' | see above | |")
         print()
 
+
+
+def every_round(peers, rounds, runs):
     print("### Every round, messages per second\n")
     print("| peer | phase | " + " | ".join(f"round {r}" for r in rounds) + " |")
     print("|---|---|" + "---|" * len(rounds))
