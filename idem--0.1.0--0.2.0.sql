@@ -701,7 +701,12 @@ COMMENT ON FUNCTION idem_outbox_stats() IS
 -- SHARE lock waits for them, so that a key row is never removed under a
 -- message still being sent.  It gives up at once when it cannot have the
 -- lock within lock_wait, so that senders never queue behind it for long.
-CREATE OR REPLACE FUNCTION idem_outbox_purge(lock_wait pg_catalog.interval DEFAULT '1 second')
+-- At most max_rows key rows go per call: the lock, which holds senders and
+-- relays back, is held for a bounded time; call it again while it returns
+-- max_rows.
+DROP FUNCTION IF EXISTS idem_outbox_purge(pg_catalog.interval);
+CREATE OR REPLACE FUNCTION idem_outbox_purge(lock_wait pg_catalog.interval DEFAULT '1 second',
+                                             max_rows pg_catalog.int4 DEFAULT 10000)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -714,6 +719,17 @@ BEGIN
        OR lock_wait OPERATOR(pg_catalog.>) '1 minute'::pg_catalog.interval THEN
         RAISE EXCEPTION 'lock_wait must be between 0 and 1 minute'
             USING ERRCODE = '22023';
+    END IF;
+    IF max_rows IS NULL THEN
+        RAISE EXCEPTION 'max_rows must not be null'
+            USING ERRCODE = '22004',
+                  HINT = 'Give the largest number of rows one call may delete.';
+    END IF;
+    IF max_rows OPERATOR(pg_catalog.<=) 0 THEN
+        RAISE EXCEPTION 'max_rows must be positive'
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('max_rows was %s.', max_rows),
+                  HINT = 'Give the largest number of rows one call may delete.';
     END IF;
     -- the deletion's snapshot must be taken after the lock (READ UNCOMMITTED
     -- is READ COMMITTED in PostgreSQL)
@@ -737,18 +753,23 @@ BEGIN
         RETURN 0;
     END;
     PERFORM pg_catalog.set_config('lock_timeout', old_timeout, true);
+    -- the lock keeps every other session from changing the rows: the
+    -- versions the subquery picks are the ones deleted
     DELETE FROM idem.outbox_keys k
-     WHERE NOT k.dead
-       AND NOT EXISTS (SELECT 1 FROM idem.outbox o
-                        WHERE o.key_hash OPERATOR(pg_catalog.=) idem._outbox_key_hash(k.topic, k.key)
-                          AND o.aggregatetype OPERATOR(pg_catalog.=) k.topic
-                          AND o.aggregateid OPERATOR(pg_catalog.=) k.key);
+     WHERE k.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+            SELECT i.ctid FROM idem.outbox_keys i
+             WHERE NOT i.dead
+               AND NOT EXISTS (SELECT 1 FROM idem.outbox o
+                                WHERE o.key_hash OPERATOR(pg_catalog.=) idem._outbox_key_hash(i.topic, i.key)
+                                  AND o.aggregatetype OPERATOR(pg_catalog.=) i.topic
+                                  AND o.aggregateid OPERATOR(pg_catalog.=) i.key)
+             LIMIT max_rows));
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END;
 $$;
-COMMENT ON FUNCTION idem_outbox_purge(pg_catalog.interval) IS
-    'remove the rows of keys whose messages were all delivered; gives up (returns 0) when senders hold the table longer than lock_wait';
+COMMENT ON FUNCTION idem_outbox_purge(pg_catalog.interval, pg_catalog.int4) IS
+    'remove the rows of keys whose messages were all delivered, at most max_rows per call; gives up (returns 0) when senders hold the table longer than lock_wait';
 
 REVOKE ALL ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_ack(pg_catalog.uuid[]) FROM PUBLIC;
@@ -756,7 +777,7 @@ REVOKE ALL ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_cat
 REVOKE ALL ON FUNCTION idem_outbox_configure(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_redrive(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_stats() FROM PUBLIC;
-REVOKE ALL ON FUNCTION idem_outbox_purge(pg_catalog.interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_outbox_purge(pg_catalog.interval, pg_catalog.int4) FROM PUBLIC;
 -- ==== END outbox ====
 
 -- ==== BEGIN statistics ====
@@ -826,7 +847,7 @@ BEGIN
     RETURN NEXT;
     -- idle keys of the outbox, only when no sender is in flight
     kind := 'outbox_keys';
-    purged := @extschema@.idem_outbox_purge('0');
+    purged := @extschema@.idem_outbox_purge('0', max_rows);
     RETURN NEXT;
 END;
 $$;

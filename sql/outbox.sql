@@ -284,3 +284,20 @@ SELECT count(*) FROM idem_outbox_lease('relay-a') WHERE topic = 'perm';
 SELECT idem_outbox_nack(pg_temp.id_of(80), 'HTTP 400', permanent => true) AS nacked;
 SELECT pg_temp.keyrow('perm', 'p');
 SELECT pg_temp.err($$SELECT idem_outbox_nack(gen_random_uuid(), 'e', NULL, NULL, NULL)$$);
+
+-- purge in batches: at most max_rows key rows per call, until none is left;
+-- the maintenance round passes its max_rows on
+BEGIN;
+DELETE FROM idem.outbox_keys k
+ WHERE NOT EXISTS (SELECT 1 FROM idem.outbox o WHERE o.aggregatetype = k.topic AND o.aggregateid = k.key);
+INSERT INTO idem.outbox_keys (topic, key, dead, attempts, available_at)
+SELECT 'batch', 'b-' || i, false, 0, now() FROM generate_series(1, 7) i;
+SELECT idem_outbox_purge('0', 3) AS purged;
+SELECT count(*) AS idle_left FROM idem.outbox_keys WHERE topic = 'batch';
+SELECT idem_outbox_purge('0', 3) AS purged;
+SELECT purged FROM idem_maintenance(3) WHERE kind = 'outbox_keys';
+SELECT idem_outbox_purge(max_rows => 3) AS purged;
+SELECT count(*) AS idle_left FROM idem.outbox_keys WHERE topic = 'batch';
+ROLLBACK;
+SELECT pg_temp.err($$SELECT idem_outbox_purge('0', NULL)$$);
+SELECT pg_temp.err($$SELECT idem_outbox_purge('0', 0)$$);
