@@ -27,4 +27,18 @@ SELECT topic, key FROM idem_outbox_lease('relay-a', 1, '1 hour');
 SELECT count(*) AS leased, count(DISTINCT key) AS keys
   FROM idem_outbox_lease('relay-a', 10000, '1 hour') WHERE topic = 'cand';
 SELECT count(*) AS left FROM idem_outbox_lease('relay-a', 10000, '1 hour') WHERE topic = 'cand';
+
+-- after passes that sought the head of many keys without one, a lease reads
+-- the index of heads whole first and seeks only the keys that have an
+-- entry there: a key that sends again is leased, and the others are not
+DELETE FROM idem.outbox o USING idem.outbox_keys k
+ WHERE k.topic = 'cand' AND o.aggregatetype = k.topic AND o.aggregateid = k.key AND k.head_id = o.id;
+UPDATE idem.outbox_keys SET head_id = NULL, leased_by = NULL, attempts = 0, available_at = now() - interval '1 hour'
+ WHERE topic = 'cand';
+SELECT count(*) AS left FROM idem_outbox_lease('relay-a', 10000, '1 hour') WHERE topic = 'cand';
+SELECT count(*) AS left FROM idem_outbox_lease('relay-a', 10000, '1 hour') WHERE topic = 'cand';
+SELECT idem_outbox_send('cand', 'idle-50', '{"again": 1}') IS NOT NULL AS sent;
+SELECT idem_outbox_send('cand', 'live-7', '{"again": 2}') IS NOT NULL AS sent;
+SELECT topic, key, payload FROM idem_outbox_lease('relay-a', 10000, '1 hour') WHERE topic = 'cand' ORDER BY key;
+SELECT count(*) AS left FROM idem_outbox_lease('relay-a', 10000, '1 hour') WHERE topic = 'cand';
 ROLLBACK;

@@ -952,6 +952,7 @@ typedef struct LeaseArg
 	TimestampTz now;
 	int64		lease;
 	/* the answer */
+	int			misses;			/* keys whose head was sought, and none found */
 	bool		leased;			/* values hold a leased message */
 	bool		died;			/* the head used up its attempts */
 	Datum		values[OM_NATTS];
@@ -1044,7 +1045,10 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	 * running and the update below will not go through.
 	 */
 	if (!outbox_head(r, values[OK_TOPIC], values[OK_KEY]))
+	{
+		arg->misses++;
 		return false;
+	}
 
 	attempts = DatumGetInt32(values[OK_ATTEMPTS]);
 	/* a head leased before is the same head only if its id says so */
@@ -1144,6 +1148,72 @@ lease_row_changed(TupleTableSlot *slot)
 }
 
 /*
+ * The keys the last pass of this session found without a head, or would
+ * have sought one of without lease_present_hashes: when they are more than
+ * the index has pages, the next pass reads the index whole first.
+ */
+static int	lease_last_misses = 0;
+
+static int
+lease_hash_cmp(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a;
+	int64		y = *(const int64 *) b;
+
+	return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+/*
+ * The key_hash values that have an entry in the index on (key_hash, seq),
+ * in order, each once: the keys that may have a head.  The index is read
+ * whole, without the table: one read of each of its pages instead of a
+ * descent per key, which pays when it has fewer pages than a pass has
+ * candidates (a short backlog, keys whose messages were all delivered).
+ *
+ * A key without an entry has no message that a probe of its head, at the
+ * time of this read, could find: a message's entry is in the index before
+ * its sender's transaction commits (and before that transaction looks at
+ * the idle lock: see "Waking relays"), and the index drops (marks dead)
+ * only entries of rows that no transaction can see any more.  Such a key
+ * is skipped, as such a probe would have answered.  A key with an entry is
+ * probed as usual, after its row is read again.
+ */
+static int64 *
+lease_present_hashes(OutboxRels *r, int *n)
+{
+	Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
+	IndexScanDesc scan;
+	int			size = 1024;
+	int64	   *hashes = palloc(sizeof(int64) * size);
+
+	*n = 0;
+	scan = index_beginscan(r->rel, r->key_seq, snap, 0, 0);
+	scan->xs_want_itup = true;
+	index_rescan(scan, NULL, 0, NULL, 0);
+	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)
+	{
+		bool		isnull;
+		int64		hash;
+
+		CHECK_FOR_INTERRUPTS();
+		hash = DatumGetInt64(index_getattr(scan->xs_itup, 1,
+										   scan->xs_itupdesc, &isnull));
+		/* the index is in order of key_hash: a repeat follows its first */
+		if (isnull || (*n > 0 && hashes[*n - 1] == hash))
+			continue;
+		if (*n == size)
+		{
+			size *= 2;
+			hashes = repalloc(hashes, sizeof(int64) * size);
+		}
+		hashes[(*n)++] = hash;
+	}
+	index_endscan(scan);
+	UnregisterSnapshot(snap);
+	return hashes;
+}
+
+/*
  * One look for keys whose head may be leased now: their heads go into the
  * result, up to max_messages.  Returns how many.
  *
@@ -1165,12 +1235,24 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 	LeaseCandidate last;
 	bool		have_last = false;
 	bool		more;
+	int64	   *present = NULL;
+	int			npresent = 0;
 	int			nleased = 0;
 	int			i;
 
 	arg->now = GetCurrentTimestamp();
 	heap.size = max_messages * 2 + 16;
 	heap.c = palloc(sizeof(LeaseCandidate) * heap.size);
+
+	/*
+	 * When the last pass sought the head of more keys without one than the
+	 * index has pages, reading the index whole costs less than a descent
+	 * per such key: see lease_present_hashes.
+	 */
+	arg->misses = 0;
+	if (lease_last_misses > 0 &&
+		RelationGetNumberOfBlocks(r->key_seq) < (BlockNumber) lease_last_misses)
+		present = lease_present_hashes(r, &npresent);
 	/* this call's own updates (a first pass) must be seen */
 	CommandCounterIncrement();
 	keys_rel = table_open(outbox_keys_relid, RowExclusiveLock);
@@ -1187,6 +1269,7 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 			bool		anull;
 			Datum		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
 			Datum		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
+			int64		hash;
 
 			if (dnull || anull || DatumGetBool(dead) ||
 				DatumGetTimestampTz(avail) > arg->now)
@@ -1200,6 +1283,24 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 				cand.tid = kslot->tts_tid;
 				if (lease_candidate_cmp(&cand, &last) <= 0)
 					continue;
+			}
+			if (present != NULL)
+			{
+				bool		tnull;
+				bool		knull;
+				Datum		t = slot_getattr(kslot, OK_TOPIC + 1, &tnull);
+				Datum		k = slot_getattr(kslot, OK_KEY + 1, &knull);
+
+				/* no entry in the index: no head */
+				if (tnull || knull)
+					continue;
+				hash = outbox_key_hash(DatumGetTextPP(t), DatumGetTextPP(k));
+				if (bsearch(&hash, present, npresent, sizeof(int64),
+							lease_hash_cmp) == NULL)
+				{
+					arg->misses++;
+					continue;
+				}
 			}
 			if (heap.n == heap.size)
 				more = true;
@@ -1270,6 +1371,9 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 	UnregisterSnapshot(snap);
 	table_close(keys_rel, NoLock);
 	pfree(heap.c);
+	if (present != NULL)
+		pfree(present);
+	lease_last_misses = arg->misses;
 	return nleased;
 }
 

@@ -5,7 +5,8 @@
 # autovacuum on as shipped; the size of each of the peer's tables and of its
 # indexes is sampled every SAMPLE_EVERY seconds (default 60).  run.sh with
 # ROUNDS=0: every setting of run.sh applies (PEERS defaults here to
-# "idem sl"; about 10 minutes per peer, plus the drain).
+# "idem sl"; sl is not required here; about 10 minutes per peer, plus the
+# drain).
 #
 #   bash bench/outbox/steady.sh
 #   PEERS="idem sl ord pgq" bash bench/outbox/steady.sh
