@@ -294,9 +294,9 @@ INSERT INTO idem.outbox_keys (topic, key, dead, attempts, available_at)
 SELECT 'batch', 'b-' || i, false, 0, now() FROM generate_series(1, 7) i;
 SELECT idem_outbox_purge('0', 3) AS purged;
 SELECT count(*) AS idle_left FROM idem.outbox_keys WHERE topic = 'batch';
-SELECT idem_outbox_purge('0', 3) AS purged;
 SELECT purged FROM idem_maintenance(3) WHERE kind = 'outbox_keys';
 SELECT idem_outbox_purge(max_rows => 3) AS purged;
+SELECT idem_outbox_purge('0', 3) AS purged;
 SELECT count(*) AS idle_left FROM idem.outbox_keys WHERE topic = 'batch';
 ROLLBACK;
 SELECT pg_temp.err($$SELECT idem_outbox_purge('0', NULL)$$);
