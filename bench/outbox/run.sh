@@ -180,7 +180,7 @@ raw=$dir/raw.txt
     echo "MACHINE cpus=$(nproc) model=\"$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)\"" \
         "mem_gb=$(awk '/MemTotal/ { printf "%.0f", $2 / 1048576 }' /proc/meminfo)" \
         "load_start=\"$(cut -d' ' -f1-3 /proc/loadavg)\""
-    echo "VERSIONS postgres=\"$(sql -c 'SHOW server_version')\" idem=$rev" \
+    echo "VERSIONS postgres=\"$(sql -c 'SHOW server_version')\" idem=\"$rev\"" \
         "pgq=$(dpkg-query -W -f='${Version}' postgresql-15-pgq3)" \
         "pgboss=$([ "$PGBOSS" = 1 ] && sed -n 's/^  "version": "\(.*\)",$/\1/p' "$node_dir/node_modules/pg-boss/package.json" || echo -)" \
         "node=$([ -n "$NODE" ] && "$NODE" --version || echo -)"
