@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <librdkafka/rdkafka.h>
@@ -36,6 +37,7 @@ main(int argc, char **argv)
 	rd_kafka_mock_cluster_t *mc;
 	rd_kafka_resp_err_t rc;
 	char		buf[64];
+	struct sigaction sa;
 
 	if (argc != 4)
 	{
@@ -63,8 +65,12 @@ main(int argc, char **argv)
 	}
 	printf("%s\n", rd_kafka_mock_cluster_bootstraps(mc));
 	fflush(stdout);
-	signal(SIGTERM, on_signal);
-	signal(SIGINT, on_signal);
+	/* no SA_RESTART: the signal ends the read below */
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
 	/* until stdin is closed, or a signal */
 	while (!stop && read(0, buf, sizeof(buf)) > 0)
 		;
