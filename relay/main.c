@@ -17,6 +17,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <poll.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -89,6 +90,7 @@ static int64_t next_log;
 
 static volatile sig_atomic_t stop_requested = 0;	/* finish the batch */
 static volatile sig_atomic_t stop_now = 0;	/* release it */
+static volatile sig_atomic_t reload_requested = 0;	/* SIGHUP */
 static int	wake_pipe[2] = {-1, -1};
 
 /* ---- The connection ---- */
@@ -147,7 +149,8 @@ usage(FILE *f)
 			"  1  bad option or configuration\n"
 			"  2  --exit-on-error: could not connect to the database\n"
 			"  3  --exit-on-error: a statement failed (idem missing, no privilege, ...)\n"
-			"  4  a sink cannot start or go on (standard output closed, ...)\n",
+			"  4  a sink cannot start or go on (standard output closed, ...), or, with\n"
+			"     --once, a sink is down (its broker cannot be reached)\n",
 			sink_type_names());
 }
 
@@ -214,6 +217,19 @@ on_signal(int signo)
 }
 
 static void
+on_sighup(int signo)
+{
+	int			save = errno;
+
+	reload_requested = 1;
+	if (write(wake_pipe[1], "x", 1) < 0)
+	{
+		/* the pipe is full: the loop wakes up anyway */
+	}
+	errno = save;
+}
+
+static void
 setup_signals(void)
 {
 	struct sigaction sa;
@@ -233,6 +249,8 @@ setup_signals(void)
 	sa.sa_flags = SA_RESTART;
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
+	sa.sa_handler = on_sighup;
+	sigaction(SIGHUP, &sa, NULL);
 	/* a closed pipe on stdout is an error of write(2), not a death */
 	signal(SIGPIPE, SIG_IGN);
 }
@@ -267,7 +285,7 @@ wait_until(int64_t deadline, int listen)
 		int			timeout;
 		char		buf[16];
 
-		if (stop_requested)
+		if (stop_requested || reload_requested)
 			return 0;
 		if (now >= next_log)
 			log_counts(0);
@@ -820,11 +838,22 @@ lease_and_publish(void)
 static void
 config_error(const char *fmt,...) PRINTF_LIKE(1, 2);
 
+/* set while a reload applies a new configuration: errors come back there */
+static sigjmp_buf *reload_jmp = NULL;
+static char reload_error[1024];
+
 static void
 config_error(const char *fmt,...)
 {
 	va_list		ap;
 
+	if (reload_jmp != NULL)
+	{
+		va_start(ap, fmt);
+		vsnprintf(reload_error, sizeof(reload_error), fmt, ap);
+		va_end(ap);
+		siglongjmp(*reload_jmp, 1);
+	}
 	fprintf(stderr, "idem-relay: ");
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
@@ -1052,7 +1081,168 @@ close_routes(void)
 	nroutes = 0;
 }
 
+/* ---- Reloading the configuration (SIGHUP) ---- */
+
+static const char *config_file = NULL;
+static Config cmdline_cfg;		/* the settings of the command line */
+static Config cfg;				/* the settings in force */
+
+/* the file's settings, then the command line's (which win); false with err */
+static int
+read_config(Config *c, char *err, size_t errlen)
+{
+	int			i;
+
+	if (config_file != NULL && !config_read_file(c, config_file, err, errlen))
+		return 0;
+	for (i = 0; i < cmdline_cfg.nitems; i++)
+		config_set(c, cmdline_cfg.items[i].key, cmdline_cfg.items[i].value,
+				   cmdline_cfg.items[i].origin);
+	return 1;
+}
+
+/*
+ * Reads the configuration file again and applies it between two batches:
+ * every setting but name (the leases in hand are in that name) and once;
+ * the sinks are closed and made again with their new settings, and a new
+ * dbname makes a new connection.  A configuration with an error is not
+ * applied: the relay goes on with the one it had and logs why.
+ */
+static void
+reload_config(void)
+{
+	static Config newcfg;
+	static Settings old;
+	static Route *old_routes;
+	static int	old_nroutes;
+	static int	old_verbose;
+	sigjmp_buf	jb;
+	char		err[1024];
+	int			dbname_changed;
+
+	reload_requested = 0;
+	if (config_file == NULL)
+	{
+		relay_log(LOG_INFO, "SIGHUP: no configuration file (--config) to read again");
+		return;
+	}
+	memset(&newcfg, 0, sizeof(newcfg));
+	if (!read_config(&newcfg, err, sizeof(err)))
+	{
+		relay_log(LOG_ERROR, "configuration not reloaded: %s", err);
+		config_free(&newcfg);
+		return;
+	}
+	old = settings;
+	old_routes = routes;
+	old_nroutes = nroutes;
+	old_verbose = log_verbose;
+	routes = NULL;
+	nroutes = 0;
+	log_verbose = 0;
+	if (sigsetjmp(jb, 0) != 0)
+	{
+		/* an error: back to the configuration in force */
+		reload_jmp = NULL;
+		close_routes();
+		if (settings.name != old.name)
+			free(settings.name);
+		settings = old;
+		routes = old_routes;
+		nroutes = old_nroutes;
+		log_verbose = old_verbose;
+		config_free(&newcfg);
+		relay_log(LOG_ERROR, "configuration not reloaded, the one in force is kept: %s", reload_error);
+		return;
+	}
+	reload_jmp = &jb;
+	apply_config(&newcfg);
+	reload_jmp = NULL;
+
+	/* the name stays: the leases in hand are in it */
+	if (strcmp(settings.name, old.name) != 0)
+		relay_log(LOG_WARNING, "the name cannot change while the relay runs: still \"%s\"", old.name);
+	free(settings.name);
+	settings.name = old.name;
+	settings.once = old.once;
+	dbname_changed = (old.dbname == NULL) != (settings.dbname == NULL) ||
+		(old.dbname != NULL && strcmp(old.dbname, settings.dbname) != 0);
+
+	/* the old sinks go, and the configuration they were made from */
+	{
+		Route	   *new_routes = routes;
+		int			new_nroutes = nroutes;
+
+		routes = old_routes;
+		nroutes = old_nroutes;
+		close_routes();
+		routes = new_routes;
+		nroutes = new_nroutes;
+	}
+	config_free(&cfg);
+	cfg = newcfg;
+	memset(&newcfg, 0, sizeof(newcfg));
+	if (dbname_changed)
+		drop_connection();
+	next_log = settings.log_interval_ms > 0 ? now_ms() + settings.log_interval_ms : INT64_MAX;
+	relay_log(LOG_INFO, "configuration reloaded from %s: batch %d, lease %ld ms, poll %ld ms, "
+			  "timeout %ld ms, sink %s%s%s", config_file, settings.batch, settings.lease_ms,
+			  settings.poll_ms, settings.timeout_ms, settings.sink,
+			  nroutes > 1 ? " (and per topic)" : "",
+			  dbname_changed ? ", connecting to the new dbname" : "");
+}
+
 /* ---- main ---- */
+
+/*
+ * Whether every sink can publish.  A lease costs each of its messages an
+ * attempt, and a message that has had its topic's max_attempts dies: while
+ * a sink is down (its broker restarting, unreachable), the relay leases
+ * nothing and waits until the sink's next attempt to connect, instead of
+ * nacking batch after batch until the messages are dead.  Messages of
+ * other sinks' topics wait too: lease and publish cannot pick topics.
+ */
+static int
+sinks_ready(void)
+{
+	static int	down = -1;		/* the route that was down, or -1 */
+	int			i;
+
+	for (i = 0; i < nroutes; i++)
+	{
+		long		retry_ms = 0;
+
+		if (routes[i].type->ready == NULL ||
+			routes[i].type->ready(routes[i].sink, &stop_now, &retry_ms))
+			continue;
+		if (settings.once)
+		{
+			relay_log(LOG_ERROR, "sink %s%s%s is down: exiting (--once)",
+					  routes[i].type->name, routes[i].topic ? " of topic " : "",
+					  routes[i].topic ? routes[i].topic : "");
+			close_routes();
+			drop_connection();
+			log_counts(1);
+			exit(EXIT_RELAY_SINK);
+		}
+		if (down != i)
+			relay_log(LOG_WARNING, "sink %s%s%s is down: leasing nothing until it is back",
+					  routes[i].type->name, routes[i].topic ? " of topic " : "",
+					  routes[i].topic ? routes[i].topic : "");
+		down = i;
+		/* at least a little, at most a poll interval: a signal ends it */
+		if (retry_ms < 10)
+			retry_ms = 10;
+		if (retry_ms > settings.poll_ms)
+			retry_ms = settings.poll_ms;
+		wait_until(now_ms() + retry_ms, 0);
+		return 0;
+	}
+	if (down >= 0)
+		relay_log(LOG_INFO, "sink %s is back: leasing again", routes[down].type->name);
+	down = -1;
+	return 1;
+}
 
 static long
 backoff_ms(int failures)
@@ -1093,9 +1283,7 @@ main(int argc, char **argv)
 		{"nats-url", required_argument, NULL, 8},
 		{NULL, 0, NULL, 0}
 	};
-	Config		cmdline = {0};
-	Config		cfg = {0};
-	const char *config_file = NULL;
+	Config	   *cmdline = &cmdline_cfg;
 	char		err[1024];
 	int			c;
 	int			i;
@@ -1141,7 +1329,7 @@ main(int argc, char **argv)
 						config_error("--set takes KEY=VALUE, not \"%s\"", optarg);
 					k = xstrdup(optarg);
 					k[eq - optarg] = '\0';
-					config_set(&cmdline, k, eq + 1, "command line");
+					config_set(cmdline, k, eq + 1, "command line");
 					free(k);
 				}
 				break;
@@ -1186,16 +1374,13 @@ main(int argc, char **argv)
 				return EXIT_RELAY_USAGE;
 		}
 		if (key != NULL)
-			config_set(&cmdline, key, value, "command line");
+			config_set(cmdline, key, value, "command line");
 	}
 	if (optind < argc)
 		config_error("unexpected argument \"%s\"", argv[optind]);
 
-	if (config_file != NULL && !config_read_file(&cfg, config_file, err, sizeof(err)))
+	if (!read_config(&cfg, err, sizeof(err)))
 		config_error("%s", err);
-	for (i = 0; i < cmdline.nitems; i++)
-		config_set(&cfg, cmdline.items[i].key, cmdline.items[i].value, cmdline.items[i].origin);
-	config_free(&cmdline);
 
 	srandom((unsigned int) (time(NULL) ^ getpid()));
 	if (!sink_global_init(err, sizeof(err)))
@@ -1220,6 +1405,8 @@ main(int argc, char **argv)
 	{
 		int			n;
 
+		if (reload_requested)
+			reload_config();
 		maybe_log();
 		if (conn == NULL)
 		{
@@ -1243,6 +1430,8 @@ main(int argc, char **argv)
 			continue;
 		}
 
+		if (!sinks_ready())
+			continue;
 		n = lease_and_publish();
 		if (n < 0)
 		{
@@ -1275,6 +1464,7 @@ main(int argc, char **argv)
 	free(schema);
 	free(settings.name);
 	config_free(&cfg);
+	config_free(&cmdline_cfg);
 	close(wake_pipe[0]);
 	close(wake_pipe[1]);
 	return exit_code;

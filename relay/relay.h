@@ -214,6 +214,16 @@ typedef struct SinkType
 							Outcome *out, const PublishControl *ctl);
 
 	void		(*close) (Sink *sink);
+
+	/*
+	 * Whether the sink can publish now (NULL: always): a connection idle
+	 * since the last batch is checked, and one that is down is made again
+	 * when the sink's backoff allows.  False when the sink is down, with
+	 * *retry_ms set to how long until it should be asked again.  The relay
+	 * asks every sink before each lease and leases nothing while one is
+	 * down, since each lease costs its messages an attempt.
+	 */
+	int			(*ready) (Sink *sink, volatile sig_atomic_t *stop_now, long *retry_ms);
 } SinkType;
 
 /* Every sink instance starts with this. */

@@ -29,6 +29,10 @@
  *
  * A message larger than the server's max_payload, or whose subject is not a
  * valid NATS subject, is refused for good.  The server's PINGs are answered.
+ * Before each lease the relay asks the sink whether it is ready: what the
+ * server sent to the idle connection is read (its end too), and a connection
+ * that is down is made again when the backoff allows; until it is, the relay
+ * leases nothing, so that an outage costs no message an attempt.
  * No TLS; authentication by user and password or by token.
  *
  * Settings: url (nats://host:port, default nats://127.0.0.1:4222), subject
@@ -868,6 +872,68 @@ reconnect_delay(int failures)
 	return (long) (ms * (0.5 + 0.5 * ((double) random() / RAND_MAX)));
 }
 
+/*
+ * Connects unless connected, when the backoff allows; false when not
+ * connected, with *wait_ms set to the time left until the next attempt.
+ */
+static int
+ensure_connected(NatsSink *s, volatile sig_atomic_t *stop, long *wait_ms)
+{
+	int64_t		now = now_ms();
+
+	if (s->fd >= 0)
+		return 1;
+	if (now >= s->next_connect_ms)
+	{
+		if (nats_connect(s, stop))
+			return 1;
+		s->failures++;
+		s->next_connect_ms = now_ms() + reconnect_delay(s->failures);
+		relay_log(LOG_WARNING, "%s", s->error);
+	}
+	now = now_ms();
+	*wait_ms = s->next_connect_ms > now ? (long) (s->next_connect_ms - now) : 0;
+	return 0;
+}
+
+/*
+ * Before a lease: what the server sent while the connection was idle (a
+ * PING to answer, an INFO, or its end) is read, and a connection that is
+ * down is made again when the backoff allows.
+ */
+static int
+nats_ready(Sink *sink, volatile sig_atomic_t *stop_now, long *retry_ms)
+{
+	NatsSink   *s = (NatsSink *) sink;
+	int			rounds;
+
+	for (rounds = 0; rounds < 10 && s->fd >= 0; rounds++)
+	{
+		NatsOp		op;
+		int			r = pump(s, now_ms(), stop_now);
+
+		while (r >= 0 && s->fd >= 0 && (r = next_op(s, &op)) > 0)
+		{
+			/* a late acknowledgement of an earlier batch is ignored */
+			if (op.kind != NOP_MSG && !handle_other(s, &op))
+				r = -1;
+		}
+		if (r < 0 || s->fd < 0)
+		{
+			if (s->fd >= 0)
+				fail(s, "nats: protocol error from %s", s->url);
+			relay_log(LOG_WARNING, "%s", s->error);
+			/* the first attempt at once, then with a backoff */
+			s->next_connect_ms = 0;
+			break;
+		}
+		if (s->out_off >= s->out.len)
+			break;
+		/* a PONG to send: another round */
+	}
+	return ensure_connected(s, stop_now, retry_ms);
+}
+
 static int
 nats_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 			 const PublishControl *ctl)
@@ -888,23 +954,14 @@ nats_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 	}
 	if (s->fd < 0)
 	{
-		int64_t		now = now_ms();
+		long		wait;
 
-		if (now < s->next_connect_ms || !nats_connect(s, ctl->stop_now))
+		if (!ensure_connected(s, ctl->stop_now, &wait))
 		{
-			long		wait;
-
-			if (now >= s->next_connect_ms)
-			{
-				s->failures++;
-				s->next_connect_ms = now_ms() + reconnect_delay(s->failures);
-				relay_log(LOG_WARNING, "%s", s->error);
-			}
-			wait = (long) (s->next_connect_ms - now_ms());
 			for (i = 0; i < n; i++)
 			{
 				out[i].kind = OUTCOME_RETRY;
-				out[i].retry_after_ms = wait > 0 ? wait : 0;
+				out[i].retry_after_ms = wait;
 				snprintf(out[i].error, sizeof(out[i].error), "%s", s->error);
 			}
 			return 0;
@@ -1036,4 +1093,5 @@ const SinkType sink_nats_type = {
 	.init = nats_init,
 	.publish = nats_publish,
 	.close = nats_close,
+	.ready = nats_ready,
 };

@@ -25,6 +25,12 @@
  *	connection or channel	again (with a backoff) before the next publish
  *	lost or closed
  *
+ * Before each lease the relay asks the sink whether it is ready: the idle
+ * connection is checked (a broker that restarted or died closed it) and one
+ * that is down is opened again when the backoff allows; until it is, the
+ * relay leases nothing, so that an outage of the broker costs no message an
+ * attempt.
+ *
  * A message is confirmed by the broker at most once on one channel, but a
  * retried message may have reached the broker before the failure: it is
  * then published again with the same message_id, which consumers
@@ -633,6 +639,22 @@ rabbitmq_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 	return 0;
 }
 
+/* Checks the idle connection, or connects when the backoff allows. */
+static int
+rabbitmq_ready(Sink *sink, volatile sig_atomic_t *stop_now, long *retry_ms)
+{
+	RabbitSink *s = (RabbitSink *) sink;
+	int64_t		now;
+
+	if (s->conn != NULL && rmq_alive(s))
+		return 1;
+	if (now_ms() >= s->next_connect_ms && rmq_connect(s))
+		return 1;
+	now = now_ms();
+	*retry_ms = s->next_connect_ms > now ? (long) (s->next_connect_ms - now) : 0;
+	return 0;
+}
+
 static void
 rabbitmq_close(Sink *sink)
 {
@@ -659,4 +681,5 @@ const SinkType sink_rabbitmq_type = {
 	.init = rabbitmq_init,
 	.publish = rabbitmq_publish,
 	.close = rabbitmq_close,
+	.ready = rabbitmq_ready,
 };

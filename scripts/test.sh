@@ -14,7 +14,7 @@ need_root
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(regress isolation tap package)
 
-install_packages sqlsmith python3-prometheus-client rabbitmq-server python3-pika python3-psycopg2 nats-server
+install_packages sqlsmith python3-prometheus-client rabbitmq-server python3-pika python3-psycopg2 nats-server curl python3-confluent-kafka
 work=$(copy_tree "$here")
 # The package suite builds and installs on its own: the private copy of
 # PostgreSQL is for the others.

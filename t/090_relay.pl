@@ -20,7 +20,11 @@
 #   delivers everything, the killed relay's unacknowledged deliveries again
 #   with the same Idempotency-Key, and nothing out of order per key;
 # - SIGTERM in the middle of a batch finishes and acknowledges it, a second
-#   signal releases what is not published yet; exit code 0.
+#   signal releases what is not published yet; exit code 0;
+# - SIGHUP reads the configuration file again (the name excepted); a file
+#   with an error leaves the configuration in force;
+# - a sink whose broker cannot be reached: the relay leases nothing until it
+#   is back, so that no message spends an attempt (or dies) meanwhile.
 
 use strict;
 use warnings;
@@ -30,6 +34,7 @@ use FindBin;
 use lib $FindBin::RealBin;
 
 use Encode qw(encode_utf8);
+use IO::Socket::INET;
 use IPC::Run;
 use JSON::PP;
 use PostgreSQL::Test::Cluster;
@@ -536,6 +541,83 @@ is( sql(q{SELECT string_agg(last_error, ' / ' ORDER BY key) FROM idem.outbox_key
 	'webhook: interrupted by shutdown / not published: idem-relay was stopped / '
 	  . 'not published: idem-relay was stopped',
 	'the one in flight interrupted, the others not published');
+
+########################################################################
+# SIGHUP: the configuration file read again
+########################################################################
+
+sub write_conf
+{
+	my ($file, $text) = @_;
+	open(my $fh, '>', "$file.new") or die;
+	print $fh $text;
+	close($fh);
+	rename("$file.new", $file) or die;
+}
+
+sub paths_of
+{
+	my ($id) = @_;
+	return join(',', map { $_->{path} } grep { $_->{idempotency_key} eq $id } @{ received() });
+}
+
+my $hupconf = "$tmp/hup.conf";
+write_conf($hupconf, "sink = webhook\nwebhook.url = $url/hup1\npoll = 100ms\nbatch = 5\n");
+$r = start_relay({}, '--config', $hupconf, '--log-interval', '0');
+my $hup1 = send_msg('hup', 'h', { n => 1 });
+ok(wait_for('the first path', sub { paths_of($hup1) eq '/hup1' }), 'delivered to the URL of the file');
+
+# a new URL, batch and poll interval: in force from the next lease
+write_conf($hupconf, "sink = webhook\nwebhook.url = $url/hup2\npoll = 200ms\nbatch = 7\n");
+$r->{h}->signal('HUP');
+ok( wait_for('the reload', sub { slurp_file($r->{err}) =~ /configuration reloaded from \Q$hupconf\E/ }),
+	'SIGHUP: the relay reads its configuration file again');
+like(slurp_file($r->{err}), qr/configuration reloaded from \S+: batch 7, lease 30000 ms, poll 200 ms/,
+	'and says what is in force');
+my $hup2 = send_msg('hup', 'h', { n => 2 });
+ok(wait_for('the second path', sub { paths_of($hup2) eq '/hup2' }), 'the next message goes to the new URL');
+
+# a file with an error: the configuration in force is kept
+my $before = length(slurp_file($r->{err}));
+write_conf($hupconf, "sink = webhook\nwebhook.url = $url/hup3\nbatch = many\n");
+$r->{h}->signal('HUP');
+ok( wait_for('the refused reload', sub {
+			substr(slurp_file($r->{err}), $before) =~ /configuration not reloaded, the one in force is kept: batch must be an integer/ }),
+	'a configuration with an error is not applied, and the relay says why');
+my $hup3 = send_msg('hup', 'h', { n => 3 });
+ok(wait_for('the third message', sub { paths_of($hup3) eq '/hup2' }), 'the relay goes on with the one it had');
+is(stop_relay($r, 'TERM'), 0, 'exit code 0 after the reloads');
+
+########################################################################
+# A broker that is down: nothing leased, no attempt spent
+########################################################################
+
+# A port nothing listens on: the rabbitmq sink cannot connect.  The topic
+# allows two attempts; a relay that leased while its broker is down would
+# make the messages dead within a few of its reconnection attempts.
+my $sock = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 1) or die;
+my $closed_port = $sock->sockport;
+close($sock);
+sql(q{SELECT idem_outbox_configure('down', 2, '10 milliseconds', '10 milliseconds')});
+send_msg('down', "d$_", { n => $_ }) for 1 .. 3;
+$r = start_relay({}, '--sink', 'rabbitmq', '--set', "rabbitmq.url=amqp://127.0.0.1:$closed_port",
+	'--reconnect-max', '100ms', '--poll', '50ms', '--log-interval', '0');
+ok( wait_for('six failed connections', sub {
+			my @n = (slurp_file($r->{err}) =~ /rabbitmq: could not connect/g);
+			return @n >= 6; }),
+	'the rabbitmq sink cannot reach its broker, and tries again and again');
+like(slurp_file($r->{err}), qr/sink rabbitmq is down: leasing nothing until it is back/,
+	'the relay says it leases nothing meanwhile');
+is( sql(q{SELECT count(*), count(*) FILTER (WHERE attempts = 0 AND NOT dead AND leased_by IS NULL)
+	      FROM idem.outbox_keys WHERE topic = 'down'}),
+	'3|3', 'no message leased: none has spent an attempt, none is dead');
+is(stop_relay($r, 'TERM'), 0, 'SIGTERM while the sink is down: exit code 0');
+($rc, $out, $err) = run_relay({}, '--sink', 'rabbitmq', '--set', "rabbitmq.url=amqp://127.0.0.1:$closed_port",
+	'--once', '--log-interval', '0');
+is($rc, 4, '--once with the sink down: exit code 4');
+like($err, qr/sink rabbitmq is down: exiting \(--once\)/, 'and says why');
+is(sql(q{SELECT count(*) FROM idem.outbox_keys WHERE topic = 'down' AND attempts = 0}), 3,
+	'nothing leased either');
 
 $receiver->kill_kill;
 $node->stop;

@@ -15,7 +15,8 @@
 #   leases ran out, and the stream's duplicate window absorbs those
 #   redeliveries (PubAck "duplicate": true, nothing stored twice);
 # - nats-server restarted once during the run: relay B and the consumers
-#   reconnect;
+#   reconnect; while it is down, relay B leases nothing, so that the outage,
+#   longer than the topic's max_attempts leases would take, kills no message;
 # - two consumers sharing a durable pull consumer, one of which dies
 #   between its commit and its ack: JetStream redelivers that message,
 #   idem_claim says it is a duplicate, nothing is applied twice;
@@ -243,13 +244,22 @@ is(sql("SELECT count(*) FROM idem.outbox WHERE id = ANY('{" . join(',', keys %a_
 # it, and nats-server comes back with its store.
 ok(wait_for('the first half', sub { sql('SELECT count(*) FROM idem.outbox') == 0 }),
 	'relay B delivered the first half, relay A\'s batch included');
+# Three attempts per message while nats-server is away: a relay that kept
+# leasing during the outage would make the second half dead.
+sql(q{SELECT idem_outbox_configure('orders', 3, '50 milliseconds', '500 milliseconds')});
 stop_nats();
 my $b_log_before = length(file($relay{b}{err}));
 send_rounds($per_key / 2 + 1, $per_key);
-ok( wait_for('relay B to miss nats-server', sub {
-			substr(file($relay{b}{err}), $b_log_before) =~ /nats: could not connect to .*Connection refused/ }),
-	'with nats-server down, relay B cannot publish and retries');
+ok( wait_for('relay B to miss nats-server five times', sub {
+			my @n = (substr(file($relay{b}{err}), $b_log_before) =~
+				  /nats: could not connect to .*Connection refused/g);
+			return @n >= 5; }),
+	'with nats-server down, relay B cannot publish and tries to connect again and again');
+like(substr(file($relay{b}{err}), $b_log_before), qr/sink nats is down: leasing nothing until it is back/,
+	'relay B leases nothing meanwhile');
 is(sql(q{SELECT count(*) FROM idem.outbox}), $total / 2, 'nothing of the second half acknowledged meanwhile');
+is(sql(q{SELECT count(*) FROM idem.outbox_keys WHERE attempts > 0 OR dead}), 0,
+	'and no message spent an attempt: none is dead after more reconnections than max_attempts');
 start_nats();
 ok(wait_for('the second half', sub { sql('SELECT count(*) FROM idem.outbox') == 0 }),
 	'relay B reconnected and delivered the second half');

@@ -7,9 +7,12 @@
 # producer (acks=all) gets a delivery report for every message, the relay
 # acknowledges a message only after its report, and the reports come in the
 # order of each key; a delivery error (brokers that cannot be reached) is
-# retried, with the error kept in the outbox.  What it does not show: a
-# consumer reading the messages back (the mock cluster lives and dies with
-# the relay's process).
+# retried, with the error kept in the outbox.  Then end to end: a mock
+# cluster in a process of its own (test/relay/kafka_mock.c, built here,
+# listening on loopback), the relay producing to it, and two consumers of
+# one group (examples/consumer_kafka.py: idem_claim and the business write
+# in one transaction, the offset committed after it), one of which dies
+# between the two: every message applied exactly once, in order per key.
 
 use strict;
 use warnings;
@@ -97,4 +100,101 @@ like($err, qr/acks must stay all/, 'with a message');
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.no.such=1');
 is($rc, 1, 'an unknown librdkafka setting is refused');
 
+########################################################################
+# End to end: a mock cluster of its own process, the relay, two consumers
+########################################################################
+
+# test/relay/kafka_mock.c, built here: librdkafka's mock cluster on a
+# loopback port that the relay and examples/consumer_kafka.py both reach.
+my $tmp = PostgreSQL::Test::Utils::tempdir;
+my $src = "$FindBin::RealBin/..";
+my $python = -x '/usr/bin/python3' ? '/usr/bin/python3' : 'python3';
+my ($ccout, $ccerr) = ('', '');
+ok( IPC::Run::run([ 'cc', '-Wall', '-o', "$tmp/kafka_mock", "$src/test/relay/kafka_mock.c", '-lrdkafka' ],
+		'>', \$ccout, '2>', \$ccerr),
+	'the mock cluster program builds') or BAIL_OUT("cannot build test/relay/kafka_mock.c: $ccerr");
+
+my @started;
+END { for my $h (@started) { $h->kill_kill if $h->pumpable; } }
+
+my ($mock_in, $mock_out, $mock_err) = ('', '', '');
+my $mock = IPC::Run::start([ "$tmp/kafka_mock", '1', 'events', '4' ],
+	'<', \$mock_in, '>', \$mock_out, '2>', \$mock_err, IPC::Run::timeout(600));
+push @started, $mock;
+$mock->pump until $mock_out =~ /\n/ || !$mock->pumpable;
+my ($bootstrap) = $mock_out =~ /^(\S+:\d+\S*)$/m;
+ok(defined $bootstrap, "the mock cluster listens: $bootstrap") or BAIL_OUT("no mock cluster: $mock_err");
+
+sub file { return -e $_[0] ? slurp_file($_[0]) : ''; }
+
+sub wait_for
+{
+	my ($what, $cond) = @_;
+	for (my $i = 0; $i < 10 * $PostgreSQL::Test::Utils::timeout_default; $i++)
+	{
+		return 1 if $cond->();
+		$mock->pump_nb;
+		select(undef, undef, undef, 0.1);
+	}
+	diag("timed out waiting for $what");
+	return 0;
+}
+
+# the message left above, whose brokers could not be reached, is not this part's
+sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'orders'});
+sql(q{CREATE TABLE applied (n bigserial PRIMARY KEY, msg_id text NOT NULL, key text NOT NULL,
+                            payload jsonb NOT NULL, consumer text NOT NULL)});
+my $ekeys = 8;
+my $eper = 15;
+my $etotal = $ekeys * $eper;
+sql(qq{SELECT idem_outbox_send('events', 'e' || k, jsonb_build_object('key', 'e' || k, 'seq', s))
+       FROM generate_series(1, $eper) s, generate_series(1, $ekeys) k ORDER BY s, k});
+
+# two consumers of one group; c1 dies after its fifth commit, before the
+# offset commit, and c2 takes its partitions over
+my %consumer;
+for my $c ([ 'c1', '--die-after-commit', '5' ], [ 'c2' ])
+{
+	my ($name, @extra) = @$c;
+	$consumer{$name} = { out => "$tmp/$name.out" };
+	$consumer{$name}{h} = IPC::Run::start(
+		[ $python, "$src/examples/consumer_kafka.py", '--brokers', $bootstrap, '--topic', 'events',
+		  '--group', 'workers', '--name', $name, '--session-timeout', '6000', @extra ],
+		'>', $consumer{$name}{out}, '2>&1',
+		init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; $ENV{PGUSER} = 'postgres'; });
+	push @started, $consumer{$name}{h};
+}
+
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', "kafka.brokers=$bootstrap",
+	'--batch', '20', '--lease', '10s', '--timeout', '5s', '--once', '--log-interval', '0');
+is($rc, 0, 'the relay produced every message to the mock cluster (--once)') or diag($err);
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'events'}), 0, 'and acknowledged them');
+
+ok(wait_for('the consumers', sub { sql('SELECT count(*) FROM applied') == $etotal }),
+	"the consumers applied $etotal messages")
+  or diag(file($consumer{c1}{out}) . file($consumer{c2}{out}));
+$consumer{c1}{h}->finish;
+is($consumer{c1}{h}->result(0), 3, 'consumer c1 died after a commit, before its offset commit (exit code 3)');
+my ($died) = file($consumer{c1}{out}) =~ /dying after the commit of ([0-9a-f-]+)/;
+ok( wait_for('the redelivery', sub { file($consumer{c2}{out}) =~ /duplicate \Q$died\E/ }),
+	'c2 took over its partitions from the last committed offset: that message again, a duplicate for idem_claim');
+$consumer{c2}{h}->signal('TERM');
+$consumer{c2}{h}->finish;
+is($consumer{c2}{h}->result(0), 0, 'consumer c2 stops on SIGTERM');
+
+is(sql(q{SELECT count(*), count(DISTINCT msg_id) FROM applied}), "$etotal|$etotal",
+	'every message applied exactly once');
+is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'kafka'}), $etotal, 'and claimed once in namespace kafka');
+my %applied_order;
+for my $row (split /\n/, sql(q{SELECT key, payload->>'seq' FROM applied ORDER BY n}))
+{
+	my ($k, $s) = split /\|/, $row;
+	push @{ $applied_order{$k} }, $s;
+}
+is(scalar(grep { join(',', @{ $applied_order{$_} // [] }) eq join(',', 1 .. $eper) } keys %applied_order),
+	$ekeys, 'the messages of each key were applied in the order they were sent');
+
+$mock->signal('TERM');
+$mock->finish;
+$node->stop;
 done_testing();

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""An HTTP API made idempotent with idem's request keys and single-use tokens.
+
+Python's standard library (http.server) and psycopg2 only.  Two resources:
+
+  POST /payments     {"amount": 100, "currency": "EUR"}, with an
+                     Idempotency-Key header.  In one transaction:
+                     idem_request_begin(key, idem_request_fingerprint(body)),
+                     the business row (payments), idem_request_finish(key,
+                     201, response); then COMMIT.  The status of the begin
+                     decides the answer:
+
+                       new, resume  run the handler: 201 and the payment
+                       replay       the first answer, its status and body
+                       mismatch     422: the key was used with another body
+                       in_flight    409: the first attempt is still running
+                       (no key)     400
+
+                     A business write that fails rolls the whole transaction
+                     back, the request key with it: a retry runs anew.
+
+  GET  /orders/form  a form's single-use token: {"token": "..."}
+                     (idem_token_issue, scope "orders")
+  POST /orders       {"token": "...", "item": "book"}.  In one transaction:
+                     idem_token_consume(token, 'orders') and, when it says
+                     true, the business row (orders); then COMMIT.  A token
+                     used before is 409 (idem_token_status: consumed), any
+                     other refused token 400.
+
+Each request has a connection of its own, from the libpq environment (PGHOST,
+PGDATABASE, ...) or --dsn; the tables are created at start if missing:
+
+    CREATE TABLE payments (id bigserial PRIMARY KEY, request_key text NOT NULL,
+                           amount int NOT NULL CHECK (amount > 0),
+                           currency text NOT NULL);
+    CREATE TABLE orders (id bigserial PRIMARY KEY, item text NOT NULL);
+
+    http_handler.py [--dsn DSN] [--port N] [--port-file FILE]
+
+It listens on 127.0.0.1 (port 8080 by default; 0 for any free port, written to
+--port-file once it accepts connections) and stops on SIGTERM or SIGINT.
+
+--test-hooks (for tests) honours a header "X-Test-Hold: N": after its begin,
+the request waits for the advisory lock N (pg_advisory_xact_lock), so that a
+test can keep an attempt in flight for as long as it holds that lock.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psycopg2
+import psycopg2.errors
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS payments (
+    id          bigserial PRIMARY KEY,
+    request_key text NOT NULL,
+    amount      int NOT NULL CHECK (amount > 0),
+    currency    text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS orders (
+    id   bigserial PRIMARY KEY,
+    item text NOT NULL
+);
+"""
+
+NAMESPACE = "payments"
+TOKEN_SCOPE = "orders"
+
+args = None
+
+
+def dumps(obj):
+    """The one way a body is written, so that a replay is byte for byte the same."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def connect():
+    conn = psycopg2.connect(args.dsn, application_name="http_handler")
+    return conn
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *a):
+        sys.stderr.write("http_handler: %s %s\n" % (self.address_string(), fmt % a))
+
+    def answer(self, status, body):
+        data = (body if isinstance(body, str) else dumps(body)).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def read_json(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length > 0 else b""
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return None, raw
+        return (body if isinstance(body, dict) else None), raw
+
+    def do_GET(self):
+        if self.path != "/orders/form":
+            return self.answer(404, {"error": "not found"})
+        conn = connect()
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute("SELECT idem_token_issue(%s)", (TOKEN_SCOPE,))
+                token = cur.fetchone()[0]
+            self.answer(200, {"token": token})
+        finally:
+            conn.close()
+
+    def do_POST(self):
+        if self.path == "/payments":
+            return self.post_payment()
+        if self.path == "/orders":
+            return self.post_order()
+        return self.answer(404, {"error": "not found"})
+
+    def post_payment(self):
+        key = self.headers.get("Idempotency-Key")
+        body, raw = self.read_json()
+        if not key:
+            return self.answer(400, {"error": "the Idempotency-Key header is missing"})
+        if body is None:
+            return self.answer(400, {"error": "the body is not a JSON object"})
+        conn = connect()
+        try:
+            cur = conn.cursor()
+            # the fingerprint of the body as JSON: key order and spaces do not matter
+            try:
+                cur.execute(
+                    "SELECT status, response_code, response_body"
+                    "  FROM idem_request_begin(%s, idem_request_fingerprint(%s::jsonb), %s)",
+                    (key, raw.decode(), NAMESPACE))
+            except psycopg2.DataError as e:
+                # a key that is too long (22001) or otherwise malformed (22023)
+                conn.rollback()
+                return self.answer(400, {"error": "invalid Idempotency-Key: %s" % e.diag.message_primary})
+            status, code, stored = cur.fetchone()
+            if status == "replay":
+                conn.rollback()
+                return self.answer(code, stored)
+            if status == "mismatch":
+                conn.rollback()
+                return self.answer(422, {"error": "this Idempotency-Key was used with another request"})
+            if status == "in_flight":
+                conn.rollback()
+                return self.answer(409, {"error": "a request with this Idempotency-Key is in progress"})
+            # new or resume: this transaction owns the key
+            hold = self.headers.get("X-Test-Hold")
+            if args.test_hooks and hold:
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (int(hold),))
+            try:
+                cur.execute("INSERT INTO payments (request_key, amount, currency) VALUES (%s, %s, %s)"
+                            " RETURNING id",
+                            (key, body.get("amount"), body.get("currency")))
+            except (psycopg2.errors.CheckViolation, psycopg2.errors.NotNullViolation,
+                    psycopg2.errors.InvalidTextRepresentation, psycopg2.errors.DatatypeMismatch) as e:
+                # the key goes with the rollback: the client may fix the body and retry with it
+                conn.rollback()
+                return self.answer(400, {"error": "invalid payment: %s" % e.diag.message_primary})
+            payment = cur.fetchone()[0]
+            response = {"payment": payment, "amount": body["amount"], "currency": body["currency"]}
+            cur.execute("SELECT idem_request_finish(%s, 201, %s::jsonb, %s)",
+                        (key, dumps(response), NAMESPACE))
+            conn.commit()
+            return self.answer(201, response)
+        finally:
+            conn.close()
+
+    def post_order(self):
+        body, _ = self.read_json()
+        if body is None or not isinstance(body.get("token"), str) or not body.get("item"):
+            return self.answer(400, {"error": "expected {\"token\": ..., \"item\": ...}"})
+        conn = connect()
+        try:
+            cur = conn.cursor()
+            cur.execute("SELECT idem_token_consume(%s, %s)", (body["token"], TOKEN_SCOPE))
+            if not cur.fetchone()[0]:
+                cur.execute("SELECT idem_token_status(%s, %s)", (body["token"], TOKEN_SCOPE))
+                state = cur.fetchone()[0]
+                conn.rollback()
+                if state == "consumed":
+                    return self.answer(409, {"error": "this form was submitted already"})
+                return self.answer(400, {"error": "this form's token is %s" % state})
+            cur.execute("INSERT INTO orders (item) VALUES (%s) RETURNING id", (body["item"],))
+            order = cur.fetchone()[0]
+            conn.commit()
+            return self.answer(201, {"order": order, "item": body["item"]})
+        finally:
+            conn.close()
+
+
+def main():
+    global args
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dsn", default="", help="a libpq connection string (default: the PG* environment)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port-file")
+    p.add_argument("--test-hooks", action="store_true")
+    args = p.parse_args()
+
+    conn = connect()
+    with conn, conn.cursor() as cur:
+        cur.execute(SCHEMA)
+    conn.close()
+
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    server.daemon_threads = True
+
+    def stop(signo, frame):
+        threading.Thread(target=server.shutdown).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if args.port_file:
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(server.server_address[1]))
+        os.rename(tmp, args.port_file)
+    sys.stderr.write("http_handler: listening on 127.0.0.1:%d\n" % server.server_address[1])
+    sys.stderr.flush()
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

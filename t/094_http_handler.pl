@@ -1,0 +1,170 @@
+
+# Copyright (c) idem contributors
+#
+# examples/http_handler.py, an HTTP API on Python's http.server and psycopg2,
+# exercised with curl:
+#
+# - POST /payments with an Idempotency-Key (idem_request_begin and finish,
+#   the business row in the same transaction): a retry with the same key
+#   and body (written otherwise) gets the first answer, status and body byte
+#   for byte, and writes nothing; the same key with another body is 422; a
+#   request without a key is 400; a retry while the first attempt is still
+#   in flight (held on an advisory lock the test owns) is 409, and once the
+#   first one finished, its answer; a business write that fails rolls the
+#   key back with it, and the key can be used again;
+# - POST /orders with a form's single-use token (idem_token_consume in the
+#   business transaction): the first submission is 201, the same token
+#   again 409, a token never issued 400; one order written.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+
+use IPC::Run;
+use JSON::PP;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+use IdemTest;
+
+# Debian's python3 (with python3-psycopg2), whatever else is in PATH
+my $python = -x '/usr/bin/python3' ? '/usr/bin/python3' : 'python3';
+my $handler_py = "$FindBin::RealBin/../examples/http_handler.py";
+my $json = JSON::PP->new->utf8->canonical;
+
+my $tmp = PostgreSQL::Test::Utils::tempdir;
+my $node = idem_node('http_handler');
+
+sub sql { return $node->safe_psql('postgres', $_[0]); }
+
+sub wait_for
+{
+	my ($what, $cond) = @_;
+	for (my $i = 0; $i < 20 * $PostgreSQL::Test::Utils::timeout_default; $i++)
+	{
+		return 1 if $cond->();
+		usleep(50_000);
+	}
+	diag("timed out waiting for $what");
+	return 0;
+}
+
+my %pgenv = (PGHOST => $node->host, PGPORT => $node->port, PGDATABASE => 'postgres', PGUSER => 'postgres');
+my $handler = IPC::Run::start(
+	[ $python, $handler_py, '--port', '0', '--port-file', "$tmp/port", '--test-hooks' ],
+	'>', "$tmp/handler.out", '2>', "$tmp/handler.err",
+	init => sub {
+		delete $ENV{$_} for grep { /^PG/ } keys %ENV;
+		$ENV{$_} = $pgenv{$_} for keys %pgenv;
+	});
+ok(wait_for('the handler', sub { -s "$tmp/port" }), 'the HTTP handler listens')
+  or diag(slurp_file("$tmp/handler.err"));
+my $url = 'http://127.0.0.1:' . slurp_file("$tmp/port");
+
+# curl METHOD PATH BODY HEADERS...: (status, body)
+sub curl_args
+{
+	my ($method, $path, $body, @headers) = @_;
+	return ('curl', '-sS', '-X', $method, '-o', '-', '-w', '\n%{http_code}',
+		(map { ('-H', $_) } ('Content-Type: application/json', @headers)),
+		(defined $body ? ('--data-binary', $body) : ()), "$url$path");
+}
+
+sub split_answer
+{
+	my ($out) = @_;
+	my ($body, $status) = $out =~ /\A(.*)\n(\d{3})\z/s or return ('', "no answer: $out");
+	return ($status, $body);
+}
+
+sub curl
+{
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ curl_args(@_) ], '>', \$out, '2>', \$err,
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	return split_answer($out);
+}
+
+########################################################################
+# Request keys
+########################################################################
+
+my ($st, $body) = curl('POST', '/payments', '{"amount": 100, "currency": "EUR"}', 'Idempotency-Key: pay-1');
+is($st, 201, 'a first POST: 201');
+my $first = $body;
+is_deeply($json->decode($first), { payment => 1, amount => 100, currency => 'EUR' }, 'with the payment');
+
+($st, $body) = curl('POST', '/payments', '{ "currency":"EUR", "amount":100 }', 'Idempotency-Key: pay-1');
+is("$st $body", "201 $first", 'a retry with the same key and body, written otherwise: the first answer, exactly');
+is(sql('SELECT count(*) FROM payments'), 1, 'and no second payment');
+
+($st, $body) = curl('POST', '/payments', '{"amount": 500, "currency": "EUR"}', 'Idempotency-Key: pay-1');
+is($st, 422, 'the same key with another body: 422');
+is(sql('SELECT count(*) FROM payments'), 1, 'nothing written');
+
+($st, $body) = curl('POST', '/payments', '{"amount": 100, "currency": "EUR"}');
+is($st, 400, 'no Idempotency-Key: 400');
+($st, $body) = curl('POST', '/payments', '{"amount": 100, "currency": "EUR"}', 'Idempotency-Key: ' . ('x' x 2000));
+is($st, 400, 'a key too long: 400') or diag($body);
+
+# A business write that fails: the key is rolled back with it.
+($st, $body) = curl('POST', '/payments', '{"amount": -5, "currency": "EUR"}', 'Idempotency-Key: pay-2');
+is($st, 400, 'an invalid payment: 400');
+is(sql(q{SELECT count(*) FROM idem.requests WHERE key = 'pay-2'}), 0,
+	'the request key went with the rolled back transaction');
+($st, $body) = curl('POST', '/payments', '{"amount": 5, "currency": "EUR"}', 'Idempotency-Key: pay-2');
+is($st, 201, 'the same key with a corrected body runs anew: 201 (not 422)');
+
+# In flight: the first attempt waits for an advisory lock the test holds,
+# inside its transaction, after its begin.
+my $holder = IdemTest::Session->new($node, 'postgres');
+$holder->query('SELECT pg_advisory_lock(4242);');
+my ($slow_out, $slow_err) = ('', '');
+my $slow = IPC::Run::start(
+	[ curl_args('POST', '/payments', '{"amount": 7, "currency": "EUR"}', 'Idempotency-Key: pay-3',
+			'X-Test-Hold: 4242') ],
+	'>', \$slow_out, '2>', \$slow_err);
+ok( wait_for('the first attempt to wait', sub {
+			sql(q{SELECT count(*) FROM pg_stat_activity
+			      WHERE application_name = 'http_handler' AND wait_event_type = 'Lock'
+			        AND query LIKE '%pg_advisory_xact_lock%'}) == 1 }),
+	'the first attempt is in flight, its transaction open');
+($st, $body) = curl('POST', '/payments', '{"amount": 7, "currency": "EUR"}', 'Idempotency-Key: pay-3');
+is($st, 409, 'a concurrent retry while the first is in flight: 409');
+($st, $body) = curl('POST', '/payments', '{"amount": 8, "currency": "EUR"}', 'Idempotency-Key: pay-3');
+is($st, 409, 'also with another body: the first attempt decides (409 before 422)');
+$holder->query('SELECT pg_advisory_unlock(4242);');
+$slow->finish;
+my ($slow_st, $slow_body) = split_answer($slow_out);
+is($slow_st, 201, 'the first attempt finishes: 201');
+($st, $body) = curl('POST', '/payments', '{"amount": 7, "currency": "EUR"}', 'Idempotency-Key: pay-3');
+is("$st $body", "201 $slow_body", 'a retry after it: its answer');
+is(sql(q{SELECT count(*) FROM payments WHERE request_key = 'pay-3'}), 1, 'one payment for the key');
+$holder->close;
+
+########################################################################
+# Single-use tokens
+########################################################################
+
+($st, $body) = curl('GET', '/orders/form');
+is($st, 200, 'a form: 200');
+my $token = $json->decode($body)->{token};
+like($token, qr/^[A-Za-z0-9_-]{51}$/, 'with a token');
+my $order = $json->encode({ token => $token, item => 'book' });
+($st, $body) = curl('POST', '/orders', $order);
+is($st, 201, 'the first submission: 201');
+($st, $body) = curl('POST', '/orders', $order);
+is($st, 409, 'the same token again: 409');
+($st, $body) = curl('POST', '/orders', $json->encode({ token => 'A' x 51, item => 'book' }));
+is($st, 400, 'a token never issued: 400');
+is(sql('SELECT count(*) FROM orders'), 1, 'one order written');
+
+$handler->signal('TERM');
+$handler->finish;
+is($handler->result(0), 0, 'the handler stops on SIGTERM with exit code 0');
+
+$node->stop;
+done_testing();
