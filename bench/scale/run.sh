@@ -22,16 +22,21 @@
 #     that ended before it did) as a ratio of before (target >= 0.8).
 #  3. Size: table (heap, with its free space map and visibility map) and
 #     indexes, in bytes and in bytes per claim, after the fill, after the
-#     purge, after a VACUUM, and after EXPIRED new claims are written again
-#     (as the stream brings them over a retention): the last equal to the
-#     first shows the purged space reused, the table bounded.
+#     purge, AV_WAIT seconds later (once autovacuum, with the table's own
+#     settings, has had its turn: no VACUUM by hand), and after EXPIRED new
+#     claims are written again (as the stream brings them over a retention)
+#     and autovacuum has had its turn again: a size equal to the first shows
+#     the purged space reused, the table bounded.  RELOPTIONS=default runs
+#     with PostgreSQL's autovacuum settings for idem.claims rather than
+#     idem's, RELOPTIONS='name = value, ...' with others.
 #
 #   bash bench/scale/run.sh                         # ROWS=100000000
 #   ROWS=1000000 DURATION=3 REPEAT=3 bash bench/scale/run.sh    # quick
 #
 # Settings: ROWS (100000000), EXPIRED (ROWS / 10), CLIENTS (8), DURATION (5),
 # REPEAT (5), PURGE_ROUNDS (REPEAT), BATCH (1000, the worker's
-# idem.maintenance_batch), SHARED_BUFFERS (2GB), PORT (5681), DIR (a new
+# idem.maintenance_batch), SHARED_BUFFERS (2GB), RELOPTIONS (idem), AV_WAIT
+# (30), EXTRA (more server settings, separated by ';'), PORT (5681), DIR (a new
 # directory under /tmp; the data directory takes about 160 bytes per claim,
 # 16 GB at 100M).
 #
@@ -59,6 +64,8 @@ BATCH=${BATCH:-1000}
 SHARED_BUFFERS=${SHARED_BUFFERS:-2GB}
 PORT=${PORT:-5681}
 SYNC_COMMIT=${SYNC_COMMIT:-off}
+RELOPTIONS=${RELOPTIONS:-idem}
+AV_WAIT=${AV_WAIT:-30}
 
 [[ "$ROWS" =~ ^[1-9][0-9]*$ ]] && [ "$ROWS" -le 1000000000 ] || die "ROWS must be between 1 and 1e9"
 [[ "$EXPIRED" =~ ^[0-9]+$ ]] && [ "$EXPIRED" -le "$ROWS" ] || die "EXPIRED must be between 0 and ROWS"
@@ -95,6 +102,9 @@ settings=(
     "jit = off"
     "shared_preload_libraries = 'idem'"
     "idem.maintenance = off"
+    # autovacuum looks at the tables every 10 s rather than every minute,
+    # so that the run need not wait long for it
+    "autovacuum_naptime = '10s'"
 )
 # EXTRA: more settings, separated by ';' (e.g. "wal_compression = lz4")
 IFS=';' read -r -a extra <<<"${EXTRA:-}"
@@ -155,7 +165,7 @@ $indexes;
 EOF
 t2=$(now)
 restart replica
-sql full -c "VACUUM (FREEZE, ANALYZE) idem.claims" || die "vacuum failed"
+sql full -c "VACUUM ANALYZE idem.claims" || die "vacuum failed"
 sql full -c "CHECKPOINT"
 t3=$(now)
 echo "== fill: rows $(secs "$t0" "$t1") s, indexes $(secs "$t1" "$t2") s, vacuum $(secs "$t2" "$t3") s"
@@ -200,6 +210,14 @@ run() {
         "$(awk -v d=$((w1 - w0)) -v n="$n" 'BEGIN { printf "%.0f", (n > 0) ? d / n : 0 }')"
 }
 
+av() { sql full -c "SELECT autovacuum_count || ' ' || n_dead_tup FROM pg_stat_user_tables WHERE relid = 'idem.claims'::regclass"; }
+case "$RELOPTIONS" in
+    idem) ;;
+    default) sql full -c "ALTER TABLE idem.claims RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold)" ;;
+    *) sql full -c "ALTER TABLE idem.claims SET ($RELOPTIONS)" || die "bad RELOPTIONS" ;;
+esac
+echo "== idem.claims: $(sql full -c "SELECT coalesce(array_to_string(reloptions, ', '), 'PostgreSQL defaults') FROM pg_class WHERE oid = 'idem.claims'::regclass")"
+
 # 1. full against empty
 declare -A tps cpu walc
 for rep in $(seq 1 "$REPEAT"); do
@@ -225,6 +243,7 @@ for rep in $(seq 1 "$PURGE_ROUNDS"); do
     echo "   before the purge, run $rep: $t tps, $u us CPU/claim, $w WAL bytes/claim"
 done
 tb=$(echo "$before" | median)
+read -r av0 dead0 <<<"$(av)"
 purge_log="$dir/purge.log"
 cat > "$dir/purge.sql" <<EOF
 SELECT clock_timestamp() AS t0 \gset
@@ -264,10 +283,20 @@ left=$(sql full -c "SELECT count(*) FROM idem.claims WHERE claimed_at < now() - 
 [ "$left" = 0 ] || die "$left expired claims were left"
 rate=$(awk -v n="$EXPIRED" -v s="$purge_secs" 'BEGIN { printf "%.0f", (s > 0) ? n / s : 0 }')
 size_rows+=("$(sizes 'after the purge')")
-t0=$(now)
-sql full -c "VACUUM idem.claims"
-vac=$(secs "$t0" "$(now)")
-size_rows+=("$(sizes "after a VACUUM ($vac s)")")
+
+# autovacuum's turn: the table is vacuumed by autovacuum alone, with its
+# settings (RELOPTIONS), as it would be in production
+wait_autovacuum() {
+    local i
+    sleep "$AV_WAIT"
+    for i in $(seq 1 600); do
+        [ "$(sql full -c "SELECT count(*) FROM pg_stat_progress_vacuum WHERE relid = 'idem.claims'::regclass")" = 0 ] && break
+        sleep 1
+    done
+}
+wait_autovacuum
+read -r av1 dead1 <<<"$(av)"
+size_rows+=("$(sizes "$AV_WAIT s later: autovacuum ran $((av1 - av0)) times, $dead1 dead rows left")")
 
 # 3. as many claims again, new ids among the others: the space is reused
 sql full <<EOF || die "refill failed"
@@ -278,6 +307,9 @@ INSERT INTO idem.claims (ns, msg_id, claimed_at)
       FROM generate_series(1, $EXPIRED) g;
 EOF
 size_rows+=("$(sizes "after $EXPIRED new claims")")
+wait_autovacuum
+read -r av2 dead2 <<<"$(av)"
+size_rows+=("$(sizes "$AV_WAIT s later: autovacuum ran $((av2 - av0)) times in all, $dead2 dead rows left")")
 
 echo
 echo "### Claims with $ROWS rows in idem.claims against an empty table ($CLIENTS clients)"
