@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
-# What the statistics cost: idem_claim of new ids with pgbench -M prepared,
-# on two servers of the same build and settings running side by side, one
-# with idem in shared_preload_libraries (every claim counted in shared
-# memory at commit), the other without (nothing counted).
+# What the statistics cost: idem_claim of new ids (by a loop in one backend,
+# and by pgbench -M prepared) on two servers of the same build and settings
+# running side by side, one with idem in shared_preload_libraries (every
+# claim counted in shared memory at commit), the other without (nothing
+# counted).
 #
-# Made for a small machine that others share: the two servers stay up, so
-# that a round is only two short runs, one on each, back to back (the one
-# that goes first changing every round), and many rounds are cheap.  Load
-# from elsewhere changes from second to second, so the comparison is made
-# within a round: each round gives a ratio preloaded / not preloaded of the
-# TPS and of the server CPU per claim (user + system time of the backends,
-# from the postmaster's cutime and cstime, which load from elsewhere changes
-# much less than the TPS), and the table shows the medians of those ratios
-# beside the medians of the figures themselves.  Before every run the
-# server's idem.claims is truncated and a CHECKPOINT taken, so that both
-# runs start alike.  Target: counters cost at most 3%, a TPS ratio of at
-# least 0.97 and a CPU ratio of at most 1.03.
+# Made for a small machine that others share, in two parts:
+#
+#  1. One backend on each server runs a loop of CHUNK claims, a COMMIT
+#     after each (so every claim is counted at its own commit), and reports
+#     its own CPU time (/proc/self/stat) and duration; the two servers take
+#     turns call after call, PAIRS pairs.  The backend's CPU time leaves out
+#     the time it waits for a CPU that others hold, and there is no client
+#     or network in it: this is the figure that load from elsewhere moves
+#     least.  Reported: CPU per claim over all calls and its ratio, and the
+#     median of the per-pair ratios of time and CPU.
+#  2. pgbench: the two servers stay up, so that a round is only two short
+#     runs, one on each, back to back (the one that goes first changing
+#     every round).  Each round gives a ratio preloaded / not preloaded of
+#     the TPS and of the server CPU per claim (user + system time of the
+#     exited backends, from the postmaster's cutime and cstime); the table
+#     shows the medians of those ratios beside the medians of the figures.
+#     Before every run the server's idem.claims is truncated and a
+#     CHECKPOINT taken, so that both runs start alike.
+#
+# Target: counters cost at most 3%, a TPS ratio of at least 0.97 and a CPU
+# ratio of at most 1.03.
 #
 # With PIN=1 the servers run on the last CPU and pgbench on the first (off
 # by default: on a shared machine it ties the server to a CPU that someone
 # else may be using).
 #
 #   bash bench/stats/run.sh
-#   DURATION=5 REPEAT=11 CLIENTS="1 8" bash bench/stats/run.sh
+#   DURATION=5 REPEAT=11 CLIENTS="1 8" PAIRS=200 CHUNK=2000 bash bench/stats/run.sh
 #
 # Runs as root on Debian 12: it builds idem into a private copy of
 # PostgreSQL and starts two throwaway servers on Unix sockets (PORT and
@@ -34,11 +44,11 @@ need_root
 
 PORT=${PORT:-5653}
 DURATION=${DURATION:-3}
-REPEAT=${REPEAT:-15}
+REPEAT=${REPEAT:-7}
 CLIENTS=${CLIENTS:-"1 8"}
 SYNC_COMMIT=${SYNC_COMMIT:-off}
 PIN=${PIN:-0}
-PAIRS=${PAIRS:-60}
+PAIRS=${PAIRS:-100}
 CHUNK=${CHUNK:-2000}
 NCPU=$(nproc)
 pin_client=()
@@ -114,7 +124,7 @@ run() {
 }
 
 declare -A tps cpu rtps rcpu
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {if (NR==0) print 0; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {if (NR==0) print 0; else if (NR%2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b > 0) ? a / b : 0 }'; }
 
 echo "== $NCPU CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)), PostgreSQL $(pg_config --version | cut -d' ' -f2), $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -167,7 +177,7 @@ for rep in $(seq 1 "$PAIRS"); do
     if [ $((rep % 2)) = 1 ]; then order="preload plain"; else order="plain preload"; fi
     declare -A w=() k=()
     for m in $order; do
-        read -r _ w[$m] k[$m] <<<"$(sql "$m" -c "$loop_sql" 2>&1 | sed -n 's/.*NOTICE:  loop //p')"
+        read -r w[$m] k[$m] <<<"$(sql "$m" -c "$loop_sql" 2>&1 | sed -n 's/.*NOTICE:  loop //p')"
         [ -n "${w[$m]}" ] || die "the loop failed on $m"
         lt[$m]="${lt[$m]:-} $(awk -v w="${w[$m]}" 'BEGIN { printf "%.2f", w / '"$CHUNK"' * 1e6 }')"
         lc[$m]="${lc[$m]:-} ${k[$m]}"
@@ -195,7 +205,7 @@ echo
 echo "| clients | TPS preloaded | TPS not preloaded | TPS ratio (median of rounds) | CPU us/claim preloaded | CPU us/claim not preloaded | CPU ratio (median of rounds) |"
 echo "|---|---|---|---|---|---|---|"
 for c in $CLIENTS; do
-    tp=$(echo "${tps["preload,$c"]}" | median); tn=$(echo "${tps["plain,$c"]}" | median)
-    cp=$(echo "${cpu["preload,$c"]}" | median); cn=$(echo "${cpu["plain,$c"]}" | median)
-    echo "| $c | $tp | $tn | $(echo "${rtps[$c]}" | median) | $cp | $cn | $(echo "${rcpu[$c]}" | median) |"
+    tp=$(echo "${tps["preload,$c"]:-}" | median); tn=$(echo "${tps["plain,$c"]:-}" | median)
+    cp=$(echo "${cpu["preload,$c"]:-}" | median); cn=$(echo "${cpu["plain,$c"]:-}" | median)
+    echo "| $c | $tp | $tn | $(echo "${rtps[$c]:-}" | median) | $cp | $cn | $(echo "${rcpu[$c]:-}" | median) |"
 done
