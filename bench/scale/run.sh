@@ -16,7 +16,9 @@
 #  2. Purge: PURGE_ROUNDS runs of the claims on "full" first (the "before"),
 #     then the purge starts in one session, as the maintenance worker runs
 #     it: idem_maintenance(BATCH) in a transaction of its own, again and
-#     again until it purges less than a batch of claims; meanwhile the
+#     again until it purges less than a batch of claims, after each batch
+#     the worker's pause (working PURGE_LOAD of the time, 0.25 like
+#     idem.maintenance_load's default; 1: no pause); meanwhile the
 #     claims run on, in runs of DURATION seconds.  Reported: the purge rate
 #     (rows per second), the TPS of the claims during the purge (the runs
 #     that ended before it did) as a ratio of before (target >= 0.8).
@@ -61,6 +63,7 @@ DURATION=${DURATION:-5}
 REPEAT=${REPEAT:-5}
 PURGE_ROUNDS=${PURGE_ROUNDS:-$REPEAT}
 BATCH=${BATCH:-1000}
+PURGE_LOAD=${PURGE_LOAD:-0.25}
 SHARED_BUFFERS=${SHARED_BUFFERS:-2GB}
 PORT=${PORT:-5681}
 SYNC_COMMIT=${SYNC_COMMIT:-off}
@@ -132,7 +135,7 @@ done
 
 echo "== $(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)), $(free -g | awk '/^Mem:/ { print $2 }') GB," \
     "PostgreSQL $(pg_config --version | cut -d' ' -f2), $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "== ROWS=$ROWS EXPIRED=$EXPIRED CLIENTS=$CLIENTS DURATION=$DURATION REPEAT=$REPEAT BATCH=$BATCH shared_buffers=$SHARED_BUFFERS EXTRA='${EXTRA:-}'"
+echo "== ROWS=$ROWS EXPIRED=$EXPIRED CLIENTS=$CLIENTS DURATION=$DURATION REPEAT=$REPEAT BATCH=$BATCH PURGE_LOAD=$PURGE_LOAD shared_buffers=$SHARED_BUFFERS EXTRA='${EXTRA:-}'"
 
 # The fill.  Row g (1..ROWS) has the id of position (g * P) mod ROWS of the
 # evenly spread ids, P a prime that does not divide ROWS: every id once, in
@@ -255,11 +258,15 @@ SELECT clock_timestamp() AS t0 \gset
 DO \$\$
 DECLARE
     n int8;
+    t timestamptz;
 BEGIN
     LOOP
+        t := clock_timestamp();
         SELECT purged INTO n FROM idem_maintenance($BATCH) WHERE kind = 'claims';
         COMMIT;
         EXIT WHEN n < $BATCH;
+        -- the worker's pause: work idem.maintenance_load of the time
+        PERFORM pg_sleep(extract(epoch FROM clock_timestamp() - t) * (1 - $PURGE_LOAD) / $PURGE_LOAD);
     END LOOP;
 END;
 \$\$;
@@ -325,7 +332,7 @@ echo "| empty | $te | $ce | $we |"
 echo "| $ROWS rows | $tf | $cf | $wf |"
 echo "| ratio | $(ratio "$tf" "$te") | $(ratio "$cf" "$ce") | $(ratio "$wf" "$we") |"
 echo
-echo "### Purge of $EXPIRED expired claims (batches of $BATCH) while $CLIENTS clients claim"
+echo "### Purge of $EXPIRED expired claims (batches of $BATCH, PURGE_LOAD $PURGE_LOAD) while $CLIENTS clients claim"
 echo
 echo "| purge | rate | TPS before | TPS during | ratio |"
 # (the server's CPU and WAL per claim of the runs during the purge, in the
