@@ -253,25 +253,26 @@ done
 tb=$(echo "$before" | median)
 read -r av0 dead0 <<<"$(av)"
 purge_log="$dir/purge.log"
-cat > "$dir/purge.sql" <<EOF
-SELECT clock_timestamp() AS t0 \gset
-DO \$\$
-DECLARE
-    n int8;
-    t timestamptz;
-BEGIN
-    LOOP
-        t := clock_timestamp();
-        SELECT purged INTO n FROM idem_maintenance($BATCH) WHERE kind = 'claims';
-        COMMIT;
-        EXIT WHEN n < $BATCH;
-        -- the worker's pause: work idem.maintenance_load of the time
-        PERFORM pg_sleep(extract(epoch FROM clock_timestamp() - t) * (1 - $PURGE_LOAD) / $PURGE_LOAD);
-    END LOOP;
-END;
-\$\$;
+# One statement per batch, each its own transaction, as the worker runs
+# them: the backend reports its deletes to the cumulative statistics between
+# statements (a loop in one DO block would report them only at its end, and
+# autovacuum would not see the dead rows until then).  psql stops at the
+# first batch that is not full.
+block=$(cat <<EOF
+SELECT clock_timestamp() AS t \\gset
+SELECT purged AS n FROM idem_maintenance($BATCH) WHERE kind = 'claims' \\gset
+SELECT :n < $BATCH AS done \\gset
+\\if :done
 SELECT extract(epoch FROM clock_timestamp() - :'t0');
+\\q
+\\endif
+SELECT pg_sleep(extract(epoch FROM clock_timestamp() - :'t') * (1 - $PURGE_LOAD) / $PURGE_LOAD);
 EOF
+)
+{
+    echo "SELECT clock_timestamp() AS t0 \\gset"
+    for i in $(seq 1 $((EXPIRED / BATCH * 2 + 100))); do printf '%s\n' "$block"; done
+} > "$dir/purge.sql"
 chmod 644 "$dir/purge.sql"
 sql full -f "$dir/purge.sql" > "$purge_log" 2>&1 &
 purge_pid=$!
