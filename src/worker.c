@@ -11,8 +11,8 @@
  * and claims, tokens and requests go on meanwhile.  After each batch it
  * sleeps so that it works idem.maintenance_load of the time (a quarter by
  * default): a backlog is purged at a pace that leaves most of the machine to
- * the claims.  Each purge keeps to the
- * retention of its namespace: the worker only calls the purge functions.
+ * the claims.  Each purge keeps to the retention of its namespace: the
+ * worker only calls the purge functions.
  *
  * A round that fails is logged and retried at the next interval; the worker
  * does not exit for it.  A database without the extension is skipped (and
