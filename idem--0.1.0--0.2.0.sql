@@ -1003,3 +1003,15 @@ LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
 COMMENT ON FUNCTION idem_seq_accept(pg_catalog.text, pg_catalog.int8, pg_catalog.int4) IS
     'accepted once per sequence number of a producer; duplicate after; too_old below its window (1 to 1024 numbers)';
 -- ==== END ordered streams ====
+
+-- ==== BEGIN claims storage ====
+-- Expired claims are deleted in batches (idem_purge, the maintenance
+-- worker), oldest first.  autovacuum must follow those deletes closely: the
+-- dead index entries they leave at the old end of claims_ns_claimed_at_idx
+-- are read again by every later purge until a VACUUM removes them, and the
+-- space of the deleted rows is reused only once vacuumed.  PostgreSQL's
+-- default waits for 20% of a table to be dead, which on a table of 100M
+-- claims is 20M rows; 2% is 2M.  Claims are never updated: the fillfactor
+-- stays 100.
+ALTER TABLE idem.claims SET (autovacuum_vacuum_scale_factor = 0.02);
+-- ==== END claims storage ====

@@ -155,6 +155,25 @@ static int	npending = 0;
 static int	maxpending = 0;
 static bool callbacks_registered = false;
 
+/*
+ * The shared entries this backend has added to, so that a commit finds its
+ * entry without the lock and the hash lookup.  Entries are never removed
+ * from shared memory (a reset only zeroes them), so a pointer stays good
+ * for the life of the backend, whose database does not change.
+ */
+#define STATS_LOCAL_ENTRIES 16
+
+typedef struct LocalEntry
+{
+	int32		kind;
+	char		ns[STATS_NS_LEN];
+	StatsEntry *entry;
+} LocalEntry;
+
+static LocalEntry local_entries[STATS_LOCAL_ENTRIES];
+static int	nlocal = 0;
+static int	nextlocal = 0;		/* the one to replace when all are taken */
+
 static Size
 stats_memsize(void)
 {
@@ -449,6 +468,36 @@ stats_check_rate(StatsEntry *entry)
 						   stats_duplicate_rate_warning)));
 }
 
+/* The shared entry of a kind and namespace, if this backend knows it. */
+static StatsEntry *
+stats_local_entry(int32 kind, const char *ns)
+{
+	int			i;
+
+	for (i = 0; i < nlocal; i++)
+		if (local_entries[i].kind == kind &&
+			strcmp(local_entries[i].ns, ns) == 0)
+			return local_entries[i].entry;
+	return NULL;
+}
+
+static void
+stats_remember_entry(int32 kind, const char *ns, StatsEntry *entry)
+{
+	LocalEntry *l;
+
+	if (nlocal < STATS_LOCAL_ENTRIES)
+		l = &local_entries[nlocal++];
+	else
+	{
+		l = &local_entries[nextlocal];
+		nextlocal = (nextlocal + 1) % STATS_LOCAL_ENTRIES;
+	}
+	l->kind = kind;
+	strlcpy(l->ns, ns, STATS_NS_LEN);
+	l->entry = entry;
+}
+
 /* Add the transaction's counts to shared memory. */
 static void
 stats_flush(void)
@@ -462,19 +511,25 @@ stats_flush(void)
 		StatsKey	key;
 		StatsEntry *entry;
 
-		memset(&key, 0, sizeof(key));
-		key.dbid = MyDatabaseId;
-		key.kind = p->kind;
-		strlcpy(key.ns, p->ns, STATS_NS_LEN);
-		entry = stats_entry(&key, true);
+		entry = stats_local_entry(p->kind, p->ns);
 		if (entry == NULL)
 		{
-			/* full: the namespace "*" of the kind */
-			memset(key.ns, 0, sizeof(key.ns));
-			strlcpy(key.ns, STATS_OVERFLOW_NS, STATS_NS_LEN);
+			memset(&key, 0, sizeof(key));
+			key.dbid = MyDatabaseId;
+			key.kind = p->kind;
+			strlcpy(key.ns, p->ns, STATS_NS_LEN);
 			entry = stats_entry(&key, true);
-			if (entry == NULL)
-				continue;		/* out of shared memory: not counted */
+			if (entry != NULL)
+				stats_remember_entry(p->kind, p->ns, entry);
+			else
+			{
+				/* full: the namespace "*" of the kind */
+				memset(key.ns, 0, sizeof(key.ns));
+				strlcpy(key.ns, STATS_OVERFLOW_NS, STATS_NS_LEN);
+				entry = stats_entry(&key, true);
+				if (entry == NULL)
+					continue;	/* out of shared memory: not counted */
+			}
 		}
 		for (j = 0; j < kinds[p->kind].noutcomes; j++)
 			if (p->counts[j] != 0)

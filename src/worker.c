@@ -8,8 +8,11 @@
  * and, every idem.maintenance_interval, runs idem_maintenance(batch) in
  * transactions of their own until a round purges less than a batch of each
  * kind (or the interval is used up), so that no transaction holds many rows
- * and claims, tokens and requests go on meanwhile.  Each purge keeps to the
- * retention of its namespace: the worker only calls the purge functions.
+ * and claims, tokens and requests go on meanwhile.  After each batch it
+ * sleeps so that it works idem.maintenance_load of the time (a quarter by
+ * default): a backlog is purged at a pace that leaves most of the machine to
+ * the claims.  Each purge keeps to the retention of its namespace: the
+ * worker only calls the purge functions.
  *
  * A round that fails is logged and retried at the next interval; the worker
  * does not exit for it.  A database without the extension is skipped (and
@@ -44,6 +47,7 @@ static bool worker_enabled = true;
 static char *worker_database = NULL;
 static int	worker_interval = 60;	/* seconds */
 static int	worker_batch = 1000;
+static double worker_load = 0.25;	/* share of the time spent purging */
 
 void
 idem_worker_init(void)
@@ -77,6 +81,12 @@ idem_worker_init(void)
 							&worker_batch,
 							1000, 1, 1000000,
 							PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomRealVariable("idem.maintenance_load",
+							 "Share of the time the maintenance worker spends purging while there is more to purge.",
+							 "After each batch the worker sleeps long enough for its work to take this share of the time; 1 does not sleep.",
+							 &worker_load,
+							 0.25, 0.01, 1.0,
+							 PGC_SIGHUP, 0, NULL, NULL, NULL);
 
 	if (!worker_enabled)
 		return;
@@ -187,14 +197,40 @@ idem_maintenance_main(Datum main_arg)
 			ProcessConfigFile(PGC_SIGHUP);
 		}
 
-		/* batch after batch, while there is more and time left */
-		do
+		/*
+		 * Batch after batch, while there is more and time left, sleeping
+		 * after each so that the purge takes idem.maintenance_load of the
+		 * time: the claims it runs beside keep the rest of the machine.
+		 */
+		for (;;)
 		{
+			TimestampTz batch_start = GetCurrentTimestamp();
+			long		worked;
+
 			CHECK_FOR_INTERRUPTS();
 			most = worker_round();
-		} while (most >= worker_batch &&
-				 !TimestampDifferenceExceeds(start, GetCurrentTimestamp(),
-											 worker_interval * 1000));
+			if (most < worker_batch ||
+				TimestampDifferenceExceeds(start, GetCurrentTimestamp(),
+										   worker_interval * 1000))
+				break;
+			worked = TimestampDifferenceMilliseconds(batch_start,
+													 GetCurrentTimestamp());
+			if (worker_load < 1.0 && worked > 0)
+			{
+				double		pause = worked * (1.0 - worker_load) / worker_load;
+
+				(void) WaitLatch(MyLatch,
+								 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+								 (long) Min(pause, worker_interval * 1000.0),
+								 PG_WAIT_EXTENSION);
+				ResetLatch(MyLatch);
+			}
+			if (ConfigReloadPending)
+			{
+				ConfigReloadPending = false;
+				ProcessConfigFile(PGC_SIGHUP);
+			}
+		}
 		if (most == -1 && !missing_logged)
 		{
 			ereport(LOG,

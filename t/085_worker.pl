@@ -71,6 +71,10 @@ ok(poll(q{SELECT count(*) FROM idem.tokens WHERE expires_at <= now()}, '0'),
 	'expired tokens are purged');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM idem.tokens}), '20',
 	'valid tokens are kept');
+# the 10 batches of 100 above ran with a pause after each, so that the
+# worker purged a quarter of the time (idem.maintenance_load)
+is($node->safe_psql('postgres', 'SHOW idem.maintenance_load'), '0.25',
+	'the worker works a quarter of the time by default while there is more to purge');
 
 # a round that fails is logged, and the next rounds go on once it works
 my $offset = -s $node->logfile;
