@@ -42,13 +42,22 @@
  *	  type) fails with 22003; a row whose version is NULL (possible only after
  *	  the NOT NULL constraint idem_guard() requires was dropped) fails with
  *	  23502.
- *	- INSERT is not checked: a row may start in any state, at any version.
+ *	- INSERT (and COPY) is checked only when the machine has initial states
+ *	  (idem.initial_states): the new row's state must be one of them, or the
+ *	  INSERT fails with 23514.  The version is not touched: a row starts at
+ *	  the version it says.  The INSERT that moves a row to another partition
+ *	  (an UPDATE of a partitioned table) is not a new row: the guard of the
+ *	  partition it leaves checked it as a transition (guard_trigger.c).
+ *
+ * A partitioned table is guarded by a trigger on it, which PostgreSQL
+ * clones to every partition, present and future; the clones fire.
  *
  * The guard sees the row as the BEFORE ROW triggers sorted before
  * "idem_guard" left it; triggers sorted after it run after the check.
  *
  * idem_transition(tbl, key, to_state, expected_version) moves one row,
- * found by the table's single-column primary key, and says what happened
+ * found by the table's primary key (one value, or an array of the values of
+ * its columns in order), and says what happened
  * (enum idem_transition_result):
  *
  *	applied    the row moved to to_state; its version went up by one.
@@ -75,7 +84,9 @@
  * transition and be applied: give expected_version there.
  *
  * idem_transition does what "UPDATE ONLY t SET state = $2 WHERE key = $1"
- * does.  On most tables it does it itself, without a plan, as logical
+ * does (on a partitioned table, "UPDATE t ...": the row is updated in the
+ * partition tuple routing finds for the key, or through SPI on the parent
+ * when the state column is part of a partition key).  On most tables it does it itself, without a plan, as logical
  * replication applies a change: a probe of the primary key, the row lock,
  * then the row triggers, constraints and indexes of an UPDATE.  A table
  * with row-level security, rules, statement-level UPDATE triggers or
@@ -92,14 +103,16 @@
  * row-level security applies.
  *
  * Errors of misuse (SQLSTATE):
- *	22004  a NULL tbl, key, to_state, machine, from_state or state_column
+ *	22004  a NULL tbl, key, to_state, machine, from_state or state_column;
+ *		   a NULL value in a key array
  *	22023  an empty machine name; expected_version given for a table
  *		   guarded without a version column; the same column given as
- *		   state and version
- *	22001  a machine name longer than 63 bytes
+ *		   state and version; a key array whose length is not the number of
+ *		   columns of the primary key, or of more than one dimension
+ *	22001  a machine or state name longer than 63 bytes
  *	42P01  no table has that OID
  *	42809  idem_guard or idem_transition on something that is not an
- *		   ordinary table (idem_transition moves rows of a partition), or
+ *		   ordinary or partitioned table, or
  *		   idem_guard on a table of the schema idem (also a guard trigger
  *		   made by hand there)
  *	42703  no such column (also when a guarded column was dropped or
@@ -109,7 +122,8 @@
  *	42704  idem_guard with a machine that has no transition
  *	42710  idem_guard on a table guarded already with another definition;
  *		   a second guard trigger; a trigger named "idem_guard" that is not
- *		   idem's guard
+ *		   idem's guard; idem_guard on a partitioned table one of whose
+ *		   partitions has a guard of its own
  *	42501  no EXECUTE privilege on the administration functions; no
  *		   TRIGGER privilege (idem_guard); not the owner (idem_unguard); no
  *		   UPDATE privilege, or no SELECT privilege on the key, state and
@@ -117,17 +131,19 @@
  *	55000  idem_transition on a table that is not guarded, has more than
  *		   one guard, whose guard is disabled or did not fire
  *		   (session_replication_role = replica),
- *		   that has no single-column primary key, or whose row was skipped
+ *		   that has no primary key (or one of several columns, given a
+ *		   single value), or whose row was skipped
  *		   by another BEFORE trigger; a version column that is nullable
  *		   (idem_guard, DDL) or part of a key (primary key, unique
  *		   constraint or index, foreign key)
  *	39P01  a trigger executing idem_guard_trigger() that is not BEFORE
- *		   UPDATE FOR EACH ROW, for UPDATE only, without a column list or a
+ *		   INSERT OR UPDATE (or BEFORE UPDATE) FOR EACH ROW, without a column list or a
  *		   WHEN condition, or with other arguments than (machine, state
  *		   column [, version column]): when it is created, and wherever it
  *		   fires or is used
  *	2BP01  ALTER TABLE or CREATE INDEX that would leave a guard that cannot
- *		   work (the event trigger idem_guard_ddl)
+ *		   work (the event trigger idem_guard_ddl); idem_unguard on a
+ *		   partition guarded through its partitioned table
  *	25006  a read-only transaction
  *	The key and to_state are read by the input functions of the key and
  *	state column types, whose errors (such as 22P02) come through.
@@ -156,6 +172,8 @@
 
 #define TRANSITIONS_TABLE	"transitions"
 #define TRANSITIONS_NATTS	3
+#define INITIAL_TABLE		"initial_states"
+#define INITIAL_NATTS		2
 #define GUARD_TRIGGER_NAME	"idem_guard"
 #define GUARD_TRIGGER_FUNC	"idem_guard_trigger"
 #define MACHINE_MAX_LEN		IDEM_MAX_NS_LEN
@@ -190,17 +208,23 @@ typedef struct GuardEntry
 	AttrNumber	version_attnum; /* InvalidAttrNumber if none */
 	Oid			version_type;
 
-	/* idem_transition: the key, valid while key_valid */
+	/*
+	 * idem_transition: the primary key, valid while key_valid: its columns
+	 * in its order, with the input function of each and the equality
+	 * operator of its operator class.  On a partitioned table the key is
+	 * the partitioned table's own (its partitions have it too).
+	 */
 	bool		key_valid;
 	Oid			key_index;		/* the primary key */
-	AttrNumber	key_attnum;
-	Oid			key_type;
-	int32		key_typmod;
-	Oid			key_ioparam;
-	FmgrInfo	key_in;
-	Oid			key_eqop;
-	FmgrInfo	key_eq;
-	Oid			key_collation;
+	int			key_natts;
+	AttrNumber	key_attnums[INDEX_MAX_KEYS];
+	Oid			key_types[INDEX_MAX_KEYS];
+	int32		key_typmods[INDEX_MAX_KEYS];
+	Oid			key_ioparams[INDEX_MAX_KEYS];
+	FmgrInfo	key_in[INDEX_MAX_KEYS];
+	Oid			key_eqops[INDEX_MAX_KEYS];
+	FmgrInfo	key_eq[INDEX_MAX_KEYS];
+	Oid			key_collations[INDEX_MAX_KEYS];
 	Oid			state_ioparam;
 	FmgrInfo	state_in;
 
@@ -220,11 +244,14 @@ typedef struct GuardEntry
  */
 typedef struct TransitionRequest
 {
-	Oid			relid;
-	AttrNumber	key_attnum;
-	Datum		key;
-	FmgrInfo	key_eq;
-	Oid			key_collation;
+	Oid			relid;			/* the table idem_transition was called on */
+	bool		partitioned;	/* relid is a partitioned table */
+	int			nkeys;
+	AttrNumber	key_attnums[INDEX_MAX_KEYS];	/* in relid */
+	const char *key_names[INDEX_MAX_KEYS];	/* to find them in a partition */
+	Datum		keys[INDEX_MAX_KEYS];
+	FmgrInfo	key_eq[INDEX_MAX_KEYS];
+	Oid			key_collations[INDEX_MAX_KEYS];
 	const char *to_state;		/* as the state type prints it */
 	bool		has_expected;
 	int64		expected;
@@ -234,8 +261,14 @@ typedef struct TransitionRequest
 	struct TransitionRequest *outer;
 } TransitionRequest;
 
-/* The only kind of trigger a guard can be: BEFORE UPDATE FOR EACH ROW. */
-#define GUARD_TRIGGER_TYPE	(TRIGGER_TYPE_ROW | TRIGGER_TYPE_BEFORE | TRIGGER_TYPE_UPDATE)
+/*
+ * The kinds of trigger a guard can be: BEFORE INSERT OR UPDATE FOR EACH ROW,
+ * as idem_guard makes it (INSERT checks the initial states), or BEFORE
+ * UPDATE FOR EACH ROW, as idem_guard made it before 0.2.0.
+ */
+#define GUARD_TRIGGER_TYPE_UPDATE	(TRIGGER_TYPE_ROW | TRIGGER_TYPE_BEFORE | TRIGGER_TYPE_UPDATE)
+#define GUARD_TRIGGER_TYPE	(GUARD_TRIGGER_TYPE_UPDATE | TRIGGER_TYPE_INSERT)
+#define GUARD_TRIGGER_TYPE_OK(t)	((t) == GUARD_TRIGGER_TYPE || (t) == GUARD_TRIGGER_TYPE_UPDATE)
 
 /*
  * What is wrong with a guard, if anything: the error to raise, kept rather
@@ -263,6 +296,8 @@ extern bool guard_transition_allowed(const char *machine, const char *from,
 									 const char *to);
 extern bool guard_state_reachable(const char *machine, const char *from,
 								  const char *target);
+extern bool guard_machine_has_initial(const char *machine);
+extern bool guard_state_initial(const char *machine, const char *state);
 extern AttrNumber guard_column_attnum(Relation rel, const char *name);
 extern bool guard_is_version_type(Oid type);
 extern Oid	guard_lookup_func(Oid caller_fn);
@@ -282,8 +317,10 @@ extern Datum guard_version_datum(GuardEntry *entry, int64 v);
 extern int64 guard_version_max(GuardEntry *entry);
 extern TransitionOutcome guard_decide(GuardEntry *entry, TransitionRequest *req,
 									  HeapTuple oldtup, TupleDesc desc);
-extern bool guard_request_matches(TransitionRequest *req, HeapTuple oldtup,
-								  TupleDesc desc);
+extern bool guard_request_matches(TransitionRequest *req, Relation rel,
+								  HeapTuple oldtup);
+extern char *guard_state_text(GuardEntry *entry, HeapTuple tuple,
+							  TupleDesc desc, Datum *value, bool *isnull);
 extern HeapTuple guard_update(Relation rel, GuardEntry *entry,
 							  HeapTuple oldtup, HeapTuple newtup);
 extern Relation guard_open_table_arg(FunctionCallInfo fcinfo, LOCKMODE lockmode);

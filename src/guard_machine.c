@@ -95,11 +95,14 @@ typedef struct StateEntry
 	int			ntargets;
 	int			maxtargets;
 	char	  **targets;
+	bool		initial;		/* a row may start in this state */
 } StateEntry;
 
 typedef struct MachineEntry
 {
 	char		name[NAMEDATALEN];	/* hash key */
+	bool		has_transitions;
+	bool		has_initial;
 } MachineEntry;
 
 static MemoryContext machines_cxt = NULL;
@@ -107,6 +110,7 @@ static HTAB *states_htab = NULL;	/* NULL when not loaded */
 static HTAB *machines_htab = NULL;
 static bool machines_valid = false;
 static Oid	transitions_relid = InvalidOid;
+static Oid	initial_relid = InvalidOid;
 
 static HTAB *guard_htab = NULL;
 static bool callback_registered = false;
@@ -119,7 +123,8 @@ static Oid	guard_func_oid = InvalidOid;
 static void
 guard_relcache_callback(Datum arg, Oid relid)
 {
-	if (!OidIsValid(relid) || relid == transitions_relid)
+	if (!OidIsValid(relid) || relid == transitions_relid ||
+		relid == initial_relid)
 		machines_valid = false;
 
 	if (guard_htab == NULL)
@@ -227,6 +232,125 @@ transitions_table_oid(void)
 	return relid;
 }
 
+static StateEntry *machine_state(const char *machine, const char *state);
+
+/*
+ * Does idem.initial_states exist?  Asked only while it did not when the
+ * machines were read: its invalidations could not be told from others'.
+ */
+static bool
+initial_table_exists(void)
+{
+	Oid			nsp = get_namespace_oid(IDEM_SCHEMA, true);
+
+	return OidIsValid(nsp) && OidIsValid(get_relname_relid(INITIAL_TABLE, nsp));
+}
+
+/*
+ * The entry of (machine, state) in states, made if missing; allocated in
+ * machines_cxt, which must be current.
+ */
+static StateEntry *
+state_entry_enter(HTAB *states, const char *machine, const char *state)
+{
+	StateKey	key = make_state_key(machine, state);
+	StateEntry *entry;
+	bool		found;
+
+	entry = hash_search(states, &key, HASH_ENTER, &found);
+	if (!found)
+	{
+		entry->key = key;		/* the copy in machines_cxt */
+		entry->ntargets = 0;
+		entry->maxtargets = 4;
+		entry->targets = palloc(entry->maxtargets * sizeof(char *));
+		entry->initial = false;
+	}
+	else
+		pfree((void *) key.data);
+	return entry;
+}
+
+/*
+ * The machine's entry in machines, made if missing, or NULL if its name is
+ * too long to be one.
+ */
+static MachineEntry *
+machine_entry_enter(HTAB *machines, const char *machine)
+{
+	MachineEntry *entry;
+	bool		found;
+
+	if (strlen(machine) >= NAMEDATALEN)
+		return NULL;
+	entry = hash_search(machines, machine, HASH_ENTER, &found);
+	if (!found)
+	{
+		entry->has_transitions = false;
+		entry->has_initial = false;
+	}
+	return entry;
+}
+
+/*
+ * The initial states, idem.initial_states (since 0.2.0: a database where the
+ * extension is older has none), read into states and machines with the
+ * snapshot the transitions were read with.
+ */
+static void
+initial_states_load(HTAB *states, HTAB *machines, Snapshot snapshot)
+{
+	Oid			nsp = get_namespace_oid(IDEM_SCHEMA, true);
+	Relation	rel;
+	TableScanDesc scan;
+	TupleTableSlot *slot;
+
+	initial_relid = OidIsValid(nsp) ? get_relname_relid(INITIAL_TABLE, nsp) :
+		InvalidOid;
+	if (!OidIsValid(initial_relid))
+		return;
+	if (get_rel_relkind(initial_relid) != RELKIND_RELATION)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("\"%s.%s\" of the idem extension is not an ordinary table",
+						IDEM_SCHEMA, INITIAL_TABLE),
+				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
+	rel = table_open(initial_relid, AccessShareLock);
+	{
+		static const IdemColumn columns[INITIAL_NATTS] = {
+			{"machine", TEXTOID, true, C_COLLATION_OID},
+			{"state", TEXTOID, true, C_COLLATION_OID}
+		};
+
+		idem_check_columns(RelationGetDescr(rel), INITIAL_TABLE, columns,
+						   INITIAL_NATTS);
+	}
+	scan = table_beginscan(rel, snapshot, 0, NULL);
+	slot = table_slot_create(rel, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		MemoryContext old;
+		char	   *machine;
+		char	   *state;
+		MachineEntry *m;
+
+		slot_getallattrs(slot);
+		if (slot->tts_isnull[0] || slot->tts_isnull[1])
+			continue;			/* not possible: the columns are NOT NULL */
+		old = MemoryContextSwitchTo(machines_cxt);
+		machine = TextDatumGetCString(slot->tts_values[0]);
+		state = TextDatumGetCString(slot->tts_values[1]);
+		m = machine_entry_enter(machines, machine);
+		if (m != NULL)
+			m->has_initial = true;
+		state_entry_enter(states, machine, state)->initial = true;
+		MemoryContextSwitchTo(old);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+}
+
 /*
  * Make sure the machines are loaded and current.  Pointers into them stay
  * valid until the next call of this function.
@@ -252,7 +376,8 @@ machines_ensure(void)
 	 * read is one look at a shared counter.
 	 */
 	AcceptInvalidationMessages();
-	if (machines_valid && states_htab != NULL)
+	if (machines_valid && states_htab != NULL &&
+		(OidIsValid(initial_relid) || !initial_table_exists()))
 		return;
 
 	transitions_relid = transitions_table_oid();
@@ -307,9 +432,8 @@ machines_ensure(void)
 		char	   *machine;
 		char	   *from;
 		char	   *to;
-		StateKey	key;
 		StateEntry *entry;
-		bool		found;
+		MachineEntry *m;
 
 		slot_getallattrs(slot);
 		if (slot->tts_isnull[0] || slot->tts_isnull[1] || slot->tts_isnull[2])
@@ -319,17 +443,10 @@ machines_ensure(void)
 		machine = TextDatumGetCString(slot->tts_values[0]);
 		from = TextDatumGetCString(slot->tts_values[1]);
 		to = TextDatumGetCString(slot->tts_values[2]);
-		if (strlen(machine) < NAMEDATALEN)
-			(void) hash_search(machines, machine, HASH_ENTER, NULL);
-		key = make_state_key(machine, from);
-		entry = hash_search(states, &key, HASH_ENTER, &found);
-		if (!found)
-		{
-			entry->key = key;	/* the copy in machines_cxt */
-			entry->ntargets = 0;
-			entry->maxtargets = 4;
-			entry->targets = palloc(entry->maxtargets * sizeof(char *));
-		}
+		m = machine_entry_enter(machines, machine);
+		if (m != NULL)
+			m->has_transitions = true;
+		entry = state_entry_enter(states, machine, from);
 		if (entry->ntargets == entry->maxtargets)
 		{
 			entry->maxtargets *= 2;
@@ -341,8 +458,9 @@ machines_ensure(void)
 	}
 	ExecDropSingleTupleTableSlot(slot);
 	table_endscan(scan);
-	UnregisterSnapshot(snapshot);
 	table_close(rel, AccessShareLock);
+	initial_states_load(states, machines, snapshot);
+	UnregisterSnapshot(snapshot);
 
 	states_htab = states;
 	machines_htab = machines;
@@ -351,10 +469,39 @@ machines_ensure(void)
 bool
 guard_machine_defined(const char *machine)
 {
+	MachineEntry *entry;
+
 	if (strlen(machine) >= NAMEDATALEN)
 		return false;
 	machines_ensure();
-	return hash_search(machines_htab, machine, HASH_FIND, NULL) != NULL;
+	entry = hash_search(machines_htab, machine, HASH_FIND, NULL);
+	return entry != NULL && entry->has_transitions;
+}
+
+/* Does the machine have initial states? */
+bool
+guard_machine_has_initial(const char *machine)
+{
+	MachineEntry *entry;
+
+	if (strlen(machine) >= NAMEDATALEN)
+		return false;
+	machines_ensure();
+	entry = hash_search(machines_htab, machine, HASH_FIND, NULL);
+	return entry != NULL && entry->has_initial;
+}
+
+/* May a row start in this state?  A NULL state never may. */
+bool
+guard_state_initial(const char *machine, const char *state)
+{
+	StateEntry *entry;
+
+	if (state == NULL)
+		return false;
+	machines_ensure();
+	entry = machine_state(machine, state);
+	return entry != NULL && entry->initial;
 }
 
 static StateEntry *
@@ -675,12 +822,12 @@ guard_definition(Relation rel, Trigger *trigger, bool strict, GuardDef *def,
 	Form_pg_attribute att;
 	char	   *why;
 
-	if (trigger->tgtype != GUARD_TRIGGER_TYPE || trigger->tgnattr != 0 ||
+	if (!GUARD_TRIGGER_TYPE_OK(trigger->tgtype) || trigger->tgnattr != 0 ||
 		trigger->tgqual != NULL)
 		return guard_problem(problem, ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
 							 psprintf("trigger \"%s\" of table \"%s\" must be BEFORE UPDATE FOR EACH ROW",
 									  trigger->tgname, relname),
-							 psprintf("%s() guards every UPDATE of a row: it cannot fire for INSERT, DELETE or TRUNCATE, after the row, for each statement, for some columns only, or under a WHEN condition.",
+							 psprintf("%s() guards every UPDATE of a row, and every INSERT beside it: it cannot fire for DELETE, TRUNCATE or INSERT alone, after the row, for each statement, for some columns only, or under a WHEN condition.",
 									  GUARD_TRIGGER_FUNC),
 							 "Guard the table with idem_guard().");
 	if (trigger->tgnargs < 2 || trigger->tgnargs > 3)

@@ -56,6 +56,10 @@
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
+#include "partitioning/partbounds.h"
+#include "partitioning/partdesc.h"
+#include "utils/partcache.h"
+
 #include "idem.h"
 #include "guard.h"
 
@@ -79,8 +83,8 @@ guard_prepare_key(GuardEntry *entry, Relation rel)
 {
 	Oid			pkoid;
 	Relation	index;
-	Oid			eqop;
-	Form_pg_attribute att;
+	int			natts;
+	int			i;
 	Oid			infn;
 
 	if (entry->key_valid)
@@ -92,31 +96,39 @@ guard_prepare_key(GuardEntry *entry, Relation rel)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("table \"%s\" has no primary key",
 						RelationGetRelationName(rel)),
-				 errhint("idem_transition() finds rows by a single-column primary key.")));
+				 errhint("idem_transition() finds rows by their primary key.")));
 	index = index_open(pkoid, AccessShareLock);
-	if (IndexRelationGetNumberOfKeyAttributes(index) != 1 ||
-		index->rd_index->indkey.values[0] == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("primary key of table \"%s\" is not a single column",
-						RelationGetRelationName(rel)),
-				 errhint("idem_transition() finds rows by a single-column primary key.")));
-	entry->key_attnum = index->rd_index->indkey.values[0];
-	eqop = get_opfamily_member(index->rd_opfamily[0], index->rd_opcintype[0],
-							   index->rd_opcintype[0], BTEqualStrategyNumber);
-	entry->key_eqop = eqop;
-	entry->key_collation = index->rd_indcollation[0];
-	index_close(index, AccessShareLock);
-	if (!OidIsValid(eqop))
-		elog(ERROR, "no equality operator for the primary key of \"%s\"",
-			 RelationGetRelationName(rel));
-	fmgr_info_cxt(get_opcode(eqop), &entry->key_eq, entry->fn_cxt);
+	natts = IndexRelationGetNumberOfKeyAttributes(index);
+	for (i = 0; i < natts; i++)
+	{
+		Oid			eqop;
+		Form_pg_attribute att;
 
-	att = TupleDescAttr(RelationGetDescr(rel), entry->key_attnum - 1);
-	entry->key_type = att->atttypid;
-	entry->key_typmod = att->atttypmod;
-	getTypeInputInfo(entry->key_type, &infn, &entry->key_ioparam);
-	fmgr_info_cxt(infn, &entry->key_in, entry->fn_cxt);
+		if (index->rd_index->indkey.values[i] == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("primary key of table \"%s\" has an expression",
+							RelationGetRelationName(rel))));
+		entry->key_attnums[i] = index->rd_index->indkey.values[i];
+		eqop = get_opfamily_member(index->rd_opfamily[i],
+								   index->rd_opcintype[i],
+								   index->rd_opcintype[i],
+								   BTEqualStrategyNumber);
+		if (!OidIsValid(eqop))
+			elog(ERROR, "no equality operator for the primary key of \"%s\"",
+				 RelationGetRelationName(rel));
+		entry->key_eqops[i] = eqop;
+		entry->key_collations[i] = index->rd_indcollation[i];
+		fmgr_info_cxt(get_opcode(eqop), &entry->key_eq[i], entry->fn_cxt);
+
+		att = TupleDescAttr(RelationGetDescr(rel), entry->key_attnums[i] - 1);
+		entry->key_types[i] = att->atttypid;
+		entry->key_typmods[i] = att->atttypmod;
+		getTypeInputInfo(entry->key_types[i], &infn, &entry->key_ioparams[i]);
+		fmgr_info_cxt(infn, &entry->key_in[i], entry->fn_cxt);
+	}
+	index_close(index, AccessShareLock);
+	entry->key_natts = natts;
 
 	getTypeInputInfo(entry->state_type, &infn, &entry->state_ioparam);
 	fmgr_info_cxt(infn, &entry->state_in, entry->fn_cxt);
@@ -132,6 +144,18 @@ guard_prepare_key(GuardEntry *entry, Relation rel)
  * version, as a hand-written "UPDATE t SET state = $2 WHERE key = $1 AND
  * state = ... AND version = ..." needs; the error is that UPDATE's.
  */
+static bool
+keys_readable(Oid relid, GuardEntry *entry, Oid userid)
+{
+	int			i;
+
+	for (i = 0; i < entry->key_natts; i++)
+		if (pg_attribute_aclcheck(relid, entry->key_attnums[i], userid,
+								  ACL_SELECT) != ACLCHECK_OK)
+			return false;
+	return true;
+}
+
 static void
 check_outcome_privileges(Relation rel, GuardEntry *entry)
 {
@@ -140,8 +164,7 @@ check_outcome_privileges(Relation rel, GuardEntry *entry)
 
 	if (pg_class_aclcheck(relid, userid, ACL_SELECT) == ACLCHECK_OK)
 		return;
-	if (pg_attribute_aclcheck(relid, entry->key_attnum, userid,
-							  ACL_SELECT) == ACLCHECK_OK &&
+	if (keys_readable(relid, entry, userid) &&
 		pg_attribute_aclcheck(relid, entry->state_attnum, userid,
 							  ACL_SELECT) == ACLCHECK_OK &&
 		(entry->version_attnum == InvalidAttrNumber ||
@@ -170,50 +193,62 @@ check_outcome_privileges(Relation rel, GuardEntry *entry)
 static void
 guard_prepare_plans(GuardEntry *entry, Relation rel)
 {
-	HeapTuple	optup;
-	Form_pg_operator op;
-	char	   *opname;
+	TupleDesc	desc = RelationGetDescr(rel);
 	char	   *relname;
-	char	   *keycol;
 	char	   *statecol;
-	Oid			argtypes[2];
+	const char *only;
+	Oid			argtypes[INDEX_MAX_KEYS + 1];
+	StringInfoData cond;
 	StringInfoData sql;
 	SPIPlanPtr	update_plan;
 	SPIPlanPtr	exists_plan;
+	int			n = entry->key_natts;
+	int			i;
 
 	Assert(entry->key_valid);
 	if (entry->plans_valid && entry->update_plan != NULL)
 		return;
 
-	keycol = pstrdup(quote_identifier(NameStr(TupleDescAttr(RelationGetDescr(rel),
-															entry->key_attnum - 1)->attname)));
-	statecol = pstrdup(quote_identifier(NameStr(TupleDescAttr(RelationGetDescr(rel),
-															  entry->state_attnum - 1)->attname)));
-	optup = SearchSysCache1(OPEROID, ObjectIdGetDatum(entry->key_eqop));
-	if (!HeapTupleIsValid(optup))
-		elog(ERROR, "cache lookup failed for operator %u", entry->key_eqop);
-	op = (Form_pg_operator) GETSTRUCT(optup);
-	opname = psprintf("OPERATOR(%s.%s)",
-					  quote_identifier(get_namespace_name(op->oprnamespace)),
-					  NameStr(op->oprname));
-	ReleaseSysCache(optup);
+	/* key1 = $1 AND key2 = $2 ..., with the operators of the key */
+	initStringInfo(&cond);
+	for (i = 0; i < n; i++)
+	{
+		HeapTuple	optup;
+		Form_pg_operator op;
 
+		optup = SearchSysCache1(OPEROID, ObjectIdGetDatum(entry->key_eqops[i]));
+		if (!HeapTupleIsValid(optup))
+			elog(ERROR, "cache lookup failed for operator %u",
+				 entry->key_eqops[i]);
+		op = (Form_pg_operator) GETSTRUCT(optup);
+		appendStringInfo(&cond, "%s%s OPERATOR(%s.%s) $%d",
+						 i > 0 ? " AND " : "",
+						 quote_identifier(NameStr(TupleDescAttr(desc,
+																entry->key_attnums[i] - 1)->attname)),
+						 quote_identifier(get_namespace_name(op->oprnamespace)),
+						 NameStr(op->oprname), i + 1);
+		ReleaseSysCache(optup);
+		argtypes[i] = entry->key_types[i];
+	}
+	argtypes[n] = entry->state_type;
+	statecol = pstrdup(quote_identifier(NameStr(TupleDescAttr(desc,
+															  entry->state_attnum - 1)->attname)));
 	relname = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
 										 RelationGetRelationName(rel));
-	argtypes[0] = entry->key_type;
-	argtypes[1] = entry->state_type;
+	/* a partitioned table finds the row in its partitions */
+	only = rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE ? "" : "ONLY ";
 
 	initStringInfo(&sql);
-	appendStringInfo(&sql, "UPDATE ONLY %s SET %s = $2 WHERE %s %s $1",
-					 relname, statecol, keycol, opname);
-	update_plan = SPI_prepare(sql.data, 2, argtypes);
+	appendStringInfo(&sql, "UPDATE %s%s SET %s = $%d WHERE %s",
+					 only, relname, statecol, n + 1, cond.data);
+	update_plan = SPI_prepare(sql.data, n + 1, argtypes);
 	if (update_plan == NULL)
 		elog(ERROR, "SPI_prepare of \"%s\" failed: %s", sql.data,
 			 SPI_result_code_string(SPI_result));
 	resetStringInfo(&sql);
-	appendStringInfo(&sql, "SELECT 1 FROM ONLY %s WHERE %s %s $1 FOR KEY SHARE",
-					 relname, keycol, opname);
-	exists_plan = SPI_prepare(sql.data, 1, argtypes);
+	appendStringInfo(&sql, "SELECT 1 FROM %s%s WHERE %s FOR KEY SHARE",
+					 only, relname, cond.data);
+	exists_plan = SPI_prepare(sql.data, n, argtypes);
 	if (exists_plan == NULL)
 		elog(ERROR, "SPI_prepare of \"%s\" failed: %s", sql.data,
 			 SPI_result_code_string(SPI_result));
@@ -419,7 +454,7 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
 	vals = palloc(desc->natts * sizeof(Datum));
 	nulls = palloc(desc->natts * sizeof(bool));
 	heap_deform_tuple(oldtup, desc, vals, nulls);
-	vals[entry->state_attnum - 1] = values[1];
+	vals[entry->state_attnum - 1] = values[entry->key_natts];
 	nulls[entry->state_attnum - 1] = false;
 	if (entry->version_attnum != InvalidAttrNumber)
 	{
@@ -485,7 +520,8 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
  * row was found; *updated says whether it was written.
  */
 static bool
-run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
+run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
+				   GuardEntry *perm_entry, Datum *values,
 				   TransitionRequest *req, bool *updated)
 {
 	EState	   *estate;
@@ -494,7 +530,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 	EPQState	epqstate;
 	Relation	index = NULL;
 	IndexScanDesc scan;
-	ScanKeyData skey;
+	ScanKeyData skey[INDEX_MAX_KEYS];
 	TupleTableSlot *slot;
 	TupleTableSlot *newslot;
 	TM_FailureData tmfd;
@@ -523,13 +559,35 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 	rte->relkind = rel->rd_rel->relkind;
 	rte->rellockmode = RowExclusiveLock;
 	rte->requiredPerms = ACL_SELECT | ACL_UPDATE;
-	rte->selectedCols = bms_make_singleton(entry->key_attnum -
+	rte->selectedCols = NULL;
+	for (i = 0; i < entry->key_natts; i++)
+		rte->selectedCols = bms_add_member(rte->selectedCols,
+										   entry->key_attnums[i] -
 										   FirstLowInvalidHeapAttributeNumber);
 	rte->updatedCols = bms_make_singleton(entry->state_attnum -
 										  FirstLowInvalidHeapAttributeNumber);
 	ExecInitRangeTable(estate, list_make1(rte));
 	/* the privileges of the UPDATE it stands for, and the hooks' say */
-	ExecCheckRTPerms(estate->es_range_table, true);
+	if (perm_rel == rel)
+		ExecCheckRTPerms(estate->es_range_table, true);
+	else
+	{
+		/* the UPDATE of a partitioned table needs its privileges only */
+		RangeTblEntry *prte = makeNode(RangeTblEntry);
+
+		prte->rtekind = RTE_RELATION;
+		prte->relid = RelationGetRelid(perm_rel);
+		prte->relkind = perm_rel->rd_rel->relkind;
+		prte->rellockmode = RowExclusiveLock;
+		prte->requiredPerms = ACL_SELECT | ACL_UPDATE;
+		for (i = 0; i < perm_entry->key_natts; i++)
+			prte->selectedCols = bms_add_member(prte->selectedCols,
+												perm_entry->key_attnums[i] -
+												FirstLowInvalidHeapAttributeNumber);
+		prte->updatedCols = bms_make_singleton(perm_entry->state_attnum -
+											   FirstLowInvalidHeapAttributeNumber);
+		ExecCheckRTPerms(list_make1(prte), true);
+	}
 
 	rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
@@ -548,11 +606,13 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 	AfterTriggerBeginQuery();
 
 	slot = table_slot_create(rel, &estate->es_tupleTable);
-	ScanKeyEntryInitializeWithInfo(&skey, 0, 1, BTEqualStrategyNumber,
-								   InvalidOid, entry->key_collation,
-								   &entry->key_eq, values[0]);
-	scan = index_beginscan(rel, index, snapshot, 1, 0);
-	index_rescan(scan, &skey, 1, NULL, 0);
+	for (i = 0; i < entry->key_natts; i++)
+		ScanKeyEntryInitializeWithInfo(&skey[i], 0, i + 1,
+									   BTEqualStrategyNumber, InvalidOid,
+									   entry->key_collations[i],
+									   &entry->key_eq[i], values[i]);
+	scan = index_beginscan(rel, index, snapshot, entry->key_natts, 0);
+	index_rescan(scan, skey, entry->key_natts, NULL, 0);
 	if (index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		found = true;
@@ -586,7 +646,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 					HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false,
 															   &should_free);
 
-					found = guard_request_matches(req, tuple, RelationGetDescr(rel));
+					found = guard_request_matches(req, rel, tuple);
 					if (should_free)
 						heap_freetuple(tuple);
 				}
@@ -635,7 +695,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 			   desc->natts * sizeof(Datum));
 		memcpy(newslot->tts_isnull, slot->tts_isnull,
 			   desc->natts * sizeof(bool));
-		newslot->tts_values[entry->state_attnum - 1] = values[1];
+		newslot->tts_values[entry->state_attnum - 1] = values[entry->key_natts];
 		newslot->tts_isnull[entry->state_attnum - 1] = false;
 		ExecStoreVirtualTuple(newslot);
 		tid = slot->tts_tid;
@@ -719,6 +779,151 @@ run_request_direct(Relation rel, GuardEntry *entry, Datum *values,
 }
 
 /*
+ * The partition of a partitioned table (at any depth) where a row of that
+ * primary key would be, as tuple routing finds it (get_partition_for_tuple
+ * in execPartition.c): the partition key's columns are all in the primary
+ * key, which PostgreSQL requires.  Each partitioned table on the way is
+ * opened (and locked) as the UPDATE of the parent would.  Returns
+ * InvalidOid when no partition takes the key (the row cannot exist), and
+ * sets *usable to false when the route cannot be taken by hand: a partition
+ * key with an expression, or one the state column is part of (a transition
+ * would move the row), or a partition that is not an ordinary table.
+ */
+static Oid
+route_to_leaf(Relation parent, GuardEntry *entry, Datum *keys, bool *usable)
+{
+	Relation	rel = parent;
+	TupleDesc	pdesc = RelationGetDescr(parent);
+	const char *statecol = NameStr(TupleDescAttr(pdesc, entry->state_attnum - 1)->attname);
+	Oid			leaf = InvalidOid;
+
+	*usable = true;
+	for (;;)
+	{
+		PartitionKey key = RelationGetPartitionKey(rel);
+		PartitionDesc pd = RelationGetPartitionDesc(rel, true);
+		PartitionBoundInfo boundinfo = pd->boundinfo;
+		Datum		values[PARTITION_MAX_KEYS];
+		bool		isnull[PARTITION_MAX_KEYS];
+		int			part_index = -1;
+		int			i;
+		Oid			next;
+
+		for (i = 0; i < key->partnatts; i++)
+		{
+			const char *col;
+			int			k;
+
+			if (key->partattrs[i] == 0)
+			{
+				*usable = false;
+				break;
+			}
+			col = NameStr(TupleDescAttr(RelationGetDescr(rel),
+										key->partattrs[i] - 1)->attname);
+			if (strcmp(col, statecol) == 0)
+			{
+				*usable = false;
+				break;
+			}
+			for (k = 0; k < entry->key_natts; k++)
+				if (strcmp(col, NameStr(TupleDescAttr(pdesc,
+													  entry->key_attnums[k] - 1)->attname)) == 0)
+					break;
+			if (k == entry->key_natts)
+			{
+				*usable = false;
+				break;
+			}
+			values[i] = keys[k];
+			isnull[i] = false;
+		}
+		if (!*usable || pd->nparts == 0)
+			break;
+
+		switch (key->strategy)
+		{
+			case PARTITION_STRATEGY_HASH:
+				{
+					uint64		hash;
+
+					hash = compute_partition_hash_value(key->partnatts,
+														key->partsupfunc,
+														key->partcollation,
+														values, isnull);
+					part_index = boundinfo->indexes[hash % boundinfo->nindexes];
+				}
+				break;
+			case PARTITION_STRATEGY_LIST:
+				{
+					bool		equal = false;
+					int			offset;
+
+					offset = partition_list_bsearch(key->partsupfunc,
+													key->partcollation,
+													boundinfo, values[0],
+													&equal);
+					if (offset >= 0 && equal)
+						part_index = boundinfo->indexes[offset];
+				}
+				break;
+			case PARTITION_STRATEGY_RANGE:
+				{
+					bool		equal = false;
+					int			offset;
+
+					offset = partition_range_datum_bsearch(key->partsupfunc,
+														   key->partcollation,
+														   boundinfo,
+														   key->partnatts,
+														   values, &equal);
+					part_index = boundinfo->indexes[offset + 1];
+				}
+				break;
+			default:
+				*usable = false;
+				break;
+		}
+		if (!*usable)
+			break;
+		if (part_index < 0)
+			part_index = boundinfo->default_index;
+		if (part_index < 0)
+			break;				/* no partition: no row */
+		next = pd->oids[part_index];
+		if (!pd->is_leaf[part_index])
+		{
+			Relation	sub = relation_open(next, RowExclusiveLock);
+
+			if (rel != parent)
+				relation_close(rel, NoLock);
+			rel = sub;
+			continue;
+		}
+		if (get_rel_relkind(next) != RELKIND_RELATION)
+			*usable = false;
+		else
+			leaf = next;
+		break;
+	}
+	if (rel != parent)
+		relation_close(rel, NoLock);
+	return *usable ? leaf : InvalidOid;
+}
+
+/*
+ * The key given to idem_transition, as text: one value (nkeys = -1, the
+ * form of a single-column primary key) or an array of them.
+ */
+typedef struct KeyArg
+{
+	int			nkeys;
+	char	   *keys[INDEX_MAX_KEYS];
+} KeyArg;
+
+static Datum transition_common(FunctionCallInfo fcinfo, KeyArg *key);
+
+/*
  * idem_transition(tbl regclass, key text, to_state text,
  *				   expected_version bigint DEFAULT NULL)
  * RETURNS idem_transition_result
@@ -727,20 +932,7 @@ PG_FUNCTION_INFO_V1(idem_transition);
 Datum
 idem_transition(PG_FUNCTION_ARGS)
 {
-	char		machine[NAMEDATALEN];
-	Relation	rel;
-	Trigger    *trigger;
-	GuardEntry *entry;
-	char	   *key_str;
-	char	   *to_str;
-	Datum		values[2];
-	TransitionRequest req;
-	SPIPlanPtr	exists_plan;
-	int			ret;
-	uint64		processed;
-	bool		found;
-	TransitionOutcome outcome;
-	char		tgname[NAMEDATALEN];
+	KeyArg		key;
 
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
@@ -750,11 +942,88 @@ idem_transition(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("key must not be null")));
+	key.nkeys = -1;
+	key.keys[0] = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	return transition_common(fcinfo, &key);
+}
+
+/*
+ * idem_transition(tbl regclass, key text[], to_state text,
+ *				   expected_version bigint DEFAULT NULL)
+ * RETURNS idem_transition_result
+ *
+ * The key's values in the order of the primary key's columns.
+ */
+PG_FUNCTION_INFO_V1(idem_transition_keys);
+Datum
+idem_transition_keys(PG_FUNCTION_ARGS)
+{
+	KeyArg		key;
+	ArrayType  *arr;
+	Datum	   *elems;
+	bool	   *nulls;
+	int			n;
+	int			i;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("tbl must not be null")));
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("key must not be null")));
+	arr = PG_GETARG_ARRAYTYPE_P(1);
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("key must be a one-dimensional array"),
+				 errdetail("The key has %d dimensions.", ARR_NDIM(arr))));
+	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls,
+					  &n);
+	if (n > INDEX_MAX_KEYS)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("key has too many values"),
+				 errdetail("The key has %d values; a primary key has at most %d columns.",
+						   n, INDEX_MAX_KEYS)));
+	for (i = 0; i < n; i++)
+	{
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("key must not contain null values"),
+					 errdetail("Value %d of the key is null.", i + 1)));
+		key.keys[i] = TextDatumGetCString(elems[i]);
+	}
+	key.nkeys = n;
+	return transition_common(fcinfo, &key);
+}
+
+static Datum
+transition_common(FunctionCallInfo fcinfo, KeyArg *key)
+{
+	char		machine[NAMEDATALEN];
+	Relation	rel;
+	Trigger    *trigger;
+	GuardEntry *entry;
+	char	   *to_str;
+	Datum		values[INDEX_MAX_KEYS + 1];
+	TransitionRequest req;
+	bool		partitioned;
+	bool		direct_done = false;
+	int			i;
+	SPIPlanPtr	exists_plan;
+	int			ret;
+	uint64		processed;
+	bool		found;
+	TransitionOutcome outcome;
+	char		tgname[NAMEDATALEN];
+
 	if (PG_ARGISNULL(2))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("to_state must not be null")));
-	key_str = text_to_cstring(PG_GETARG_TEXT_PP(1));
 	to_str = text_to_cstring(PG_GETARG_TEXT_PP(2));
 	idem_check_writable("idem_transition");
 
@@ -775,17 +1044,17 @@ idem_transition(PG_FUNCTION_ARGS)
 	rel = guard_open_table_arg(fcinfo, RowExclusiveLock);
 
 	/*
-	 * Only an ordinary table has rows of its own to update: a partitioned
-	 * table has no storage (and no table access method), and a guard can be
-	 * put on any table by hand.  Refuse the rest before anything reads it.
+	 * Only an ordinary table has rows of its own to update, and a
+	 * partitioned table finds them in its partitions: a guard can be put on
+	 * any table by hand.  Refuse the rest before anything reads it.
 	 */
-	if (rel->rd_rel->relkind != RELKIND_RELATION)
+	if (rel->rd_rel->relkind != RELKIND_RELATION &&
+		rel->rd_rel->relkind != RELKIND_PARTITIONED_TABLE)
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("\"%s\" is not a table", RelationGetRelationName(rel)),
-				 errdetail("idem_transition() moves rows of ordinary tables."),
-				 rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE ?
-				 errhint("Call it on the partition that holds the row.") : 0));
+				 errdetail("idem_transition() moves rows of ordinary and partitioned tables.")));
+	partitioned = (rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE);
 	trigger = guard_find_trigger(rel, fcinfo->flinfo->fn_oid);
 	if (trigger == NULL)
 		ereport(ERROR,
@@ -810,21 +1079,48 @@ idem_transition(PG_FUNCTION_ARGS)
 				 errhint("Call idem_transition() without expected_version, or guard the table with a version column.")));
 
 	guard_prepare_key(entry, rel);
+	if (key->nkeys < 0 && entry->key_natts != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("primary key of table \"%s\" is not a single column",
+						RelationGetRelationName(rel)),
+				 errhint("Give the key as an array of its %d values, in the order of the primary key's columns.",
+						 entry->key_natts)));
+	if (key->nkeys >= 0 && key->nkeys != entry->key_natts)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("key has %d values, but the primary key of table \"%s\" has %d columns",
+						key->nkeys, RelationGetRelationName(rel),
+						entry->key_natts),
+				 errhint("Give one value per column of the primary key, in its order.")));
 	check_outcome_privileges(rel, entry);
 
 	/* The key and the state as the column types read them. */
-	values[0] = InputFunctionCall(&entry->key_in, key_str, entry->key_ioparam,
-								  entry->key_typmod);
-	values[1] = InputFunctionCall(&entry->state_in, to_str,
-								  entry->state_ioparam, entry->state_typmod);
+	for (i = 0; i < entry->key_natts; i++)
+		values[i] = InputFunctionCall(&entry->key_in[i], key->keys[i],
+									  entry->key_ioparams[i],
+									  entry->key_typmods[i]);
+	values[entry->key_natts] = InputFunctionCall(&entry->state_in, to_str,
+												 entry->state_ioparam,
+												 entry->state_typmod);
 
 	req.relid = RelationGetRelid(rel);
-	req.key_attnum = entry->key_attnum;
-	req.key = values[0];
-	/* its own copy: record_eq keeps a cache in fn_mcxt at every call */
-	fmgr_info_copy(&req.key_eq, &entry->key_eq, CurrentMemoryContext);
-	req.key_collation = entry->key_collation;
-	req.to_state = OutputFunctionCall(&entry->state_out, values[1]);
+	req.partitioned = partitioned;
+	req.nkeys = entry->key_natts;
+	for (i = 0; i < entry->key_natts; i++)
+	{
+		req.key_attnums[i] = entry->key_attnums[i];
+		req.key_names[i] = !partitioned ? NULL :
+			pstrdup(NameStr(TupleDescAttr(RelationGetDescr(rel),
+										  entry->key_attnums[i] - 1)->attname));
+		req.keys[i] = values[i];
+		/* its own copy: record_eq keeps a cache in fn_mcxt at every call */
+		fmgr_info_copy(&req.key_eq[i], &entry->key_eq[i],
+					   CurrentMemoryContext);
+		req.key_collations[i] = entry->key_collations[i];
+	}
+	req.to_state = OutputFunctionCall(&entry->state_out,
+									  values[entry->key_natts]);
 	req.has_expected = !PG_ARGISNULL(3);
 	req.expected = req.has_expected ? PG_GETARG_INT64(3) : 0;
 	req.depth = guard_trigger_depth() + 1;
@@ -832,7 +1128,53 @@ idem_transition(PG_FUNCTION_ARGS)
 	req.outcome = OUTCOME_NOT_FOUND;
 	req.outer = guard_active_request;
 
-	if (direct_path_ok(rel))
+	if (partitioned && direct_path_ok(rel))
+	{
+		bool		usable;
+		Oid			leaf_oid = route_to_leaf(rel, entry, values, &usable);
+
+		if (usable && !OidIsValid(leaf_oid))
+		{
+			/* no partition takes the key: the UPDATE would find no row */
+			ereport(DEBUG1,
+					(errmsg_internal("idem_transition finds no partition of \"%s\" for the key",
+									 RelationGetRelationName(rel))));
+			direct_done = true;
+			found = false;
+			processed = 0;
+		}
+		else if (usable)
+		{
+			Relation	leaf = relation_open(leaf_oid, RowExclusiveLock);
+			Trigger    *leaf_trigger = guard_find_trigger(leaf,
+														  fcinfo->flinfo->fn_oid);
+
+			if (leaf_trigger != NULL && direct_path_ok(leaf))
+			{
+				GuardEntry *leaf_entry = guard_entry_get(leaf, leaf_trigger);
+				bool		updated;
+
+				guard_prepare_key(leaf_entry, leaf);
+				if (leaf_entry->key_natts == entry->key_natts &&
+					leaf_entry->state_type == entry->state_type)
+				{
+					ereport(DEBUG1,
+							(errmsg_internal("idem_transition updates a row of \"%s\" directly, in partition \"%s\"",
+											 RelationGetRelationName(rel),
+											 RelationGetRelationName(leaf))));
+					found = run_request_direct(leaf, leaf_entry, rel, entry,
+											   values, &req, &updated);
+					processed = updated ? 1 : 0;
+					direct_done = true;
+				}
+			}
+			relation_close(leaf, NoLock);
+		}
+	}
+
+	if (direct_done)
+		;
+	else if (!partitioned && direct_path_ok(rel))
 	{
 		bool		updated;
 
@@ -840,7 +1182,8 @@ idem_transition(PG_FUNCTION_ARGS)
 				(errmsg_internal("idem_transition updates a row of \"%s\" directly",
 								 RelationGetRelationName(rel))));
 
-		found = run_request_direct(rel, entry, values, &req, &updated);
+		found = run_request_direct(rel, entry, rel, entry, values, &req,
+								   &updated);
 		processed = updated ? 1 : 0;
 	}
 	else

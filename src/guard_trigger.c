@@ -32,6 +32,8 @@
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "catalog/pg_inherits.h"
+#include "catalog/partition.h"
+#include "storage/proc.h"
 #include "commands/event_trigger.h"
 #include "commands/extension.h"
 #include "commands/trigger.h"
@@ -64,8 +66,8 @@ TransitionRequest *guard_active_request = NULL;
  * The trigger
  * ----------------------------------------------------------------
  */
-static char *
-state_text(GuardEntry *entry, HeapTuple tuple, TupleDesc desc, Datum *value,
+char *
+guard_state_text(GuardEntry *entry, HeapTuple tuple, TupleDesc desc, Datum *value,
 		   bool *isnull)
 {
 	*value = heap_getattr(tuple, entry->state_attnum, desc, isnull);
@@ -170,7 +172,7 @@ guard_decide(GuardEntry *entry, TransitionRequest *req, HeapTuple oldtup,
 {
 	Datum		cur_value;
 	bool		cur_isnull;
-	char	   *cur = state_text(entry, oldtup, desc, &cur_value, &cur_isnull);
+	char	   *cur = guard_state_text(entry, oldtup, desc, &cur_value, &cur_isnull);
 	bool		same_state = (cur != NULL && strcmp(cur, req->to_state) == 0);
 
 	if (req->has_expected)
@@ -216,16 +218,174 @@ guard_decide(GuardEntry *entry, TransitionRequest *req, HeapTuple oldtup,
 	return OUTCOME_ILLEGAL;
 }
 
+/*
+ * Is the row the one the request is for?  rel is the table the request was
+ * made on, or (when that is a partitioned table) one of its partitions, where
+ * the key's columns are found by name.
+ */
 bool
-guard_request_matches(TransitionRequest *req, HeapTuple oldtup, TupleDesc desc)
+guard_request_matches(TransitionRequest *req, Relation rel, HeapTuple oldtup)
 {
-	bool		isnull;
-	Datum		key = heap_getattr(oldtup, req->key_attnum, desc, &isnull);
+	TupleDesc	desc = RelationGetDescr(rel);
+	bool		own = (RelationGetRelid(rel) == req->relid);
+	int			i;
 
-	if (isnull)
+	if (!own)
+	{
+		if (!req->partitioned || !rel->rd_rel->relispartition ||
+			!list_member_oid(get_partition_ancestors(RelationGetRelid(rel)),
+							 req->relid))
+			return false;
+	}
+	for (i = 0; i < req->nkeys; i++)
+	{
+		bool		isnull;
+		AttrNumber	attnum = own ? req->key_attnums[i] :
+			guard_column_attnum(rel, req->key_names[i]);
+		Datum		key;
+
+		if (attnum == InvalidAttrNumber)
+			return false;
+		key = heap_getattr(oldtup, attnum, desc, &isnull);
+		if (isnull)
+			return false;
+		if (!DatumGetBool(FunctionCall2Coll(&req->key_eq[i],
+											req->key_collations[i],
+											key, req->keys[i])))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * The UPDATE of a row of a partition that may move it to another partition:
+ * the row is then deleted from its partition and inserted into the other,
+ * whose guard fires for the INSERT.  That INSERT is the UPDATE's, checked
+ * as a transition already, and not a new row whose state must be initial.
+ * The guard keeps the last row an UPDATE of a partition wrote (for a machine
+ * with initial states); the INSERT it leads to comes in the same
+ * transaction, at the same trigger depth, with the same values in every
+ * column (by name: partitions may lay their columns out otherwise).  A new
+ * row equal in every column to the last one updated, inserted at the same
+ * depth of the same transaction, would be a duplicate of its key.
+ */
+typedef struct PendingMove
+{
+	bool		valid;
+	LocalTransactionId lxid;
+	int			depth;
+	Oid			relid;			/* the partition the row leaves */
+	HeapTuple	tuple;			/* in TopMemoryContext */
+} PendingMove;
+
+static PendingMove pending_move;
+
+static HeapTuple copy_tuple_in(HeapTuple tuple,
+											 MemoryContext cxt);
+
+static void
+note_update(GuardEntry *entry, Relation rel, HeapTuple newtup)
+{
+	pending_move.valid = false;
+	if (pending_move.tuple != NULL)
+	{
+		heap_freetuple(pending_move.tuple);
+		pending_move.tuple = NULL;
+	}
+	if (entry->machine_too_long || !guard_machine_has_initial(entry->machine))
+		return;
+	pending_move.lxid = MyProc->lxid;
+	pending_move.depth = guard_trigger_depth();
+	pending_move.relid = RelationGetRelid(rel);
+	pending_move.tuple = copy_tuple_in(newtup, TopMemoryContext);
+	pending_move.valid = true;
+}
+
+static HeapTuple
+copy_tuple_in(HeapTuple tuple, MemoryContext cxt)
+{
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	HeapTuple	copy = heap_copytuple(tuple);
+
+	MemoryContextSwitchTo(old);
+	return copy;
+}
+
+/* Is this INSERT the move of the row noted by note_update()?  Forgets it. */
+static bool
+insert_is_move(Relation rel, HeapTuple newtup)
+{
+	Relation	from;
+	TupleDesc	desc = RelationGetDescr(rel);
+	bool		move = true;
+	int			i;
+
+	if (!pending_move.valid || !rel->rd_rel->relispartition ||
+		pending_move.lxid != MyProc->lxid ||
+		pending_move.depth != guard_trigger_depth())
 		return false;
-	return DatumGetBool(FunctionCall2Coll(&req->key_eq, req->key_collation,
-										  key, req->key));
+	from = RelationIdGetRelation(pending_move.relid);
+	if (!RelationIsValid(from))
+		return false;
+	for (i = 0; i < desc->natts && move; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		AttrNumber	attnum;
+		Datum		a;
+		Datum		b;
+		bool		a_null;
+		bool		b_null;
+
+		if (att->attisdropped)
+			continue;
+		attnum = guard_column_attnum(from, NameStr(att->attname));
+		if (attnum == InvalidAttrNumber)
+		{
+			move = false;
+			break;
+		}
+		a = heap_getattr(newtup, att->attnum, desc, &a_null);
+		b = heap_getattr(pending_move.tuple, attnum, RelationGetDescr(from),
+						 &b_null);
+		if (a_null != b_null ||
+			(!a_null && !datumIsEqual(a, b, att->attbyval, att->attlen)))
+			move = false;
+	}
+	RelationClose(from);
+	if (move)
+		pending_move.valid = false;
+	return move;
+}
+
+/*
+ * The check of every INSERT (and COPY): when the machine has initial states,
+ * a new row must start in one of them.  The row itself is not changed: its
+ * version starts where it says.
+ */
+static void
+guard_insert(Relation rel, GuardEntry *entry, HeapTuple newtup)
+{
+	Datum		value;
+	bool		isnull;
+	char	   *state;
+
+	if (entry->machine_too_long || !guard_machine_has_initial(entry->machine))
+		return;
+	state = guard_state_text(entry, newtup, RelationGetDescr(rel), &value,
+							 &isnull);
+	if (guard_state_initial(entry->machine, state))
+		return;
+	if (insert_is_move(rel, newtup))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_CHECK_VIOLATION),
+			 errmsg("illegal initial state %s in table \"%s\"",
+					quoted_state(state), RelationGetRelationName(rel)),
+			 errdetail("%sState machine \"%s\" does not let a row start in %s.",
+					   key_sentence(rel, newtup), entry->machine,
+					   quoted_state(state)),
+			 errhint("Insert the row in an initial state of the machine, or make this one initial with idem_allow_initial()."),
+			 errtablecol(rel, entry->state_attnum)));
 }
 
 /* The checks of every UPDATE; returns the row to write. */
@@ -369,6 +529,7 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 	GuardEntry *entry;
 	TransitionRequest *req;
 	HeapTuple	oldtup;
+	HeapTuple	newtup;
 
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
@@ -377,13 +538,15 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 						GUARD_TRIGGER_FUNC)));
 	if (!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
-		!TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
+		!(TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ||
+		  (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) &&
+		   TRIGGER_FOR_UPDATE(trigdata->tg_trigger->tgtype))))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("trigger \"%s\" of table \"%s\" must be BEFORE UPDATE FOR EACH ROW",
 						trigdata->tg_trigger->tgname,
 						RelationGetRelationName(trigdata->tg_relation)),
-				 errdetail("%s() guards every UPDATE of a row: it cannot fire for INSERT, DELETE or TRUNCATE, after the row, for each statement, for some columns only, or under a WHEN condition.",
+				 errdetail("%s() guards every UPDATE of a row, and every INSERT beside it: it cannot fire for DELETE, TRUNCATE or INSERT alone, after the row, for each statement, for some columns only, or under a WHEN condition.",
 						   GUARD_TRIGGER_FUNC),
 				 errhint("Guard the table with idem_guard().")));
 
@@ -391,10 +554,16 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 	oldtup = trigdata->tg_trigtuple;
 	entry = guard_entry_get(rel, trigdata->tg_trigger);
 
+	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+	{
+		guard_insert(rel, entry, oldtup);
+		return PointerGetDatum(oldtup);
+	}
+
 	req = guard_active_request;
-	if (req != NULL && !req->fired && req->relid == RelationGetRelid(rel) &&
+	if (req != NULL && !req->fired &&
 		req->depth == guard_trigger_depth() &&
-		guard_request_matches(req, oldtup, RelationGetDescr(rel)))
+		guard_request_matches(req, rel, oldtup))
 	{
 		req->fired = true;
 		req->outcome = guard_decide(entry, req, oldtup, RelationGetDescr(rel));
@@ -402,8 +571,10 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 			return PointerGetDatum(NULL);	/* nothing is written */
 	}
 
-	return PointerGetDatum(guard_update(rel, entry, oldtup,
-										trigdata->tg_newtuple));
+	newtup = guard_update(rel, entry, oldtup, trigdata->tg_newtuple);
+	if (rel->rd_rel->relispartition)
+		note_update(entry, rel, newtup);
+	return PointerGetDatum(newtup);
 }
 
 /*
@@ -531,11 +702,12 @@ idem_guard(PG_FUNCTION_ARGS)
 	if (SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
 		guard_check_privilege(relid, ACL_TRIGGER);
 	rel = guard_open_table_arg(fcinfo, ShareRowExclusiveLock);
-	if (rel->rd_rel->relkind != RELKIND_RELATION)
+	if (rel->rd_rel->relkind != RELKIND_RELATION &&
+		rel->rd_rel->relkind != RELKIND_PARTITIONED_TABLE)
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("\"%s\" is not a table", RelationGetRelationName(rel)),
-				 errdetail("Only ordinary tables can be guarded; guard each partition of a partitioned table.")));
+				 errdetail("Only ordinary and partitioned tables can be guarded.")));
 	if (RelationGetNamespace(rel) == get_namespace_oid(IDEM_SCHEMA, true))
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
@@ -609,7 +781,7 @@ idem_guard(PG_FUNCTION_ARGS)
 
 		if (existing->tgnargs == 3 && existing->tgargs[2][0] != '\0')
 			old_version = existing->tgargs[2];
-		if (existing->tgtype == GUARD_TRIGGER_TYPE &&
+		if (GUARD_TRIGGER_TYPE_OK(existing->tgtype) &&
 			existing->tgnattr == 0 && existing->tgqual == NULL &&
 			(existing->tgnargs == 2 || existing->tgnargs == 3) &&
 			strcmp(existing->tgargs[0], machine) == 0 &&
@@ -621,6 +793,14 @@ idem_guard(PG_FUNCTION_ARGS)
 			relation_close(rel, NoLock);
 			PG_RETURN_VOID();
 		}
+		if (existing->tgisclone)
+			ereport(ERROR,
+					(errcode(ERRCODE_DUPLICATE_OBJECT),
+					 errmsg("table \"%s\" is guarded already",
+							RelationGetRelationName(rel)),
+					 errdetail("It is a partition, guarded by the guard \"%s\" of its partitioned table, with another definition.",
+							   existing->tgname),
+					 errhint("Guard the partitioned table otherwise, with idem_unguard() and idem_guard() on it.")));
 		ereport(ERROR,
 				(errcode(ERRCODE_DUPLICATE_OBJECT),
 				 errmsg("table \"%s\" is guarded already",
@@ -628,6 +808,37 @@ idem_guard(PG_FUNCTION_ARGS)
 				 errdetail("Its guard \"%s\" has another definition.",
 						   existing->tgname),
 				 errhint("Remove the guard with idem_unguard() first, then guard the table again.")));
+	}
+	/*
+	 * The guard of a partitioned table is cloned to every partition, present
+	 * and future: a partition must not have a guard of its own already.
+	 */
+	if (rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE)
+	{
+		List	   *parts = find_all_inheritors(RelationGetRelid(rel),
+												ShareRowExclusiveLock, NULL);
+		ListCell   *lc;
+
+		foreach(lc, parts)
+		{
+			Relation	part;
+			Trigger    *guard;
+
+			if (lfirst_oid(lc) == RelationGetRelid(rel))
+				continue;
+			part = relation_open(lfirst_oid(lc), NoLock);
+			guard = guard_find_trigger(part, fcinfo->flinfo->fn_oid);
+			if (guard != NULL)
+				ereport(ERROR,
+						(errcode(ERRCODE_DUPLICATE_OBJECT),
+						 errmsg("partition \"%s\" of table \"%s\" is guarded already",
+								RelationGetRelationName(part),
+								RelationGetRelationName(rel)),
+						 errdetail("The guard of a partitioned table guards every partition."),
+						 errhint("Remove the guard of the partition with idem_unguard() first.")));
+			relation_close(part, NoLock);
+		}
+		list_free(parts);
 	}
 	if (trigger_named_guard(rel) != NULL)
 		ereport(ERROR,
@@ -643,7 +854,7 @@ idem_guard(PG_FUNCTION_ARGS)
 		elog(ERROR, "SPI_connect failed");
 	initStringInfo(&sql);
 	appendStringInfo(&sql,
-					 "CREATE TRIGGER %s BEFORE UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%s, %s",
+					 "CREATE TRIGGER %s BEFORE INSERT OR UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%s, %s",
 					 quote_identifier(GUARD_TRIGGER_NAME), relname,
 					 quote_qualified_identifier(get_namespace_name(get_func_namespace(fn)),
 												GUARD_TRIGGER_FUNC),
@@ -692,9 +903,22 @@ idem_unguard(PG_FUNCTION_ARGS)
 		int			i;
 
 		for (i = 0; i < rel->trigdesc->numtriggers; i++)
-			if (guard_is_trigger(&rel->trigdesc->triggers[i], fn))
-				names = lappend(names,
-								pstrdup(rel->trigdesc->triggers[i].tgname));
+		{
+			Trigger    *trigger = &rel->trigdesc->triggers[i];
+
+			if (!guard_is_trigger(trigger, fn))
+				continue;
+			/* a partition's clone goes with its parent's guard */
+			if (trigger->tgisclone)
+				ereport(ERROR,
+						(errcode(ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST),
+						 errmsg("cannot unguard partition \"%s\"",
+								RelationGetRelationName(rel)),
+						 errdetail("Its guard \"%s\" is that of its partitioned table.",
+								   trigger->tgname),
+						 errhint("Remove the guard of the partitioned table with idem_unguard(), or detach the partition.")));
+			names = lappend(names, pstrdup(trigger->tgname));
+		}
 	}
 	if (names != NIL)
 	{
