@@ -1060,7 +1060,10 @@ CREATE TABLE IF NOT EXISTS idem.initial_states (
 COMMENT ON TABLE idem.initial_states IS
     'state machines: the states a new row may start in, one row each (none: any state)';
 REVOKE ALL ON TABLE idem.initial_states FROM PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('idem.initial_states', '');
+SELECT pg_catalog.pg_extension_config_dump('idem.initial_states', '')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension e
+                   WHERE e.extname OPERATOR(pg_catalog.=) 'idem'
+                     AND 'idem.initial_states'::pg_catalog.regclass OPERATOR(pg_catalog.=) ANY (e.extconfig));
 CREATE OR REPLACE TRIGGER initial_states_changed
     AFTER INSERT OR UPDATE OR DELETE ON idem.initial_states
     FOR EACH ROW EXECUTE FUNCTION idem._transitions_changed();
