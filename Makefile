@@ -8,7 +8,9 @@ OBJS = \
 	src/store.o \
 	src/claim.o \
 	src/token.o \
-	src/guard.o \
+	src/guard_machine.o \
+	src/guard_trigger.o \
+	src/guard_transition.o \
 	src/request.o \
 	src/outbox.o \
 	src/stream.o \

@@ -1015,3 +1015,205 @@ COMMENT ON FUNCTION idem_seq_accept(pg_catalog.text, pg_catalog.int8, pg_catalog
 -- stays 100.
 ALTER TABLE idem.claims SET (autovacuum_vacuum_scale_factor = 0.02);
 -- ==== END claims storage ====
+
+-- ==== BEGIN guard for real schemas ====
+-- State names are limited to 63 bytes, as machine names are: idem_allow and
+-- idem_disallow say so, and the table refuses longer ones written by hand
+-- (NOT VALID: a longer state written before 0.2.0 stays, and is never a
+-- state a row can reach through the guard's checks of new rows).
+CREATE OR REPLACE FUNCTION idem._check_transition(machine pg_catalog.text,
+                                                  from_state pg_catalog.text,
+                                                  to_state pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE CALLED ON NULL INPUT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF machine IS NULL THEN
+        RAISE EXCEPTION 'machine must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF from_state IS NULL THEN
+        RAISE EXCEPTION 'from_state must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF to_state IS NULL THEN
+        RAISE EXCEPTION 'to_state must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF machine OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'machine must not be empty'
+            USING ERRCODE = '22023', HINT = 'Give a non-empty identifier.';
+    END IF;
+    IF pg_catalog.octet_length(machine) OPERATOR(pg_catalog.>) 63 THEN
+        RAISE EXCEPTION 'machine is too long'
+            USING ERRCODE = '22001',
+                  DETAIL = pg_catalog.format('The machine is %s bytes long; the limit is 63 bytes.',
+                                             pg_catalog.octet_length(machine));
+    END IF;
+    IF pg_catalog.octet_length(from_state) OPERATOR(pg_catalog.>) 63 THEN
+        RAISE EXCEPTION 'from_state is too long'
+            USING ERRCODE = '22001',
+                  DETAIL = pg_catalog.format('The state is %s bytes long; the limit is 63 bytes.',
+                                             pg_catalog.octet_length(from_state));
+    END IF;
+    IF pg_catalog.octet_length(to_state) OPERATOR(pg_catalog.>) 63 THEN
+        RAISE EXCEPTION 'to_state is too long'
+            USING ERRCODE = '22001',
+                  DETAIL = pg_catalog.format('The state is %s bytes long; the limit is 63 bytes.',
+                                             pg_catalog.octet_length(to_state));
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION idem._check_transition(pg_catalog.text, pg_catalog.text, pg_catalog.text) IS
+    'check the arguments of idem_allow and idem_disallow';
+REVOKE ALL ON FUNCTION idem._check_transition(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c
+                    WHERE c.conrelid OPERATOR(pg_catalog.=) 'idem.transitions'::pg_catalog.regclass
+                      AND c.conname OPERATOR(pg_catalog.=) 'transitions_state_check') THEN
+        ALTER TABLE idem.transitions ADD CONSTRAINT transitions_state_check
+            CHECK (pg_catalog.octet_length(from_state) OPERATOR(pg_catalog.<=) 63
+                   AND pg_catalog.octet_length(to_state) OPERATOR(pg_catalog.<=) 63) NOT VALID;
+    END IF;
+END;
+$$;
+
+-- Initial states: when a machine has any, a new row of a table it guards
+-- (INSERT, COPY) must start in one of them.
+CREATE TABLE IF NOT EXISTS idem.initial_states (
+    machine     pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    state       pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    CONSTRAINT initial_states_pkey PRIMARY KEY (machine, state),
+    CONSTRAINT initial_states_machine_check
+        CHECK (pg_catalog.octet_length(machine) OPERATOR(pg_catalog.>=) 1
+               AND pg_catalog.octet_length(machine) OPERATOR(pg_catalog.<=) 63),
+    CONSTRAINT initial_states_state_check
+        CHECK (pg_catalog.octet_length(state) OPERATOR(pg_catalog.<=) 63)
+);
+COMMENT ON TABLE idem.initial_states IS
+    'state machines: the states a new row may start in, one row each (none: any state)';
+REVOKE ALL ON TABLE idem.initial_states FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('idem.initial_states', '')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension e
+                   WHERE e.extname OPERATOR(pg_catalog.=) 'idem'
+                     AND 'idem.initial_states'::pg_catalog.regclass OPERATOR(pg_catalog.=) ANY (e.extconfig));
+CREATE OR REPLACE TRIGGER initial_states_changed
+    AFTER INSERT OR UPDATE OR DELETE ON idem.initial_states
+    FOR EACH ROW EXECUTE FUNCTION idem._transitions_changed();
+CREATE OR REPLACE TRIGGER initial_states_truncated
+    AFTER TRUNCATE ON idem.initial_states
+    FOR EACH STATEMENT EXECUTE FUNCTION idem._transitions_changed();
+ALTER TABLE idem.initial_states ENABLE ALWAYS TRIGGER initial_states_changed;
+ALTER TABLE idem.initial_states ENABLE ALWAYS TRIGGER initial_states_truncated;
+CREATE OR REPLACE TRIGGER initial_states_writers
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON idem.initial_states
+    FOR EACH STATEMENT EXECUTE FUNCTION idem._transitions_writer();
+
+CREATE OR REPLACE FUNCTION idem._check_initial(machine pg_catalog.text,
+                                               state pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE CALLED ON NULL INPUT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF machine IS NULL THEN
+        RAISE EXCEPTION 'machine must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF state IS NULL THEN
+        RAISE EXCEPTION 'state must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF machine OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'machine must not be empty'
+            USING ERRCODE = '22023', HINT = 'Give a non-empty identifier.';
+    END IF;
+    IF pg_catalog.octet_length(machine) OPERATOR(pg_catalog.>) 63 THEN
+        RAISE EXCEPTION 'machine is too long'
+            USING ERRCODE = '22001',
+                  DETAIL = pg_catalog.format('The machine is %s bytes long; the limit is 63 bytes.',
+                                             pg_catalog.octet_length(machine));
+    END IF;
+    IF pg_catalog.octet_length(state) OPERATOR(pg_catalog.>) 63 THEN
+        RAISE EXCEPTION 'state is too long'
+            USING ERRCODE = '22001',
+                  DETAIL = pg_catalog.format('The state is %s bytes long; the limit is 63 bytes.',
+                                             pg_catalog.octet_length(state));
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION idem._check_initial(pg_catalog.text, pg_catalog.text) IS
+    'check the arguments of idem_allow_initial and idem_disallow_initial';
+REVOKE ALL ON FUNCTION idem._check_initial(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION idem_allow_initial(machine pg_catalog.text, state pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n pg_catalog.int8;
+BEGIN
+    PERFORM idem._check_initial(machine, state);
+    INSERT INTO idem.initial_states AS i (machine, state)
+        VALUES (idem_allow_initial.machine, idem_allow_initial.state)
+        ON CONFLICT ON CONSTRAINT initial_states_pkey DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n OPERATOR(pg_catalog.>) 0;
+END;
+$$;
+COMMENT ON FUNCTION idem_allow_initial(pg_catalog.text, pg_catalog.text) IS
+    'let new rows of a state machine start in a state: true if they could not yet';
+REVOKE ALL ON FUNCTION idem_allow_initial(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION idem_disallow_initial(machine pg_catalog.text, state pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n pg_catalog.int8;
+BEGIN
+    PERFORM idem._check_initial(machine, state);
+    DELETE FROM idem.initial_states i
+     WHERE i.machine OPERATOR(pg_catalog.=) idem_disallow_initial.machine
+       AND i.state OPERATOR(pg_catalog.=) idem_disallow_initial.state;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n OPERATOR(pg_catalog.>) 0;
+END;
+$$;
+COMMENT ON FUNCTION idem_disallow_initial(pg_catalog.text, pg_catalog.text) IS
+    'no longer let new rows of a state machine start in a state: true if they could';
+REVOKE ALL ON FUNCTION idem_disallow_initial(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+
+-- Composite primary keys, and partitioned tables found through the parent.
+CREATE OR REPLACE FUNCTION idem_transition(tbl pg_catalog.regclass, key pg_catalog.text[],
+                                           to_state pg_catalog.text,
+                                           expected_version pg_catalog.int8 DEFAULT NULL)
+RETURNS idem_transition_result
+AS 'MODULE_PATHNAME', 'idem_transition_keys'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem_transition(pg_catalog.regclass, pg_catalog.text[], pg_catalog.text, pg_catalog.int8) IS
+    'move a row of a guarded table, found by the values of its primary key in order, to a state: applied, already, stale, illegal or not_found';
+
+-- Every machine: its initial states (empty: a row may start in any state)
+-- and its transitions, as {"from": ["to", ...], ...}.
+CREATE OR REPLACE VIEW idem_machines AS
+    SELECT m.machine,
+           COALESCE((SELECT pg_catalog.array_agg(i.state ORDER BY i.state)
+                       FROM idem.initial_states i
+                      WHERE i.machine OPERATOR(pg_catalog.=) m.machine),
+                    '{}'::pg_catalog.text[]) AS initial_states,
+           COALESCE((SELECT pg_catalog.jsonb_object_agg(f.from_state, f.targets)
+                       FROM (SELECT t.from_state,
+                                    pg_catalog.jsonb_agg(t.to_state ORDER BY t.to_state) AS targets
+                               FROM idem.transitions t
+                              WHERE t.machine OPERATOR(pg_catalog.=) m.machine
+                              GROUP BY t.from_state) f),
+                    '{}'::pg_catalog.jsonb) AS transitions
+      FROM (SELECT t.machine FROM idem.transitions t
+            UNION
+            SELECT i.machine FROM idem.initial_states i) m;
+COMMENT ON VIEW idem_machines IS
+    'every state machine: its initial states and its transitions';
+REVOKE ALL ON idem_machines FROM PUBLIC;
+GRANT SELECT ON idem_machines TO pg_monitor;
+-- ==== END guard for real schemas ====

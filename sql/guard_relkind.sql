@@ -1,6 +1,7 @@
 -- idem_transition takes a relation from its caller: anything but an ordinary
--- table is refused with 42809, as an UPDATE of it would be, before any
--- access method is used on it.  The guard trigger can be put on a table by
+-- or partitioned table is refused with 42809, as an UPDATE of it would be,
+-- before any access method is used on it (a partitioned table, which has
+-- none, is read through the partition that holds the row).  The guard trigger can be put on a table by
 -- hand, without idem_guard, by any role that owns one: a temporary
 -- partitioned table with the guard on it once crashed the server.
 \set VERBOSITY terse

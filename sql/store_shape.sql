@@ -72,13 +72,17 @@ SELECT shape($$ALTER TABLE idem.tokens ALTER COLUMN consumed_at TYPE text$$,
 SELECT shape($$ALTER TABLE idem.tokens ALTER COLUMN digest TYPE text USING encode(digest, 'hex')$$,
              format('SELECT idem_token_status(%L, %L)', :'tok', 's'));
 
--- transitions, read by the guard
-SELECT shape($$ALTER TABLE idem.transitions ALTER COLUMN to_state TYPE integer USING length(to_state)$$,
+-- transitions and initial states, read by the guard (the view idem_machines
+-- and the checks of the states' length read them too: they go first)
+\set noview 'ALTER EXTENSION idem DROP VIEW idem_machines; DROP VIEW idem_machines; '
+SELECT shape(:'noview' || $$ALTER TABLE idem.transitions DROP CONSTRAINT transitions_state_check; ALTER TABLE idem.transitions ALTER COLUMN to_state TYPE integer USING length(to_state)$$,
              $$UPDATE shaped SET status = 'paid'$$);
-SELECT shape($$ALTER TABLE idem.transitions ALTER COLUMN from_state TYPE integer USING length(from_state)$$,
+SELECT shape(:'noview' || $$ALTER TABLE idem.transitions DROP CONSTRAINT transitions_state_check; ALTER TABLE idem.transitions ALTER COLUMN from_state TYPE integer USING length(from_state)$$,
              $$SELECT idem_transition('shaped', '1', 'paid')$$);
-SELECT shape($$ALTER TABLE idem.transitions ALTER COLUMN machine TYPE varchar$$,
+SELECT shape(:'noview' || $$ALTER TABLE idem.transitions ALTER COLUMN machine TYPE varchar$$,
              $$SELECT idem_transition('shaped', '1', 'paid')$$);
+SELECT shape(:'noview' || $$ALTER TABLE idem.initial_states DROP CONSTRAINT initial_states_state_check; ALTER TABLE idem.initial_states ALTER COLUMN state TYPE integer USING length(state)$$,
+             $$INSERT INTO shaped VALUES (2, 'new')$$);
 
 -- the server answered all along, and everything works again
 SELECT idem_claim('after'), idem_claim('before'), idem_claim_info('before') IS NOT NULL AS info;

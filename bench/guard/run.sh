@@ -6,6 +6,10 @@
 #     WHERE id = $1 AND version = $3, each transaction moving one row of a
 #     table of ROWS rows from 'new' to 'paid' (every client walks rows of
 #     its own, so every move is a real one; the rows are checked afterwards).
+#     The same on a table partitioned in 8 (LIST on shard = id % 8, primary
+#     key (shard, id)): idem_transition('p', ARRAY[shard, id], ...) through
+#     the parent against UPDATE p SET ... WHERE shard = $1 AND id = $2 AND
+#     version = $3 on the unguarded partitioned table.
 #  2. the cost of the guard trigger on plain UPDATEs of random rows that do
 #     not touch the state: the same statement on an unguarded table and on
 #     guarded ones.
@@ -16,6 +20,7 @@
 #
 #   bash bench/guard/run.sh
 #   DURATION=30 REPEAT=5 CLIENTS="1 8" SYNC_COMMIT=on bash bench/guard/run.sh
+#   MOVES="p_hand p_idem" PLAIN= bash bench/guard/run.sh   # partitioned only
 #
 # Runs as root on Debian 12: it builds and installs the extension and starts
 # a throwaway server on a Unix socket (PORT, default 5641).
@@ -30,6 +35,8 @@ DURATION=${DURATION:-10}
 REPEAT=${REPEAT:-3}
 CLIENTS=${CLIENTS:-"1 8"}
 SYNC_COMMIT=${SYNC_COMMIT:-off}
+MOVES=${MOVES-"hand hand_guarded idem p_hand p_idem"}
+PLAIN=${PLAIN-"u_plain u_guarded u_guarded_state u_empty_trigger"}
 
 install_packages
 work=$(copy_tree "$here")
@@ -72,6 +79,14 @@ CREATE TABLE t_hand_guarded (LIKE t_hand INCLUDING ALL);
 CREATE TABLE t_idem (LIKE t_hand INCLUDING ALL);
 SELECT idem_guard('t_hand_guarded', 'order', 'status', 'version');
 SELECT idem_guard('t_idem', 'order', 'status', 'version');
+-- moves on partitioned tables: 8 partitions, a composite primary key
+CREATE TABLE p_hand (shard integer NOT NULL, id integer NOT NULL, status text NOT NULL,
+                     version bigint NOT NULL, payload integer NOT NULL,
+                     PRIMARY KEY (shard, id)) PARTITION BY LIST (shard);
+CREATE TABLE p_idem (LIKE p_hand INCLUDING ALL) PARTITION BY LIST (shard);
+SELECT format('CREATE TABLE %I PARTITION OF %I FOR VALUES IN (%s)', t || '_' || s, t, s)
+  FROM unnest(ARRAY['p_hand', 'p_idem']) t, generate_series(0, 7) s \gexec
+SELECT idem_guard('p_idem', 'order', 'status', 'version');
 -- plain updates
 CREATE TABLE u_plain (LIKE t_hand INCLUDING ALL);
 CREATE TABLE u_guarded (LIKE t_hand INCLUDING ALL);
@@ -102,6 +117,10 @@ printf '%s\nUPDATE t_hand_guarded SET status = :to, version = version + 1 WHERE 
     "$walk" > "$scripts/hand_guarded.sql"
 printf '%s\nSELECT idem_transition('"'"'t_idem'"'"', :id, :to, :ver);\n' \
     "$walk" > "$scripts/idem.sql"
+printf '%s\n\\set shard :id %% 8\nUPDATE p_hand SET status = :to, version = version + 1 WHERE shard = :shard AND id = :id AND version = :ver;\n' \
+    "$walk" > "$scripts/p_hand.sql"
+printf '%s\n\\set shard :id %% 8\nSELECT idem_transition('"'"'p_idem'"'"', ARRAY[:shard::text, :id::text], :to, :ver);\n' \
+    "$walk" > "$scripts/p_idem.sql"
 for t in u_plain u_guarded u_guarded_state u_empty_trigger; do
     printf '\\set id random(1, %s)\nUPDATE %s SET payload = payload + 1 WHERE id = :id;\n' \
         "$ROWS" "$t" > "$scripts/$t.sql"
@@ -109,10 +128,11 @@ done
 chmod 644 "$scripts"/*.sql
 
 reset_moves() {
-    local t=$1
+    local t=$1 cols="g, 'new', 0, 0"
+    case $t in p_*) cols="g % 8, $cols" ;; esac
     sql <<SQL || die "reset of $t failed"
 TRUNCATE $t;
-INSERT INTO $t SELECT g, 'new', 0, 0 FROM generate_series(1, $ROWS) g;
+INSERT INTO $t SELECT $cols FROM generate_series(1, $ROWS) g;
 VACUUM (FREEZE, ANALYZE) $t;
 CHECKPOINT;
 SQL
@@ -148,9 +168,10 @@ echo "== $REPEAT x $DURATION s per configuration, clients: $CLIENTS, synchronous
 rotate() { local k=$(( $1 % ($# - 1) )); shift; local a=("$@"); echo "${a[@]:k}" "${a[@]:0:k}"; }
 for rep in $(seq 1 "$REPEAT"); do
     for c in $CLIENTS; do
-        for v in $(rotate "$rep" hand hand_guarded idem); do
+        for v in $([ -n "$MOVES" ] && rotate "$rep" $MOVES); do
             case $v in
                 hand) t=t_hand ;; hand_guarded) t=t_hand_guarded ;; idem) t=t_idem ;;
+                p_hand) t=p_hand ;; p_idem) t=p_idem ;;
             esac
             reset_moves "$t"
             read -r r n u <<<"$(run_pgbench "$v" "$c")"
@@ -163,7 +184,7 @@ for rep in $(seq 1 "$REPEAT"); do
             printf '  run %d  %-16s %2d clients  %10.1f tps  %7.1f us CPU  (%s rows moved)\n' \
                 "$rep" "$v" "$c" "$r" "$u" "$moved"
         done
-        for v in $(rotate "$rep" u_plain u_guarded u_guarded_state u_empty_trigger); do
+        for v in $([ -n "$PLAIN" ] && rotate "$rep" $PLAIN); do
             prepare_plain "$v"
             read -r r n u <<<"$(run_pgbench "$v" "$c")"
             record "$v" "$c" "$r" "$u"
@@ -172,8 +193,8 @@ for rep in $(seq 1 "$REPEAT"); do
     done
 done
 
-med() { echo "${tps["$1,$2"]}" | median; }
-medcpu() { echo "${cpu["$1,$2"]}" | median; }
+med() { echo "${tps["$1,$2"]:-}" | median; }
+medcpu() { echo "${cpu["$1,$2"]:-}" | median; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f", a / b; else print "-" }'; }
 slower() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%+.1f%%", (a / b - 1) * 100; else print "-" }'; }
 
@@ -196,6 +217,24 @@ done
 echo "  hand-written: UPDATE t SET status = \$2, version = version + 1 WHERE id = \$1 AND version = \$3"
 echo "                on an unguarded table; hand+guard: the same on a guarded table;"
 echo "  idem_trans.:  SELECT idem_transition('t', \$1, \$2, \$3) on a guarded table"
+
+echo
+echo "== 1b. one move per transaction on a table partitioned in 8 (composite key): median tps"
+printf '%-8s %14s %14s %12s %12s\n' clients "hand-written" "idem_trans." "idem/hand" "target"
+for c in $CLIENTS; do
+    h=$(med p_hand "$c"); i=$(med p_idem "$c")
+    r=$(ratio "$i" "$h")
+    ok=$(awk -v r="$r" 'BEGIN { print (r >= 0.9) ? ">= 0.9 met" : ">= 0.9 MISSED" }')
+    printf '%-8s %14.1f %14.1f %12s %12s\n' "$c" "$h" "$i" "$r" "$ok"
+done
+echo "   server CPU per transaction (us), median; ratio hand/idem (>= 0.9 wanted):"
+for c in $CLIENTS; do
+    h=$(medcpu p_hand "$c"); i=$(medcpu p_idem "$c")
+    printf '%-8s %14.1f %14.1f %12s\n' "$c" "$h" "$i" "$(ratio "$h" "$i")"
+done
+echo "  hand-written: UPDATE p SET status = \$3, version = version + 1 WHERE shard = \$1 AND id = \$2 AND version = \$4"
+echo "                on the unguarded partitioned table"
+echo "  idem_trans.:  SELECT idem_transition('p', ARRAY[\$1, \$2], \$3, \$4) on the guarded one"
 
 echo
 echo "== 2. plain UPDATE of a random row (SET payload = payload + 1): median tps"

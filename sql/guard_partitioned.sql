@@ -1,0 +1,238 @@
+-- A partitioned table guarded at the parent: the guard is cloned to every
+-- partition, present and future; every UPDATE of a row, in any partition and
+-- across partitions, is checked; idem_transition finds the row through the
+-- parent by its (composite) primary key, as UPDATE parent ... WHERE pk = ...
+-- would, and answers as on a plain table.
+\set VERBOSITY terse
+
+CREATE FUNCTION err(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    st text; msg text;
+BEGIN
+    EXECUTE q;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    RETURN st || ': ' || msg;
+END;
+$$;
+
+CREATE FUNCTION guards(prefix text) RETURNS TABLE (tbl regclass, cloned boolean, def text)
+LANGUAGE sql AS $$
+    SELECT t.tgrelid::regclass, t.tgparentid <> 0,
+           regexp_replace(pg_get_triggerdef(t.oid), ' ON [^ ]+ ', ' ON _ ')
+      FROM pg_trigger t
+     WHERE t.tgfoid = 'idem_guard_trigger'::regproc
+       AND t.tgrelid::regclass::text LIKE prefix || '%'
+     ORDER BY t.tgrelid::regclass::text
+$$;
+
+SELECT idem_allow('pay', 'new', 'paid');
+SELECT idem_allow('pay', 'paid', 'shipped');
+SELECT idem_allow('pay', 'new', 'cancelled');
+
+-- list partitioning, a composite primary key (the partition key is part of it)
+CREATE TABLE pt_orders (
+    region  text NOT NULL,
+    id      integer NOT NULL,
+    status  text NOT NULL,
+    version bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (region, id)
+) PARTITION BY LIST (region);
+CREATE TABLE orders_eu PARTITION OF pt_orders FOR VALUES IN ('eu');
+CREATE TABLE orders_us PARTITION OF pt_orders FOR VALUES IN ('us');
+SELECT idem_guard('pt_orders', 'pay', 'status', 'version');
+SELECT * FROM guards('pt_orders');
+-- again with the same definition: nothing to do
+SELECT idem_guard('pt_orders', 'pay', 'status', 'version');
+SELECT err($$SELECT idem_guard('pt_orders', 'pay', 'status')$$);
+
+-- a partition made after guarding gets the guard, and so does one attached
+CREATE TABLE orders_asia PARTITION OF pt_orders FOR VALUES IN ('asia');
+-- laid out otherwise than its parent: the guard finds its columns by name
+CREATE TABLE orders_sa (version bigint NOT NULL DEFAULT 0, gone integer,
+                        status text NOT NULL, id integer NOT NULL,
+                        region text NOT NULL);
+ALTER TABLE orders_sa DROP COLUMN gone;
+ALTER TABLE orders_sa ADD PRIMARY KEY (region, id);
+ALTER TABLE pt_orders ATTACH PARTITION orders_sa FOR VALUES IN ('sa');
+SELECT * FROM guards('pt_orders');
+
+INSERT INTO pt_orders (region, id, status)
+SELECT r, i, 'new' FROM unnest(ARRAY['eu', 'us', 'asia', 'sa']) r, generate_series(1, 3) i;
+
+-- illegal moves are refused in every partition, through the parent and
+-- through the partition
+SELECT r, err(format($$UPDATE pt_orders SET status = 'shipped' WHERE region = %L AND id = 1$$, r))
+  FROM unnest(ARRAY['eu', 'us', 'asia', 'sa']) r;
+SELECT r, err(format($$UPDATE %I SET status = 'shipped' WHERE id = 1$$, 'orders_' || r))
+  FROM unnest(ARRAY['eu', 'us', 'asia', 'sa']) r;
+-- legal ones pass, and bump the version
+UPDATE pt_orders SET status = 'paid' WHERE id = 1;
+SELECT tableoid::regclass, * FROM pt_orders WHERE id = 1 ORDER BY region;
+SELECT err($$UPDATE pt_orders SET status = 'paid', version = 7 WHERE region = 'eu' AND id = 2$$);
+
+-- an UPDATE that moves a row to another partition is checked too, and
+-- keeps the version going up
+SELECT err($$UPDATE pt_orders SET region = 'sa', id = 11, status = 'new' WHERE region = 'eu' AND id = 1$$);
+SELECT err($$UPDATE pt_orders SET region = 'sa', id = 12, status = 'cancelled' WHERE region = 'eu' AND id = 1$$);
+UPDATE pt_orders SET region = 'sa', id = 13, status = 'shipped' WHERE region = 'eu' AND id = 1;
+UPDATE pt_orders SET region = 'asia', id = 14 WHERE region = 'us' AND id = 2;
+SELECT tableoid::regclass, * FROM pt_orders WHERE id > 10 ORDER BY region, id;
+
+-- idem_transition through the parent, by the values of the primary key in
+-- its order: every outcome
+SELECT idem_transition('pt_orders', ARRAY['us', '1'], 'shipped');           -- applied
+SELECT idem_transition('pt_orders', ARRAY['us', '1'], 'shipped');           -- already
+SELECT idem_transition('pt_orders', ARRAY['us', '1'], 'paid');              -- stale
+SELECT idem_transition('pt_orders', ARRAY['us', '1'], 'cancelled');         -- illegal
+SELECT idem_transition('pt_orders', ARRAY['us', '9'], 'paid');              -- not_found
+SELECT idem_transition('pt_orders', ARRAY['zz', '1'], 'paid');              -- not_found (no partition)
+SELECT idem_transition('pt_orders', ARRAY['sa', '2'], 'paid', 0);           -- applied
+SELECT idem_transition('pt_orders', ARRAY['sa', '2'], 'paid', 0);           -- already
+SELECT idem_transition('pt_orders', ARRAY['sa', '2'], 'shipped', 0);        -- stale
+SELECT idem_transition('pt_orders', ARRAY['sa', '2'], 'cancelled', 1);      -- illegal
+SELECT idem_transition('pt_orders', ARRAY['sa', '2'], 'shipped', 1);        -- applied
+SELECT tableoid::regclass, * FROM pt_orders WHERE (region, id) IN (('us', 1), ('sa', 2)) ORDER BY region;
+-- on the partition itself, too
+SELECT idem_transition('orders_asia', ARRAY['asia', '3'], 'paid', 0);
+SELECT idem_transition('orders_asia', ARRAY['eu', '3'], 'paid', 0);
+
+-- bad keys
+SELECT err($$SELECT idem_transition('pt_orders', ARRAY['us'], 'paid')$$);
+SELECT err($$SELECT idem_transition('pt_orders', ARRAY['us', '1', 'x'], 'paid')$$);
+SELECT err($$SELECT idem_transition('pt_orders', ARRAY[]::text[], 'paid')$$);
+SELECT err($$SELECT idem_transition('pt_orders', ARRAY['us', NULL], 'paid')$$);
+SELECT err($$SELECT idem_transition('pt_orders', NULL::text[], 'paid')$$);
+SELECT err($$SELECT idem_transition('pt_orders', ARRAY[['us', '1']], 'paid')$$);
+SELECT err($$SELECT idem_transition('pt_orders', ARRAY['us', 'one'], 'paid')$$);
+SELECT err($$SELECT idem_transition('pt_orders', 'us', 'paid')$$);
+SELECT err($$SELECT idem_transition(NULL, ARRAY['us', '1'], 'paid')$$);
+SELECT err($$SELECT idem_transition('pt_orders', ARRAY['us', '1'], NULL)$$);
+-- the pt_single-value form and a one-value array are the same on a one-column key
+CREATE TABLE pt_single (id integer PRIMARY KEY, status text NOT NULL) PARTITION BY RANGE (id);
+CREATE TABLE single_low PARTITION OF pt_single FOR VALUES FROM (MINVALUE) TO (100);
+SELECT idem_guard('pt_single', 'pay', 'status');
+INSERT INTO pt_single VALUES (1, 'new'), (2, 'new');
+SELECT idem_transition('pt_single', '1', 'paid'), idem_transition('pt_single', ARRAY['2'], 'paid');
+SELECT err($$SELECT idem_transition('pt_single', ARRAY['1', '2'], 'paid')$$);
+
+-- a partition of a guarded table: guarding it with the same definition does
+-- nothing (it is guarded already); with another, or unguarding it, is refused
+SELECT idem_guard('orders_eu', 'pay', 'status', 'version');
+SELECT err($$SELECT idem_guard('orders_eu', 'pay', 'status')$$);
+SELECT err($$SELECT idem_unguard('orders_eu')$$);
+-- a partitioned table one of whose partitions has a guard of its own
+CREATE TABLE pt_mixed (id integer PRIMARY KEY, status text NOT NULL) PARTITION BY LIST (id);
+CREATE TABLE mixed_1 PARTITION OF pt_mixed FOR VALUES IN (1);
+SELECT idem_guard('mixed_1', 'pay', 'status');
+SELECT err($$SELECT idem_guard('pt_mixed', 'pay', 'status')$$);
+-- and a guarded table attached to a guarded partitioned table
+SELECT idem_unguard('mixed_1');
+SELECT idem_guard('pt_mixed', 'pay', 'status');
+CREATE TABLE mixed_2 (id integer PRIMARY KEY, status text NOT NULL);
+SELECT idem_guard('mixed_2', 'pay', 'status');
+SELECT err($$ALTER TABLE pt_mixed ATTACH PARTITION mixed_2 FOR VALUES IN (2)$$);
+
+-- range partitioning, by date, with the version column
+CREATE TABLE pt_payments (
+    day     date NOT NULL,
+    id      bigint NOT NULL,
+    status  text NOT NULL,
+    version integer NOT NULL DEFAULT 0,
+    PRIMARY KEY (id, day)
+) PARTITION BY RANGE (day);
+CREATE TABLE payments_jan PARTITION OF pt_payments FOR VALUES FROM ('2026-01-01') TO ('2026-02-01');
+CREATE TABLE payments_feb PARTITION OF pt_payments FOR VALUES FROM ('2026-02-01') TO ('2026-03-01');
+SELECT idem_guard('pt_payments', 'pay', 'status', 'version');
+INSERT INTO pt_payments VALUES ('2026-01-10', 1, 'new'), ('2026-02-10', 2, 'new');
+-- the key's values in the key's order: id, then day
+SELECT idem_transition('pt_payments', ARRAY['1', '2026-01-10'], 'paid', 0);
+SELECT err($$SELECT idem_transition('pt_payments', ARRAY['2026-02-10', '2'], 'paid', 0)$$);
+SELECT idem_transition('pt_payments', ARRAY['2', '2026-02-10'], 'paid', 0);
+-- a row moved to another month by an UPDATE is checked as any
+SELECT err($$UPDATE pt_payments SET day = '2026-02-11', status = 'new' WHERE id = 1$$);
+UPDATE pt_payments SET day = '2026-02-11', status = 'shipped' WHERE id = 1;
+SELECT tableoid::regclass, * FROM pt_payments ORDER BY id;
+
+-- a partition detached loses the guard (the clone goes with the parent's):
+-- it is a table of its own again
+ALTER TABLE pt_payments DETACH PARTITION payments_jan;
+SELECT * FROM guards('pt_payments');
+INSERT INTO payments_jan VALUES ('2026-01-20', 3, 'new');
+UPDATE payments_jan SET status = 'shipped' WHERE id = 3;
+SELECT * FROM payments_jan;
+-- and one attached again gets it back
+DELETE FROM payments_jan;
+ALTER TABLE pt_payments ATTACH PARTITION payments_jan FOR VALUES FROM ('2026-01-01') TO ('2026-02-01');
+INSERT INTO pt_payments VALUES ('2026-01-21', 4, 'new');
+SELECT err($$UPDATE pt_payments SET status = 'shipped' WHERE id = 4$$);
+
+-- the same requests on a plain table with a composite key (the direct path),
+-- on one whose statement trigger sends them through SPI, through the parent
+-- of a partitioned one (the direct path, in the partition that holds the
+-- row), and through the parent of one whose statement trigger sends them
+-- through SPI: the same outcomes, the same rows
+CREATE TABLE cmp_direct (region text, id integer, status text NOT NULL,
+                         version bigint NOT NULL DEFAULT 0, PRIMARY KEY (region, id));
+CREATE TABLE cmp_spi (LIKE cmp_direct INCLUDING ALL);
+CREATE FUNCTION nothing() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END; $$;
+CREATE TRIGGER stmt AFTER UPDATE ON cmp_spi FOR EACH STATEMENT EXECUTE FUNCTION nothing();
+CREATE TABLE cmp_part (LIKE cmp_direct INCLUDING ALL) PARTITION BY LIST (region);
+CREATE TABLE cmp_part_a PARTITION OF cmp_part FOR VALUES IN ('a');
+CREATE TABLE cmp_part_b PARTITION OF cmp_part FOR VALUES IN ('b');
+CREATE TABLE cmp_part_spi (LIKE cmp_direct INCLUDING ALL) PARTITION BY LIST (region);
+CREATE TABLE cmp_part_spi_a PARTITION OF cmp_part_spi FOR VALUES IN ('a');
+CREATE TABLE cmp_part_spi_b PARTITION OF cmp_part_spi FOR VALUES IN ('b');
+CREATE TRIGGER stmt AFTER UPDATE ON cmp_part_spi FOR EACH STATEMENT EXECUTE FUNCTION nothing();
+SELECT idem_guard(t, 'pay', 'status', 'version')
+  FROM unnest(ARRAY['cmp_direct', 'cmp_spi', 'cmp_part', 'cmp_part_spi']::regclass[]) t;
+INSERT INTO cmp_direct SELECT r, i, 'new' FROM unnest(ARRAY['a', 'b']) r, generate_series(1, 3) i;
+INSERT INTO cmp_spi SELECT * FROM cmp_direct;
+INSERT INTO cmp_part SELECT * FROM cmp_direct;
+INSERT INTO cmp_part_spi SELECT * FROM cmp_direct;
+SET client_min_messages = debug1;
+SELECT idem_transition('cmp_direct', ARRAY['a', '1'], 'paid');
+SELECT idem_transition('cmp_spi', ARRAY['a', '1'], 'paid');
+SELECT idem_transition('cmp_part', ARRAY['a', '1'], 'paid');
+SELECT idem_transition('cmp_part_spi', ARRAY['a', '1'], 'paid');
+SELECT idem_transition('cmp_part', ARRAY['c', '1'], 'paid');
+RESET client_min_messages;
+CREATE TABLE requests (n serial, region text, id text, to_state text, expected bigint);
+INSERT INTO requests (region, id, to_state, expected) VALUES
+    ('a', '1', 'shipped', NULL), ('a', '1', 'shipped', NULL), ('a', '1', 'paid', NULL),
+    ('a', '2', 'paid', 0), ('a', '2', 'paid', 0), ('a', '2', 'shipped', 0),
+    ('a', '2', 'cancelled', 1), ('a', '2', 'shipped', 1), ('a', '2', 'shipped', 1),
+    ('b', '1', 'cancelled', NULL), ('b', '1', 'paid', NULL), ('b', '9', 'paid', NULL),
+    ('c', '1', 'paid', NULL), ('b', '2', 'new', 0), ('b', '2', 'new', NULL),
+    ('b', '3', 'paid', 5), ('b', '3', 'paid', -1);
+CREATE TABLE answers AS
+SELECT t, r.n, idem_transition(t, ARRAY[r.region, r.id], r.to_state, r.expected)::text AS outcome
+  FROM unnest(ARRAY['cmp_direct', 'cmp_spi', 'cmp_part', 'cmp_part_spi']) t, requests r
+ ORDER BY t, r.n;
+SELECT n, outcome FROM answers WHERE t = 'cmp_direct' ORDER BY n;
+-- no answer differs
+SELECT a.n, a.t, a.outcome, b.outcome
+  FROM answers a JOIN answers b ON a.n = b.n AND b.t = 'cmp_direct'
+ WHERE a.outcome IS DISTINCT FROM b.outcome;
+-- no row differs
+(SELECT * FROM cmp_spi EXCEPT SELECT * FROM cmp_direct)
+UNION ALL (SELECT * FROM cmp_part EXCEPT SELECT * FROM cmp_direct)
+UNION ALL (SELECT * FROM cmp_part_spi EXCEPT SELECT * FROM cmp_direct)
+UNION ALL (SELECT * FROM cmp_direct EXCEPT SELECT * FROM cmp_part)
+UNION ALL (SELECT * FROM cmp_direct EXCEPT SELECT * FROM cmp_part_spi);
+SELECT * FROM cmp_direct ORDER BY region, id;
+
+-- unguarding the partitioned table unguards every partition
+SELECT idem_unguard('pt_orders');
+SELECT * FROM guards('pt_orders');
+UPDATE pt_orders SET status = 'new' WHERE region = 'us' AND id = 1;
+SELECT idem_unguard('pt_orders');
+SELECT err($$SELECT idem_transition('pt_orders', ARRAY['us', '1'], 'paid')$$);
+
+DROP TABLE pt_orders, pt_single, pt_mixed, mixed_2, pt_payments, cmp_direct, cmp_spi, cmp_part,
+    cmp_part_spi, requests, answers;
+DROP FUNCTION nothing();
+DROP FUNCTION guards(text);
+DROP FUNCTION err(text);
+DELETE FROM idem.transitions;
