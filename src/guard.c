@@ -1540,6 +1540,13 @@ idem_guard(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("\"%s\" is not a table", RelationGetRelationName(rel)),
 				 errdetail("Only ordinary tables can be guarded; guard each partition of a partitioned table.")));
+	if (idem_relation_is_distributed(RelationGetRelid(rel)))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("table \"%s\" is distributed by Citus and cannot be guarded",
+						RelationGetRelationName(rel)),
+				 errdetail("The guard reads and updates the rows of the table on the node where it runs; the rows of a distributed table are in its shards on other nodes."),
+				 errhint("Guard a local table, or check transitions in the application.")));
 	if (RelationGetNamespace(rel) == get_namespace_oid(IDEM_SCHEMA, true))
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
@@ -2586,6 +2593,12 @@ idem_transition(PG_FUNCTION_ARGS)
 				 errdetail("idem_transition() moves rows of ordinary tables."),
 				 rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE ?
 				 errhint("Call it on the partition that holds the row.") : 0));
+	if (idem_relation_is_distributed(RelationGetRelid(rel)))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("table \"%s\" is distributed by Citus",
+						RelationGetRelationName(rel)),
+				 errdetail("idem_transition() updates rows of the table on the node where it runs; the rows of a distributed table are in its shards on other nodes.")));
 	trigger = find_guard_trigger(rel, fcinfo->flinfo->fn_oid);
 	if (trigger == NULL)
 		ereport(ERROR,
