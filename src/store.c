@@ -1676,7 +1676,12 @@ store_sql_nowait(IdemStore *store, StoreSqlFn fn, void *arg)
 	ResourceOwner oldowner = CurrentResourceOwner;
 	char	   *old_timeout = pstrdup(GetConfigOption("lock_timeout", false,
 													  false));
+	const char *old_propagate = GetConfigOption("citus.propagate_set_commands",
+												true, false);
 	bool		ran = true;
+
+	if (old_propagate != NULL)
+		old_propagate = pstrdup(old_propagate);
 
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(oldcxt);
@@ -1693,6 +1698,11 @@ store_sql_nowait(IdemStore *store, StoreSqlFn fn, void *arg)
 		appendStringInfo(&buf, "SET LOCAL lock_timeout = %s",
 						 quote_literal_cstr(old_timeout));
 		SPI_execute(buf.data, false, 0);
+		if (old_propagate != NULL)
+			(void) set_config_option("citus.propagate_set_commands",
+									 old_propagate, PGC_USERSET,
+									 PGC_S_SESSION, GUC_ACTION_LOCAL, true,
+									 0, false);
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcxt);
 		CurrentResourceOwner = oldowner;
