@@ -1026,15 +1026,6 @@ BEGIN
         END IF;
         RETURN NEXT t.tab;
     END LOOP;
-    -- the request retention of each namespace, read where a request
-    -- finishes: a copy on every node
-    IF pg_catalog.to_regclass('idem.request_retention') IS NOT NULL THEN
-        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
-                        WHERE logicalrelid OPERATOR(pg_catalog.=) 'idem.request_retention'::pg_catalog.regclass) THEN
-            PERFORM pg_catalog.create_reference_table('idem.request_retention');
-        END IF;
-        RETURN NEXT 'idem.request_retention';
-    END IF;
     -- the functions whose first argument is the distribution column of
     -- their table: a call is run on the node of its key, also inside a
     -- transaction block (force_delegation)
@@ -1060,7 +1051,8 @@ BEGIN
                         WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
                           AND o.objid OPERATOR(pg_catalog.=) f.sig::pg_catalog.regprocedure
                           AND o.distribution_argument_index IS NOT NULL) THEN
-            PERFORM pg_catalog.create_distributed_function(f.sig, '$1', colocate_with := f.tab,
+            PERFORM pg_catalog.create_distributed_function(f.sig::pg_catalog.regprocedure, '$1'::pg_catalog.text,
+                                                           colocate_with := f.tab::pg_catalog.text,
                                                            force_delegation := true);
         END IF;
         RETURN NEXT f.sig;

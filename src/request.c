@@ -40,7 +40,6 @@
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
 #include "common/sha2.h"
-#include "executor/spi.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/procarray.h"
@@ -660,48 +659,7 @@ request_retention(text *ns)
 	if (OidIsValid(nspid))
 		relid = get_relname_relid(RETENTION_TABLE, nspid);
 	rel = OidIsValid(relid) ? try_table_open(relid, AccessShareLock) : NULL;
-	if (rel != NULL && idem_relation_is_distributed(relid))
-	{
-		/*
-		 * A reference table of Citus (idem_distribute): its rows are in a
-		 * shard on every node, which a query reaches.
-		 */
-		Oid			argtypes[1] = {TEXTOID};
-		Datum		args[1] = {PointerGetDatum(ns)};
-		Oid			save_userid;
-		int			save_sec;
-		MemoryContext cxt = CurrentMemoryContext;
-
-		GetUserIdAndSecContext(&save_userid, &save_sec);
-		SetUserIdAndSecContext(rel->rd_rel->relowner,
-							   save_sec | SECURITY_LOCAL_USERID_CHANGE |
-							   SECURITY_NOFORCE_RLS);
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		if (SPI_execute_with_args("SELECT r.retention FROM idem.request_retention r"
-								  " WHERE r.ns OPERATOR(pg_catalog.=) $1",
-								  1, argtypes, args, NULL, true, 1) != SPI_OK_SELECT)
-			elog(ERROR, "could not read idem.request_retention");
-		if (SPI_processed == 1)
-		{
-			bool		isnull;
-			Datum		d = SPI_getbinval(SPI_tuptable->vals[0],
-										  SPI_tuptable->tupdesc, 1, &isnull);
-
-			if (!isnull && SPI_tuptable->tupdesc->natts == 1 &&
-				TupleDescAttr(SPI_tuptable->tupdesc, 0)->atttypid == INTERVALOID)
-			{
-				MemoryContext oldcxt = MemoryContextSwitchTo(cxt);
-
-				memcpy(retention, DatumGetIntervalP(d), sizeof(Interval));
-				MemoryContextSwitchTo(oldcxt);
-			}
-		}
-		SPI_finish();
-		SetUserIdAndSecContext(save_userid, save_sec);
-		table_close(rel, AccessShareLock);
-	}
-	else if (rel != NULL)
+	if (rel != NULL)
 	{
 		Oid			indexid = RelationGetPrimaryKeyIndex(rel);
 		TupleDesc	tupdesc = RelationGetDescr(rel);
