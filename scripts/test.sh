@@ -22,7 +22,7 @@ install_packages sqlsmith python3-prometheus-client rabbitmq-server python3-pika
 work=$(copy_tree "$here")
 
 # ensure_citus: Citus in the system's PostgreSQL, built from $CITUS_SOURCE
-# when missing (about 3 minutes on 2 cores).  Sets citus_missing to why it
+# when missing (3 to 6 minutes on 2 cores).  Sets citus_missing to why it
 # could not be had.  A lock keeps two runs from building at once.
 SYS_PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
 citus_missing=
