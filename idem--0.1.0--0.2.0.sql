@@ -1217,3 +1217,84 @@ COMMENT ON VIEW idem_machines IS
 REVOKE ALL ON idem_machines FROM PUBLIC;
 GRANT SELECT ON idem_machines TO pg_monitor;
 -- ==== END guard for real schemas ====
+
+-- ==== BEGIN scale-out on Citus ====
+-- idem_distribute(): on a Citus coordinator, distributes idem's keyed tables
+-- and routes the calls of their functions to the node of the key.  The C
+-- code finds a distributed table in pg_dist_partition and then goes through
+-- SQL, which Citus routes; nothing changes for a table left alone.
+CREATE OR REPLACE FUNCTION idem_distribute()
+RETURNS SETOF pg_catalog.text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t record;
+    f record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'citus') THEN
+        RAISE EXCEPTION 'Citus is not installed in this database'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Run CREATE EXTENSION citus on the coordinator first.';
+    END IF;
+    IF NOT pg_catalog.citus_is_coordinator() THEN
+        RAISE EXCEPTION 'idem_distribute() must run on the Citus coordinator'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'This node is a worker.';
+    END IF;
+    -- the tables: the first is the colocation group of the others whose
+    -- distribution column is text; tokens are keyed by a digest (bytea)
+    FOR t IN SELECT * FROM (VALUES
+            (1, 'idem.claims', 'msg_id', 'default'),
+            (2, 'idem.requests', 'key', 'idem.claims'),
+            (3, 'idem.offsets', 'consumer', 'idem.claims'),
+            (4, 'idem.producer_seqs', 'producer', 'idem.claims'),
+            (5, 'idem.tokens', 'digest', 'none')) AS v(n, tab, col, colocate)
+            ORDER BY n LOOP
+        IF pg_catalog.to_regclass(t.tab) IS NULL THEN
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+                        WHERE logicalrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(t.tab)) THEN
+            PERFORM pg_catalog.create_distributed_table(t.tab::pg_catalog.regclass, t.col,
+                                                        colocate_with := t.colocate);
+        END IF;
+        RETURN NEXT t.tab;
+    END LOOP;
+    -- the functions whose first argument is the distribution column of
+    -- their table: a call is run on the node of its key, also inside a
+    -- transaction block (force_delegation)
+    FOR f IN SELECT p.oid::pg_catalog.regprocedure::pg_catalog.text AS sig, v.tab
+               FROM pg_catalog.pg_proc p
+               JOIN pg_catalog.pg_depend d
+                 ON d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+                AND d.objid OPERATOR(pg_catalog.=) p.oid AND d.deptype OPERATOR(pg_catalog.=) 'e'
+               JOIN pg_catalog.pg_extension e
+                 ON e.oid OPERATOR(pg_catalog.=) d.refobjid AND e.extname OPERATOR(pg_catalog.=) 'idem'
+               JOIN (VALUES ('idem_claim', 'idem.claims'), ('idem_try_claim', 'idem.claims'),
+                            ('idem_claim_info', 'idem.claims'), ('idem_release', 'idem.claims'),
+                            ('idem_request_begin', 'idem.requests'),
+                            ('idem_request_checkpoint', 'idem.requests'),
+                            ('idem_request_finish', 'idem.requests'),
+                            ('idem_offset_advance', 'idem.offsets'),
+                            ('idem_offset_get', 'idem.offsets'),
+                            ('idem_seq_accept', 'idem.producer_seqs')) AS v(fn, tab)
+                 ON p.proname OPERATOR(pg_catalog.=) v.fn
+              WHERE pg_catalog.to_regclass(v.tab) IS NOT NULL
+              ORDER BY 1 LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object o
+                        WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+                          AND o.objid OPERATOR(pg_catalog.=) f.sig::pg_catalog.regprocedure
+                          AND o.distribution_argument_index IS NOT NULL) THEN
+            PERFORM pg_catalog.create_distributed_function(f.sig::pg_catalog.regprocedure, '$1'::pg_catalog.text,
+                                                           colocate_with := f.tab::pg_catalog.text,
+                                                           force_delegation := true);
+        END IF;
+        RETURN NEXT f.sig;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION idem_distribute() IS
+    'on a Citus coordinator: distributes idem''s keyed tables (colocated) and routes their functions to the node of the key; returns what is distributed; repeatable';
+REVOKE ALL ON FUNCTION idem_distribute() FROM PUBLIC;
+-- ==== END scale-out on Citus ====

@@ -5,17 +5,68 @@
 # Debian 12: it installs what it needs.
 #
 #   scripts/test.sh              every suite
-#   scripts/test.sh regress      only some: regress, isolation, tap, package
+#   scripts/test.sh regress      only some: regress, isolation, tap, citus, package
+#
+# The citus suite needs Citus in the system's PostgreSQL; when it is not
+# there, it is built from the tarball $CITUS_SOURCE (with the patches beside
+# it) and installed before the private copy of PostgreSQL is made.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/scripts/common.sh"
 need_root
 
 suites=("$@")
-[ ${#suites[@]} -gt 0 ] || suites=(regress isolation tap package)
+[ ${#suites[@]} -gt 0 ] || suites=(regress isolation tap citus package)
 
 install_packages sqlsmith python3-prometheus-client rabbitmq-server python3-pika python3-psycopg2 nats-server curl python3-confluent-kafka
 work=$(copy_tree "$here")
+
+# ensure_citus: Citus in the system's PostgreSQL, built from $CITUS_SOURCE
+# when missing (3 to 6 minutes on 2 cores).  Sets citus_missing to why it
+# could not be had.  A lock keeps two runs from building at once.
+SYS_PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
+citus_missing=
+citus_installed() {
+    [ -f "$($SYS_PG_CONFIG --pkglibdir)/citus.so" ] &&
+        [ -f "$($SYS_PG_CONFIG --sharedir)/extension/citus.control" ]
+}
+ensure_citus() {
+    local src=${CITUS_SOURCE:-} dir log start=$SECONDS p
+    exec 8>/run/lock/idem-citus-build.lock
+    flock -w 1200 8 || { citus_missing="another run holds /run/lock/idem-citus-build.lock"; return; }
+    if citus_installed; then flock -u 8; return; fi
+    if [ -z "$src" ] || [ ! -f "$src" ]; then
+        citus_missing="Citus is not installed and CITUS_SOURCE (${src:-unset}) is not a Citus tarball"
+        flock -u 8; return
+    fi
+    echo "== building Citus from $src"
+    install_packages liblz4-dev libzstd-dev libkrb5-dev libselinux1-dev libpam0g-dev zlib1g-dev \
+        libssl-dev libreadline-dev libxslt1-dev libxml2-dev autoconf
+    dir=$work/citus-build
+    log=$dir/build.log
+    mkdir -p "$dir"
+    if tar -xzf "$src" -C "$dir"; then
+        dir=$(ls -d "$dir"/citus-* | head -n 1)
+        for p in "$(dirname "$src")"/*.patch; do
+            [ -f "$p" ] || continue
+            patch -d "$dir" -p1 -s < "$p" >>"$log" 2>&1 || citus_missing="patch $p did not apply"
+        done
+        # the extension only: no regression test tools, no libcurl
+        [ -n "$citus_missing" ] ||
+            { (cd "$dir" && ./configure --without-libcurl PG_CONFIG="$SYS_PG_CONFIG" &&
+                  make -s -j2 with_llvm=no extension && make -s with_llvm=no install-extension) \
+                  >>"$log" 2>&1 || citus_missing="the build of Citus failed"; }
+    else
+        citus_missing="$src could not be unpacked"
+    fi
+    if [ -z "$citus_missing" ] && ! citus_installed; then citus_missing="Citus built but not installed"; fi
+    [ -z "$citus_missing" ] || tail -n 30 "$log" 2>/dev/null
+    [ -n "$citus_missing" ] || echo "-- Citus built and installed in $((SECONDS - start)) s"
+    flock -u 8
+}
+if printf '%s\n' "${suites[@]}" | grep -qx citus; then
+    ensure_citus
+fi
 # The package suite builds and installs on its own: the private copy of
 # PostgreSQL is for the others.
 if printf '%s\n' "${suites[@]}" | grep -qvx package; then
@@ -75,14 +126,14 @@ run_isolation() {
 }
 
 run_tap() {
-    local files f p fl rc
-    files=$(cd "$work" && ls t/*.pl 2>/dev/null | sort)
+    local files f p fl rc pattern=${1:-t/*.pl} port=${2:-65432}
+    files=$(cd "$work" && ls $pattern 2>/dev/null | sort)
     [ -n "$files" ] || return 0
-    echo "== tap"
+    echo "== tap ($pattern)"
     for f in $files; do
         rm -rf "$work/tmp_check"; as_pg mkdir -p "$work/tmp_check"
         (cd "$work" && as_pg env TESTDIR="$work" PG_REGRESS="$PGXS_DIR/src/test/regress/pg_regress" \
-            PGPORT=65432 prove -v -I "$PGXS_DIR/src/test/perl" -I . "$f") > "$work/tap.log" 2>&1
+            PGPORT=$port prove -v -I "$PGXS_DIR/src/test/perl" -I . "$f") > "$work/tap.log" 2>&1
         rc=$?
         p=$(grep -cE '^ok [0-9]+' "$work/tap.log")
         fl=$(grep -cE '^not ok [0-9]+' "$work/tap.log")
@@ -96,6 +147,18 @@ run_tap() {
         passed=$((passed + p)); failed=$((failed + fl))
         echo "-- $f: $p passed, $fl failed"
     done
+}
+
+# The citus suite: the TAP tests of t/citus/, each with a coordinator and
+# workers that load Citus.  Without Citus it fails, loudly.
+run_citus() {
+    if [ -n "$citus_missing" ] || ! citus_installed; then
+        echo "== citus"
+        echo "!!!!!!!! THE CITUS SUITE CANNOT RUN: ${citus_missing:-Citus is not installed} !!!!!!!!"
+        failed=$((failed + 1))
+        return
+    fi
+    run_tap 't/citus/*.pl' 65400
 }
 
 # The package suite: META.json checked against the PGXN spec; the Debian
@@ -263,6 +326,7 @@ for s in "${suites[@]}"; do
         regress) run_regress ;;
         isolation) run_isolation ;;
         tap) run_tap ;;
+        citus) run_citus ;;
         package) run_package ;;
         *) die "unknown suite $s" ;;
     esac

@@ -321,6 +321,12 @@ SELECT p.oid::regprocedure AS differs
 SELECT id, state, version FROM priv_orders ORDER BY id;
 SELECT id, state, version FROM priv_secret ORDER BY id;
 
+-- idem_distribute(): not for PUBLIC, and without Citus a clear refusal
+SET ROLE regress_idem_app;
+SELECT pg_temp.outcome('SELECT idem_distribute()');
+RESET ROLE;
+SELECT pg_temp.outcome('SELECT idem_distribute()');
+
 -- clean up
 DELETE FROM idem.claims WHERE ns = 'priv';
 DELETE FROM idem.namespaces WHERE ns = 'priv';

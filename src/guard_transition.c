@@ -1054,6 +1054,12 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("\"%s\" is not a table", RelationGetRelationName(rel)),
 				 errdetail("idem_transition() moves rows of ordinary and partitioned tables.")));
+	if (idem_relation_is_distributed(RelationGetRelid(rel)))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("table \"%s\" is distributed by Citus",
+						RelationGetRelationName(rel)),
+				 errdetail("idem_transition() updates rows of the table on the node where it runs; the rows of a distributed table are in its shards on other nodes.")));
 	partitioned = (rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE);
 	trigger = guard_find_trigger(rel, fcinfo->flinfo->fn_oid);
 	if (trigger == NULL)

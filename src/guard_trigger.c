@@ -708,6 +708,13 @@ idem_guard(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("\"%s\" is not a table", RelationGetRelationName(rel)),
 				 errdetail("Only ordinary and partitioned tables can be guarded.")));
+	if (idem_relation_is_distributed(RelationGetRelid(rel)))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("table \"%s\" is distributed by Citus and cannot be guarded",
+						RelationGetRelationName(rel)),
+				 errdetail("The guard reads and updates the rows of the table on the node where it runs; the rows of a distributed table are in its shards on other nodes."),
+				 errhint("Guard a local table, or check transitions in the application.")));
 	if (RelationGetNamespace(rel) == get_namespace_oid(IDEM_SCHEMA, true))
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),

@@ -81,6 +81,7 @@ extern IdemStore *idem_store_open(const char *relname, LOCKMODE lockmode);
 extern IdemStore *idem_store_open_keys(const char *relname, LOCKMODE lockmode,
 									   int nkeys);
 extern void idem_store_close(IdemStore *store);
+extern bool idem_relation_is_distributed(Oid relid);
 extern TupleDesc idem_store_tupdesc(IdemStore *store);
 extern ItemPointerData idem_store_inserted_tid(IdemStore *store);
 extern void idem_store_hint(IdemStore *store, ItemPointer tid);

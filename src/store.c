@@ -27,6 +27,8 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "catalog/pg_namespace.h"
+#include "executor/spi.h"
 #include "catalog/index.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
@@ -38,6 +40,7 @@
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
@@ -82,6 +85,7 @@ struct IdemStore
 	Oid			eqproc[STORE_MAX_KEYS];
 	Oid			collation[STORE_MAX_KEYS];
 	struct StoreCacheEntry *entry;	/* counted as a user of it */
+	bool		sql;			/* distributed: every call goes through SQL */
 };
 
 /*
@@ -114,7 +118,29 @@ typedef struct StoreCacheEntry
 
 	/* new keys inserted in a row by this backend, up to STORE_NEW_STREAK */
 	int			new_streak;
+
+	/*
+	 * Whether Citus distributes the table (a row of pg_dist_partition):
+	 * looked up once, forgotten with relid.
+	 */
+	bool		dist_known;
+	bool		distributed;
 } StoreCacheEntry;
+
+/* the path through SQL, for a table distributed by Citus: see the end */
+static bool store_is_distributed(Oid relid);
+static IdemStoreResult store_sql_insert(IdemStore *store, Datum *values,
+										bool *isnull, IdemStoreWait wait);
+static IdemStoreResult store_sql_lookup(IdemStore *store, const Datum *keys,
+										Datum *values, bool *isnull);
+static bool store_sql_delete(IdemStore *store, const Datum *keys);
+static IdemStoreUpdateResult store_sql_update(IdemStore *store,
+											  const Datum *keys,
+											  IdemStoreUpdateFn fn, void *arg,
+											  IdemStoreWait wait);
+static bool store_sql_read(IdemStore *store, const Datum *keys,
+						   Datum *values, bool *isnull);
+static void store_sql_unsupported(IdemStore *store, const char *what);
 
 /*
  * idem_store_insert skips its pre-check while the last STORE_NEW_STREAK keys
@@ -140,6 +166,7 @@ store_relcache_callback(Datum arg, Oid relid)
 			store_cache[i].indexid = InvalidOid;
 			store_cache[i].eqproc[0] = InvalidOid;
 			store_cache[i].indexes_valid = false;
+			store_cache[i].dist_known = false;
 			store_cache[i].inval_count++;
 		}
 		else
@@ -324,6 +351,7 @@ store_cache_entry(const char *relname)
 	e->relid = InvalidOid;
 	e->indexid = InvalidOid;
 	e->eqproc[0] = InvalidOid;
+	e->dist_known = false;
 	return e;
 }
 
@@ -342,6 +370,67 @@ store_lookup_relid(const char *relname)
 						IDEM_SCHEMA, relname),
 				 errhint("Install the extension with CREATE EXTENSION idem.")));
 	return relid;
+}
+
+/*
+ * Whether Citus distributes the table relid: whether pg_dist_partition, when
+ * it exists, has a row for it.  Asked once per table and backend (see
+ * StoreCacheEntry.dist_known); Citus sends a relcache invalidation of the
+ * table whenever it changes the table's row.
+ */
+static bool
+store_is_distributed(Oid relid)
+{
+	Oid			catid = get_relname_relid("pg_dist_partition",
+										  PG_CATALOG_NAMESPACE);
+	Relation	cat;
+	TableScanDesc scan;
+	ScanKeyData skey;
+	bool		found;
+
+	if (!OidIsValid(catid))
+		return false;
+	cat = try_table_open(catid, AccessShareLock);
+	if (cat == NULL)
+		return false;
+	/* logicalrelid is the catalog's first column */
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(relid));
+	scan = table_beginscan_catalog(cat, 1, &skey);
+	found = (heap_getnext(scan, ForwardScanDirection) != NULL);
+	table_endscan(scan);
+	table_close(cat, AccessShareLock);
+	return found;
+}
+
+/*
+ * Whether Citus distributes relid, for the guard's refusal: without Citus in
+ * the database, a look-up of the catalog's name in the syscache, nothing
+ * more.
+ */
+bool
+idem_relation_is_distributed(Oid relid)
+{
+	return store_is_distributed(relid);
+}
+
+/*
+ * A store on a distributed table: only the relation is kept, for its row
+ * type; every call runs a statement through SPI, which Citus plans and sends
+ * to the shard of the key (or runs on it, when it is on this node).
+ */
+static IdemStore *
+store_open_sql(IdemStore *store, Relation rel, LOCKMODE lockmode,
+			   const char *relname)
+{
+	store->rel = rel;
+	store->lockmode = lockmode;
+	store->mcxt = CurrentMemoryContext;
+	store->sql = true;
+	ItemPointerSetInvalid(&store->hint);
+	ItemPointerSetInvalid(&store->last_tid);
+	ItemPointerSetInvalid(&store->updated_tid);
+	return store;
 }
 
 /*
@@ -427,7 +516,20 @@ idem_store_open_keys(const char *relname, LOCKMODE lockmode, int nkeys)
 		e->indexid = InvalidOid;
 		e->eqproc[0] = InvalidOid;
 		e->indexes_valid = false;
+		e->dist_known = false;
 	}
+
+	/*
+	 * A table that Citus distributes is an empty shell here: its rows are in
+	 * shards, which only a query through Citus's planner reaches.
+	 */
+	if (!e->dist_known)
+	{
+		e->distributed = store_is_distributed(relid);
+		e->dist_known = (e->relid == relid);
+	}
+	if (e->distributed)
+		return store_open_sql(store, rel, lockmode, relname);
 	indexid = e->indexid;
 	if (!OidIsValid(indexid))
 	{
@@ -540,6 +642,12 @@ store_unpin_page(IdemStore *store)
 void
 idem_store_close(IdemStore *store)
 {
+	if (store->sql)
+	{
+		table_close(store->rel, NoLock);
+		pfree(store);
+		return;
+	}
 	ExecDropSingleTupleTableSlot(store->probe_slot);
 	store_unpin_page(store);
 	if (store->scan)
@@ -580,7 +688,8 @@ idem_store_close(IdemStore *store)
 ItemPointerData
 idem_store_inserted_tid(IdemStore *store)
 {
-	Assert(ItemPointerIsValid(&store->last_tid));
+	/* the path through SQL knows no row's place: an invalid hint */
+	Assert(store->sql || ItemPointerIsValid(&store->last_tid));
 	return store->last_tid;
 }
 
@@ -877,9 +986,23 @@ store_write_slot(IdemStore *store)
  * INSERT ... ON CONFLICT DO NOTHING, with the outcome told to the caller.
  * values[0] and values[1] are the namespace and the key.
  */
+static inline IdemStoreResult store_insert_direct(IdemStore *store,
+													Datum *values,
+													bool *isnull,
+													IdemStoreWait wait);
+
 IdemStoreResult
 idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
 				  IdemStoreWait wait)
+{
+	if (unlikely(store->sql))
+		return store_sql_insert(store, values, isnull, wait);
+	return store_insert_direct(store, values, isnull, wait);
+}
+
+static inline IdemStoreResult
+store_insert_direct(IdemStore *store, Datum *values, bool *isnull,
+					IdemStoreWait wait)
 {
 	TupleDesc	tupdesc = RelationGetDescr(store->rel);
 	TupleTableSlot *slot = store_write_slot(store);
@@ -984,6 +1107,9 @@ idem_store_lookup(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait,
 	TupleTableSlot *slot = store->probe_slot;
 	Datum		pair[STORE_NKEYS];
 
+	if (unlikely(store->sql))
+		return store_sql_lookup(store, store_key_pair(store, pair, ns, key),
+								values, isnull);
 	found = store_probe(store, store_key_pair(store, pair, ns, key), wait);
 	if (found == PROBE_ABSENT)
 		return IDEM_STORE_ABSENT;
@@ -1003,6 +1129,12 @@ idem_store_lookup(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait,
 bool
 idem_store_delete(IdemStore *store, Datum ns, Datum key)
 {
+	if (unlikely(store->sql))
+	{
+		Datum		pair[STORE_NKEYS];
+
+		return store_sql_delete(store, store_key_pair(store, pair, ns, key));
+	}
 	for (;;)
 	{
 		ItemPointerData tid;
@@ -1134,7 +1266,11 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 			 void *arg, IdemStoreWait wait, ItemPointer latest)
 {
 	TupleDesc	tupdesc = RelationGetDescr(store->rel);
-	TupleTableSlot *slot = store_write_slot(store);
+	TupleTableSlot *slot;
+
+	if (unlikely(store->sql))
+		return store_sql_update(store, keys, fn, arg, wait);
+	slot = store_write_slot(store);
 
 	for (;;)
 	{
@@ -1311,11 +1447,15 @@ idem_store_try_update_at(IdemStore *store, ItemPointer tid, Datum *values,
 						 bool *isnull, IdemStoreUpdateFn fn, void *arg)
 {
 	TupleDesc	tupdesc = RelationGetDescr(store->rel);
-	TupleTableSlot *slot = store_write_slot(store);
+	TupleTableSlot *slot;
 	TM_FailureData tmfd;
 	TM_Result	result;
 	LockTupleMode lockmode;
 	bool		update_indexes = false;
+
+	if (unlikely(store->sql))
+		store_sql_unsupported(store, "an update at a known place");
+	slot = store_write_slot(store);
 
 	ExecClearTuple(slot);
 	memcpy(slot->tts_values, values, sizeof(Datum) * tupdesc->natts);
@@ -1387,6 +1527,8 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 	TupleTableSlot *slot = store->probe_slot;
 	bool		found;
 
+	if (unlikely(store->sql))
+		return store_sql_read(store, keys, values, isnull);
 	store_scankeys(store, skeys, keys);
 	if (ItemPointerIsValid(&store->hint) &&
 		store_fetch_hint(store, SnapshotSelf, skeys, slot))
@@ -1404,4 +1546,388 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 	index_endscan(scan);
 	ExecClearTuple(slot);
 	return found;
+}
+
+/*
+ * ---- The path through SQL, for a table distributed by Citus ----
+ *
+ * Each call is one statement (two for an update) that names the key by its
+ * columns, so that Citus routes it to the key's shard.  The statements do
+ * what the direct path does by hand: INSERT ... ON CONFLICT DO NOTHING waits
+ * for an in-flight holder of the key as the unique index would, SELECT ...
+ * FOR UPDATE judges the latest version of a row.  Without waiting, an
+ * in-flight holder is found by a lock timeout of one millisecond (set for
+ * the statement only, on every node it reaches): the holder is then
+ * reported in flight, as the direct path reports it.
+ */
+
+/*
+ * The statements run as the table's owner, as the direct path reaches the
+ * table whatever the caller's privileges (the caller needs none on idem's
+ * tables), in a connection to SPI of their own.
+ */
+typedef struct StoreSqlUser
+{
+	Oid			userid;
+	int			sec_context;
+} StoreSqlUser;
+
+static void
+store_sql_begin(IdemStore *store, StoreSqlUser *su)
+{
+	GetUserIdAndSecContext(&su->userid, &su->sec_context);
+	SetUserIdAndSecContext(store->rel->rd_rel->relowner,
+						   su->sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_NOFORCE_RLS);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+}
+
+static void
+store_sql_end(StoreSqlUser *su)
+{
+	SPI_finish();
+	SetUserIdAndSecContext(su->userid, su->sec_context);
+}
+
+/* "idem"."relname" */
+static char *
+store_sql_relname(IdemStore *store)
+{
+	return quote_qualified_identifier(IDEM_SCHEMA,
+									  RelationGetRelationName(store->rel));
+}
+
+static const char *
+store_sql_column(IdemStore *store, int i)
+{
+	return quote_identifier(NameStr(TupleDescAttr(RelationGetDescr(store->rel),
+												  i)->attname));
+}
+
+/* " WHERE k1 = $1 AND k2 = $2 ..." for the key columns */
+static void
+store_sql_where(IdemStore *store, StringInfo buf)
+{
+	int			i;
+
+	for (i = 0; i < store->nkeys; i++)
+		appendStringInfo(buf, "%s %s OPERATOR(pg_catalog.=) $%d",
+						 i == 0 ? " WHERE" : " AND",
+						 store_sql_column(store, i), i + 1);
+}
+
+static void
+store_sql_argtypes(IdemStore *store, Oid *types, int n)
+{
+	TupleDesc	tupdesc = RelationGetDescr(store->rel);
+	int			i;
+
+	for (i = 0; i < n; i++)
+		types[i] = TupleDescAttr(tupdesc, i)->atttypid;
+}
+
+static void
+store_sql_nulls(const bool *isnull, char *nulls, int n)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+		nulls[i] = (isnull != NULL && isnull[i]) ? 'n' : ' ';
+	nulls[n] = '\0';
+}
+
+static void
+store_sql_check(int rc, int expected, const char *what)
+{
+	if (rc != expected)
+		elog(ERROR, "SPI_execute_with_args failed on %s: %s", what,
+			 SPI_result_code_string(rc));
+}
+
+/* The row of the last SELECT into values and isnull, in cxt. */
+static void
+store_sql_copy_row(IdemStore *store, MemoryContext cxt, Datum *values,
+				   bool *isnull)
+{
+	TupleDesc	tupdesc = RelationGetDescr(store->rel);
+	MemoryContext oldcxt = MemoryContextSwitchTo(cxt);
+	HeapTuple	tup = SPI_copytuple(SPI_tuptable->vals[0]);
+
+	if (SPI_tuptable->tupdesc->natts != tupdesc->natts)
+		elog(ERROR, "unexpected row shape reading \"%s\"",
+			 RelationGetRelationName(store->rel));
+	heap_deform_tuple(tup, SPI_tuptable->tupdesc, values, isnull);
+	MemoryContextSwitchTo(oldcxt);
+}
+
+/*
+ * Run fn with the lock timeout at one millisecond on every node the
+ * statements reach, in a subtransaction: true when it ran, false when a lock
+ * was not available (another transaction holds the key); any other error is
+ * raised again.
+ */
+typedef void (*StoreSqlFn) (IdemStore *store, void *arg);
+
+static bool
+store_sql_nowait(IdemStore *store, StoreSqlFn fn, void *arg)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	char	   *old_timeout = pstrdup(GetConfigOption("lock_timeout", false,
+													  false));
+	const char *old_propagate = GetConfigOption("citus.propagate_set_commands",
+												true, false);
+	bool		ran = true;
+
+	if (old_propagate != NULL)
+		old_propagate = pstrdup(old_propagate);
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		StringInfoData buf;
+
+		/* SET LOCAL reaches the nodes Citus talks to in this transaction */
+		SPI_execute("SELECT pg_catalog.set_config('citus.propagate_set_commands', 'local', true)",
+					false, 0);
+		SPI_execute("SET LOCAL lock_timeout = 1", false, 0);
+		fn(store, arg);
+		initStringInfo(&buf);
+		appendStringInfo(&buf, "SET LOCAL lock_timeout = %s",
+						 quote_literal_cstr(old_timeout));
+		SPI_execute(buf.data, false, 0);
+		if (old_propagate != NULL)
+			(void) set_config_option("citus.propagate_set_commands",
+									 old_propagate, PGC_USERSET,
+									 PGC_S_SESSION, GUC_ACTION_LOCAL, true,
+									 0, false);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(edata);
+		FreeErrorData(edata);
+		ran = false;
+	}
+	PG_END_TRY();
+	return ran;
+}
+
+typedef struct StoreSqlInsert
+{
+	Datum	   *values;
+	bool	   *isnull;
+	bool		inserted;
+} StoreSqlInsert;
+
+static void
+store_sql_insert_stmt(IdemStore *store, void *arg)
+{
+	StoreSqlInsert *a = (StoreSqlInsert *) arg;
+	int			natts = RelationGetDescr(store->rel)->natts;
+	Oid		   *types = palloc(natts * sizeof(Oid));
+	char	   *nulls = palloc(natts + 1);
+	StringInfoData buf;
+	int			i;
+	int			rc;
+
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "INSERT INTO %s (", store_sql_relname(store));
+	for (i = 0; i < natts; i++)
+		appendStringInfo(&buf, "%s%s", i ? ", " : "", store_sql_column(store, i));
+	appendStringInfoString(&buf, ") VALUES (");
+	for (i = 0; i < natts; i++)
+		appendStringInfo(&buf, "%s$%d", i ? ", " : "", i + 1);
+	appendStringInfoString(&buf, ") ON CONFLICT DO NOTHING");
+	store_sql_argtypes(store, types, natts);
+	store_sql_nulls(a->isnull, nulls, natts);
+	rc = SPI_execute_with_args(buf.data, natts, types, a->values, nulls,
+							   false, 0);
+	store_sql_check(rc, SPI_OK_INSERT, "insert");
+	a->inserted = (SPI_processed == 1);
+}
+
+static IdemStoreResult
+store_sql_insert(IdemStore *store, Datum *values, bool *isnull,
+				 IdemStoreWait wait)
+{
+	StoreSqlUser su;
+	StoreSqlInsert a = {values, isnull, false};
+	bool		ran = true;
+
+	store_sql_begin(store, &su);
+	if (wait == IDEM_WAIT)
+		store_sql_insert_stmt(store, &a);
+	else
+		ran = store_sql_nowait(store, store_sql_insert_stmt, &a);
+	store_sql_end(&su);
+	if (!ran)
+		return IDEM_STORE_IN_FLIGHT;
+	return a.inserted ? IDEM_STORE_INSERTED : IDEM_STORE_EXISTS;
+}
+
+/* SELECT * of the row with the key; FOR UPDATE when lock is set. */
+static bool
+store_sql_select(IdemStore *store, const Datum *keys, const char *lock,
+				 MemoryContext cxt, Datum *values, bool *isnull)
+{
+	Oid			types[STORE_MAX_KEYS];
+	StringInfoData buf;
+	int			rc;
+
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "SELECT * FROM %s", store_sql_relname(store));
+	store_sql_where(store, &buf);
+	if (lock)
+		appendStringInfo(&buf, " %s", lock);
+	store_sql_argtypes(store, types, store->nkeys);
+	rc = SPI_execute_with_args(buf.data, store->nkeys, types,
+							   (Datum *) keys, NULL, false, 0);
+	store_sql_check(rc, SPI_OK_SELECT, "select");
+	if (SPI_processed == 0)
+		return false;
+	if (values != NULL)
+		store_sql_copy_row(store, cxt, values, isnull);
+	return true;
+}
+
+static IdemStoreResult
+store_sql_lookup(IdemStore *store, const Datum *keys, Datum *values,
+				 bool *isnull)
+{
+	StoreSqlUser su;
+	MemoryContext cxt = CurrentMemoryContext;
+	bool		found;
+
+	store_sql_begin(store, &su);
+	found = store_sql_select(store, keys, NULL, cxt, values, isnull);
+	store_sql_end(&su);
+	return found ? IDEM_STORE_EXISTS : IDEM_STORE_ABSENT;
+}
+
+static bool
+store_sql_delete(IdemStore *store, const Datum *keys)
+{
+	StoreSqlUser su;
+	Oid			types[STORE_MAX_KEYS];
+	StringInfoData buf;
+	int			rc;
+	bool		deleted;
+
+	store_sql_begin(store, &su);
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "DELETE FROM %s", store_sql_relname(store));
+	store_sql_where(store, &buf);
+	store_sql_argtypes(store, types, store->nkeys);
+	rc = SPI_execute_with_args(buf.data, store->nkeys, types,
+							   (Datum *) keys, NULL, false, 0);
+	store_sql_check(rc, SPI_OK_DELETE, "delete");
+	deleted = (SPI_processed > 0);
+	store_sql_end(&su);
+	return deleted;
+}
+
+typedef struct StoreSqlUpdate
+{
+	const Datum *keys;
+	IdemStoreUpdateFn fn;
+	void	   *fnarg;
+	MemoryContext cxt;
+	IdemStoreUpdateResult result;
+} StoreSqlUpdate;
+
+static void
+store_sql_update_stmt(IdemStore *store, void *arg)
+{
+	StoreSqlUpdate *a = (StoreSqlUpdate *) arg;
+	TupleDesc	tupdesc = RelationGetDescr(store->rel);
+	int			natts = tupdesc->natts;
+	Datum	   *values = palloc(natts * sizeof(Datum));
+	bool	   *isnull = palloc(natts * sizeof(bool));
+	Oid		   *types = palloc(natts * sizeof(Oid));
+	char	   *nulls = palloc(natts + 1);
+	MemoryContext oldcxt;
+	StringInfoData buf;
+	bool		changed;
+	int			i;
+	int			rc;
+
+	if (!store_sql_select(store, a->keys, "FOR UPDATE", a->cxt, values,
+						  isnull))
+	{
+		a->result = IDEM_UPDATE_ABSENT;
+		return;
+	}
+	/* fn works in the caller's memory, as on the direct path */
+	oldcxt = MemoryContextSwitchTo(a->cxt);
+	changed = a->fn(tupdesc, values, isnull, a->fnarg);
+	MemoryContextSwitchTo(oldcxt);
+	if (!changed)
+	{
+		a->result = IDEM_UPDATE_DECLINED;
+		return;
+	}
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "UPDATE %s SET", store_sql_relname(store));
+	for (i = store->nkeys; i < natts; i++)
+		appendStringInfo(&buf, "%s %s = $%d", i > store->nkeys ? "," : "",
+						 store_sql_column(store, i), i + 1);
+	store_sql_where(store, &buf);
+	store_sql_argtypes(store, types, natts);
+	for (i = 0; i < store->nkeys; i++)
+	{
+		values[i] = a->keys[i];
+		isnull[i] = false;
+	}
+	store_sql_nulls(isnull, nulls, natts);
+	rc = SPI_execute_with_args(buf.data, natts, types, values, nulls,
+							   false, 0);
+	store_sql_check(rc, SPI_OK_UPDATE, "update");
+	a->result = SPI_processed > 0 ? IDEM_UPDATE_DONE : IDEM_UPDATE_ABSENT;
+}
+
+static IdemStoreUpdateResult
+store_sql_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
+				 void *arg, IdemStoreWait wait)
+{
+	StoreSqlUser su;
+	StoreSqlUpdate a = {keys, fn, arg, CurrentMemoryContext, IDEM_UPDATE_ABSENT};
+	bool		ran = true;
+
+	store_sql_begin(store, &su);
+	if (wait == IDEM_WAIT)
+		store_sql_update_stmt(store, &a);
+	else
+		ran = store_sql_nowait(store, store_sql_update_stmt, &a);
+	store_sql_end(&su);
+	return ran ? a.result : IDEM_UPDATE_BUSY;
+}
+
+static bool
+store_sql_read(IdemStore *store, const Datum *keys, Datum *values,
+			   bool *isnull)
+{
+	return store_sql_lookup(store, keys, values, isnull) == IDEM_STORE_EXISTS;
+}
+
+static void
+store_sql_unsupported(IdemStore *store, const char *what)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("%s is not supported on distributed table \"%s.%s\"", what,
+					IDEM_SCHEMA, RelationGetRelationName(store->rel))));
 }

@@ -1,0 +1,300 @@
+
+# Copyright (c) idem contributors
+#
+# idem on a Citus cluster: a coordinator and two workers (a third joins for
+# a rebalance), all on Unix sockets.  idem_distribute() distributes the
+# keyed tables; claims, batches, try-claims, tokens and request keys then
+# answer as on one server, through the coordinator and through a worker;
+# a rollback releases; two sessions on different nodes race on one key; a
+# transaction touching keys on two workers aborts; shards move to a third
+# worker while claims stream in, none lost or given twice; DROP EXTENSION
+# cleans every node.  Run by "scripts/test.sh citus".
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::RealBin/..";
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest;
+
+sub citus_node
+{
+	my ($name) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	$node->init(extra => [ '--locale=C.UTF-8', '--encoding=UTF8' ]);
+	my $host = $node->host;
+	$node->append_conf(
+		'postgresql.conf', qq{
+shared_preload_libraries = 'citus'
+wal_level = logical
+max_prepared_transactions = 20
+max_worker_processes = 16
+max_wal_senders = 10
+max_replication_slots = 10
+citus.local_hostname = '$host'
+citus.node_conninfo = 'sslmode=disable'
+citus.shard_count = 4
+citus.background_task_queue_interval = '100ms'
+});
+	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION citus');
+	return $node;
+}
+
+my $coord = citus_node('coord');
+my $w1    = citus_node('w1');
+my $w2    = citus_node('w2');
+my $w3    = citus_node('w3');
+
+$coord->safe_psql('postgres',
+	"SELECT citus_set_coordinator_host('" . $coord->host . "', " . $coord->port . ")");
+for my $w ($w1, $w2)
+{
+	$coord->safe_psql('postgres',
+		"SELECT citus_add_node('" . $w->host . "', " . $w->port . ")");
+}
+$coord->safe_psql('postgres', 'CREATE EXTENSION idem');
+
+# without distribution, the direct path; on a worker, a clear refusal
+is(sqlstate_of($w1, 'postgres', 'SELECT idem_distribute()'),
+	'55000', 'idem_distribute() on a worker: 55000');
+is( $coord->safe_psql('postgres',
+		"SELECT has_function_privilege('public', 'idem_distribute()', 'EXECUTE')"),
+	'f', 'idem_distribute() is not granted to PUBLIC');
+
+my $dist = $coord->safe_psql('postgres', 'SELECT idem_distribute()');
+like($dist, qr/^idem\.claims$/m,        'claims distributed');
+like($dist, qr/^idem\.tokens$/m,        'tokens distributed');
+like($dist, qr/^idem\.requests$/m,      'request keys distributed');
+like($dist, qr/^idem\.offsets$/m,       'offsets distributed');
+like($dist, qr/^idem\.producer_seqs$/m, 'producer sequences distributed');
+like($dist, qr/^public\.idem_claim\(text,text\)$/m, 'idem_claim routed');
+is($coord->safe_psql('postgres', 'SELECT idem_distribute()'),
+	$dist, 'idem_distribute() is repeatable');
+is( $coord->safe_psql(
+		'postgres', q{
+	SELECT count(*) FROM pg_dist_partition
+	 WHERE logicalrelid::text IN ('idem.claims', 'idem.requests', 'idem.offsets',
+	                              'idem.producer_seqs', 'idem.tokens')}),
+	'5', 'five keyed tables in pg_dist_partition');
+is( $coord->safe_psql(
+		'postgres', q{
+	SELECT count(DISTINCT colocationid) FROM pg_dist_partition
+	 WHERE logicalrelid::text IN ('idem.claims', 'idem.requests', 'idem.offsets',
+	                              'idem.producer_seqs')}),
+	'1', 'the text-keyed tables are colocated');
+
+# claims through the coordinator and through the workers
+is($coord->safe_psql('postgres', "SELECT idem_claim('c-1')"), 't', 'claim through the coordinator');
+is($coord->safe_psql('postgres', "SELECT idem_claim('c-1')"), 'f', 'duplicate through the coordinator');
+is($w1->safe_psql('postgres', "SELECT idem_claim('c-1')"), 'f', 'duplicate through worker 1');
+is($w2->safe_psql('postgres', "SELECT idem_claim('c-1')"), 'f', 'duplicate through worker 2');
+is($w1->safe_psql('postgres', "SELECT idem_claim('c-2')"), 't', 'claim through a worker');
+is($coord->safe_psql('postgres', "SELECT idem_claim('c-2')"), 'f', 'seen by the coordinator');
+is( $coord->safe_psql('postgres',
+		"SELECT idem_try_claim('c-3'), idem_try_claim('c-3'), idem_try_claim('c-1')"),
+	'claimed|duplicate|duplicate', 'try-claims through the coordinator');
+is($w2->safe_psql('postgres', "SELECT idem_try_claim('c-3', 'other')"),
+	'claimed', 'namespaces apart through a worker');
+is( $w2->safe_psql('postgres',
+		"SELECT idem_claim_batch(ARRAY['b-1', 'c-1', 'b-2', 'b-1', 'c-3'])"),
+	'{t,f,t,f,f}', 'a batch through a worker');
+is( $coord->safe_psql('postgres',
+		"SELECT idem_claim_batch(ARRAY['b-2', 'b-3'])"),
+	'{f,t}', 'a batch through the coordinator');
+is( $w1->safe_psql('postgres',
+		"SELECT idem_claim_info('b-3') IS NOT NULL, idem_claim_info('b-4') IS NULL"),
+	't|t', 'claim info through a worker');
+is( $coord->safe_psql(
+		'postgres', q{
+	BEGIN;
+	SELECT idem_claim('t-1'), idem_claim('t-2'), idem_claim('t-1'), idem_try_claim('t-3');
+	COMMIT}),
+	't|t|f|claimed', 'claims inside a transaction block');
+is($w1->safe_psql('postgres', "SELECT idem_release('c-2')"), 't', 'release through a worker');
+is($coord->safe_psql('postgres', "SELECT idem_claim('c-2')"), 't', 'claimed again after the release');
+
+# the rows are in the shards, none in the shells
+is($coord->safe_psql('postgres', 'SELECT count(*) FROM idem.claims'),
+	'10', 'every claim is in a shard');
+for my $n ($coord, $w1, $w2)
+{
+	is($n->safe_psql('postgres', "SELECT pg_relation_size('idem.claims')"),
+		'0', 'the shell of the claims is empty on ' . $n->name);
+}
+
+# rollback releases, through the coordinator and through a worker
+$coord->safe_psql('postgres', "BEGIN; SELECT idem_claim('r-1'); ROLLBACK");
+$w2->safe_psql('postgres', "BEGIN; SELECT idem_claim('r-2'); ROLLBACK");
+is( $w1->safe_psql('postgres', "SELECT idem_claim('r-1'), idem_claim('r-2')"),
+	't|t', 'rolled back claims are free');
+
+# tokens
+my $token = $coord->safe_psql('postgres', "SELECT idem_token_issue('pay')");
+is($w1->safe_psql('postgres', "SELECT idem_token_status('$token', 'pay')"),
+	'valid', 'token issued through the coordinator, valid on a worker');
+$w2->safe_psql('postgres',
+	"BEGIN; SELECT idem_token_consume('$token', 'pay'); ROLLBACK");
+is($w2->safe_psql('postgres', "SELECT idem_token_consume('$token', 'pay')"),
+	't', 'consumed through a worker after a rolled back consumption');
+is($coord->safe_psql('postgres', "SELECT idem_token_consume('$token', 'pay')"),
+	'f', 'consumed once only');
+is($w1->safe_psql('postgres', "SELECT idem_token_status('$token', 'pay')"),
+	'consumed', 'status consumed');
+is($w1->safe_psql('postgres', "SELECT idem_token_consume('$token', 'other')"),
+	'f', 'another scope does not know it');
+
+# request keys, in one transaction each
+like( $coord->safe_psql(
+		'postgres', q{
+	BEGIN;
+	SELECT status FROM idem_request_begin('q-1', 'fp');
+	SELECT idem_request_finish('q-1', 201, '{"id": 1}');
+	COMMIT}),
+	qr/^new\n/, 'request begun and finished through the coordinator');
+# the request retention is a setting of each node: set on every node
+$coord->safe_psql('postgres',
+	"SELECT run_command_on_all_nodes(\$\$SELECT idem_request_set_retention('short', '1 minute')\$\$)");
+like( $w1->safe_psql(
+		'postgres', q{
+	BEGIN;
+	SELECT status FROM idem_request_begin('q-2', 'fp', 'short');
+	SELECT idem_request_finish('q-2', 200, NULL, 'short');
+	COMMIT;
+	SELECT expires_at - finished_at FROM idem.requests WHERE key = 'q-2'}),
+	qr/^new\n.*^00:01:00$/ms, 'the retention set on every node holds on a worker');
+is( $w2->safe_psql('postgres',
+		"SELECT status, response_code, response_body FROM idem_request_begin('q-1', 'fp')"),
+	'replay|201|{"id": 1}', 'replayed through a worker');
+is( $w1->safe_psql('postgres',
+		"SELECT status FROM idem_request_begin('q-1', 'other')"),
+	'mismatch', 'mismatch through a worker');
+
+# offsets and producer sequences
+is( $coord->safe_psql('postgres',
+		"SELECT idem_offset_advance('cons', 's', 0, 5), idem_offset_advance('cons', 's', 0, 5)"),
+	't|f', 'offsets through the coordinator');
+is($w1->safe_psql('postgres', "SELECT idem_offset_get('cons', 's', 0)"),
+	'5', 'offset read through a worker');
+is( $w2->safe_psql('postgres',
+		"SELECT idem_seq_accept('prod', 1), idem_seq_accept('prod', 1)"),
+	'accepted|duplicate', 'producer sequence through a worker');
+
+# two sessions on different nodes race on one key: the second waits for the
+# first, or reports it in flight; abort and commit of the first
+for my $end ('ROLLBACK', 'COMMIT')
+{
+	my $key = "race-$end";
+	my $a = IdemTest::Session->new($coord, 'postgres');
+	my $b = IdemTest::Session->new($w2, 'postgres');
+	is($a->query("BEGIN; SELECT idem_claim('$key');"), 't', "first session claims ($end)");
+	is($b->query("SELECT idem_try_claim('$key');"),
+		'in_flight', "try-claim on another node: in flight ($end)");
+	$b->{in} .= "SELECT idem_claim('$key');\n";
+	$b->{h}->pump_nb;
+	$a->query("$end;");
+	is($b->query("SELECT 'done';"),
+		($end eq 'COMMIT' ? "f\ndone" : "t\ndone"),
+		"the waiting claim on another node follows the first's $end");
+	$a->close;
+	$b->close;
+}
+
+# a transaction touching keys on two workers, which aborts, then commits
+my $keys = $coord->safe_psql(
+	'postgres', q{
+	SELECT string_agg(k, ',') FROM (
+	  SELECT DISTINCT ON (p.nodeport) 'x-' || i AS k
+	    FROM generate_series(1, 100) i,
+	         LATERAL (SELECT nodeport FROM pg_dist_shard_placement
+	                   WHERE shardid = get_shard_id_for_distribution_column('idem.claims', 'x-' || i)) p
+	   ORDER BY p.nodeport, i) s});
+my ($k1, $k2) = split /,/, $keys;
+ok(defined $k2, 'two keys on two workers');
+my $sess = IdemTest::Session->new($coord, 'postgres');
+is( $sess->query(
+		"BEGIN; SELECT idem_claim('$k1'), idem_claim('$k2'), idem_try_claim('$k1');"),
+	't|t|duplicate', 'claims on two workers in one transaction');
+$sess->query('ROLLBACK;');
+is( $coord->safe_psql('postgres',
+		"SELECT idem_claim_info('$k1') IS NULL AND idem_claim_info('$k2') IS NULL"),
+	't', 'the aborted transaction left no claim on either worker');
+is( $sess->query(
+		"BEGIN; SELECT idem_claim('$k1'), idem_claim('$k2'); SELECT 1/0;"),
+	undef, 'a transaction on two workers fails');
+$sess->close;
+$sess = IdemTest::Session->new($coord, 'postgres');
+is( $sess->query("BEGIN; SELECT idem_claim('$k1'), idem_claim('$k2'); COMMIT;"),
+	't|t', 'committed on two workers');
+$sess->close;
+is( $w1->safe_psql('postgres', "SELECT idem_claim('$k1'), idem_claim('$k2')"),
+	'f|f', 'both claims of the committed transaction hold');
+
+# a rebalance onto a third worker while claims stream in
+my $n      = 2000;
+my $dir    = $PostgreSQL::Test::Utils::tmp_check;
+append_to_file("$dir/stream.sql",
+	join('', map { "SELECT idem_claim('s-$_');\n" } 1 .. $n));
+my $stream = IPC::Run::start(
+	[ 'psql', '-XAtq', '-f', "$dir/stream.sql", '-d', $coord->connstr('postgres') ],
+	'>', "$dir/stream.out", '2>', "$dir/stream.err");
+$coord->poll_query_until('postgres',
+	"SELECT count(*) >= 200 FROM idem.claims WHERE msg_id LIKE 's-%'")
+  or die 'the stream of claims did not start';
+$coord->safe_psql('postgres',
+	"SELECT citus_add_node('" . $w3->host . "', " . $w3->port . ")");
+$coord->safe_psql('postgres',
+	"SELECT rebalance_table_shards(shard_transfer_mode := 'block_writes')");
+note 'claims of the stream when the rebalance ended: '
+  . $coord->safe_psql('postgres',
+	"SELECT count(*) FROM idem.claims WHERE msg_id LIKE 's-%'") . " of $n";
+$stream->finish;
+is(slurp_file("$dir/stream.err"), '', 'the stream of claims saw no error');
+my @res = split /\n/, slurp_file("$dir/stream.out");
+is(scalar(@res), $n, 'every claim of the stream answered');
+is(scalar(grep { $_ ne 't' } @res), 0, 'every claim of the stream was new');
+ok( $coord->safe_psql(
+		'postgres', q{
+	SELECT count(*) > 0 FROM pg_dist_shard_placement p JOIN pg_dist_shard s USING (shardid)
+	 WHERE s.logicalrelid = 'idem.claims'::regclass AND p.nodeport = } . $w3->port),
+	'shards of the claims moved to the third worker');
+is( $coord->safe_psql('postgres',
+		"SELECT count(*) FROM idem.claims WHERE msg_id LIKE 's-%'"),
+	$n, 'no claim of the stream lost');
+is( $w3->safe_psql('postgres',
+		"SELECT count(*) FROM generate_series(1, $n) i WHERE idem_claim('s-' || i)"),
+	'0', 'none given twice, through the third worker');
+
+# the guard refuses a distributed business table, clearly
+$coord->safe_psql(
+	'postgres', q{
+	CREATE TABLE orders (id int PRIMARY KEY, state text NOT NULL, version int8 NOT NULL DEFAULT 0);
+	SELECT create_distributed_table('orders', 'id');
+	INSERT INTO orders VALUES (1, 'new', 0);
+	SELECT idem_allow('ord', 'new', 'paid')});
+is(sqlstate_of($coord, 'postgres', "SELECT idem_guard('orders', 'ord', 'state', 'version')"),
+	'0A000', 'idem_guard on a distributed table: 0A000');
+is(sqlstate_of($coord, 'postgres', "SELECT idem_transition('orders', '1', 'paid')"),
+	'0A000', 'idem_transition on a distributed table: 0A000');
+is($coord->safe_psql('postgres', 'SELECT state FROM orders'), 'new', 'the row is untouched');
+
+# DROP EXTENSION cleans every node (once the shards a move left behind are
+# dropped, as Citus does in the background)
+$coord->safe_psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
+$coord->safe_psql('postgres', 'DROP EXTENSION idem');
+for my $node ($coord, $w1, $w2, $w3)
+{
+	is( $node->safe_psql(
+			'postgres', q{
+		SELECT (SELECT count(*) FROM pg_extension WHERE extname = 'idem')
+		     + (SELECT count(*) FROM pg_namespace WHERE nspname = 'idem')
+		     + (SELECT count(*) FROM pg_class WHERE relname ~ '^(claims|tokens|requests|offsets|producer_seqs)(_[0-9]+)?$')}),
+		'0', 'nothing of idem left on ' . $node->name);
+}
+
+$_->stop for ($coord, $w1, $w2, $w3);
+done_testing();
