@@ -25,6 +25,10 @@ work=$(copy_tree "$here")
 # when missing (3 to 6 minutes on 2 cores).  Sets citus_missing to why it
 # could not be had.  A lock keeps two runs from building at once.
 SYS_PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
+# Without CITUS_SOURCE, the tarball kept beside the repository, if any.
+if [ -z "${CITUS_SOURCE:-}" ]; then
+    CITUS_SOURCE=$(ls "$here"/../shared/vendor/citus/citus-*.tar.gz 2>/dev/null | head -n 1)
+fi
 citus_missing=
 citus_installed() {
     [ -f "$($SYS_PG_CONFIG --pkglibdir)/citus.so" ] &&
