@@ -25,6 +25,7 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/objectaddress.h"
+#include "catalog/partition.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_extension.h"
@@ -71,6 +72,85 @@ static const char *const transition_result_labels[] = {
  * idem_transition
  * ----------------------------------------------------------------
  */
+
+/*
+ * How the direct path finds the row of a key in the table it updates: the
+ * index, its key columns in that table (in the order of the key's values)
+ * and their equality functions and collations.  For a table, its primary
+ * key; for a partition reached through its partitioned table, the partition
+ * of the partitioned table's primary key, whose columns may have other
+ * numbers than in the partitioned table.
+ */
+typedef struct KeyLookup
+{
+	Oid			index;
+	int			natts;
+	AttrNumber	attnums[INDEX_MAX_KEYS];
+	const Oid  *collations;
+	FmgrInfo   *eq;
+} KeyLookup;
+
+static void
+key_lookup_own(KeyLookup *key, GuardEntry *entry)
+{
+	key->index = entry->key_index;
+	key->natts = entry->key_natts;
+	memcpy(key->attnums, entry->key_attnums, entry->key_natts * sizeof(AttrNumber));
+	key->collations = entry->key_collations;
+	key->eq = entry->key_eq;
+}
+
+/*
+ * The key of a partitioned table's row in the partition it is in: the
+ * partition of the partitioned table's primary key (not the partition's own
+ * primary key, which may have other columns or another order, or not exist),
+ * its columns found by name.  Returns false when that index cannot be
+ * searched with the partitioned table's key values as they are (then the
+ * UPDATE goes through the partitioned table).
+ */
+static bool
+key_lookup_leaf(KeyLookup *key, Relation parent, GuardEntry *entry,
+				Relation leaf)
+{
+	Oid			idxoid = index_get_partition(leaf, entry->key_index);
+	Relation	index;
+	bool		ok = true;
+	int			i;
+
+	if (!OidIsValid(idxoid))
+		return false;
+	index = index_open(idxoid, AccessShareLock);
+	if (!index->rd_index->indisvalid || !index->rd_index->indisunique ||
+		IndexRelationGetNumberOfKeyAttributes(index) != entry->key_natts)
+		ok = false;
+	for (i = 0; ok && i < entry->key_natts; i++)
+	{
+		const char *name = NameStr(TupleDescAttr(RelationGetDescr(parent),
+												 entry->key_attnums[i] - 1)->attname);
+		AttrNumber	attnum = get_attnum(RelationGetRelid(leaf), name);
+
+		if (attnum == InvalidAttrNumber ||
+			index->rd_index->indkey.values[i] != attnum ||
+			index->rd_indcollation[i] != entry->key_collations[i] ||
+			get_opfamily_member(index->rd_opfamily[i],
+								index->rd_opcintype[i],
+								index->rd_opcintype[i],
+								BTEqualStrategyNumber) != entry->key_eqops[i] ||
+			TupleDescAttr(RelationGetDescr(leaf), attnum - 1)->atttypid !=
+			entry->key_types[i])
+			ok = false;
+		else
+			key->attnums[i] = attnum;
+	}
+	index_close(index, AccessShareLock);
+	if (!ok)
+		return false;
+	key->index = idxoid;
+	key->natts = entry->key_natts;
+	key->collations = entry->key_collations;
+	key->eq = entry->key_eq;
+	return true;
+}
 
 /*
  * What idem_transition needs to find a row by its key: the primary key
@@ -427,7 +507,7 @@ guard_alone(TriggerDesc *td, GuardEntry *entry)
  */
 static bool
 apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
-			   EState *estate, TupleTableSlot *slot, Datum *values,
+			   EState *estate, TupleTableSlot *slot, Datum to_state,
 			   TransitionRequest *req)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
@@ -454,7 +534,7 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
 	vals = palloc(desc->natts * sizeof(Datum));
 	nulls = palloc(desc->natts * sizeof(bool));
 	heap_deform_tuple(oldtup, desc, vals, nulls);
-	vals[entry->state_attnum - 1] = values[entry->key_natts];
+	vals[entry->state_attnum - 1] = to_state;
 	nulls[entry->state_attnum - 1] = false;
 	if (entry->version_attnum != InvalidAttrNumber)
 	{
@@ -520,8 +600,8 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
  * row was found; *updated says whether it was written.
  */
 static bool
-run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
-				   GuardEntry *perm_entry, Datum *values,
+run_request_direct(Relation rel, GuardEntry *entry, const KeyLookup *key,
+				   Relation perm_rel, GuardEntry *perm_entry, Datum *values,
 				   TransitionRequest *req, bool *updated)
 {
 	EState	   *estate;
@@ -560,9 +640,9 @@ run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
 	rte->rellockmode = RowExclusiveLock;
 	rte->requiredPerms = ACL_SELECT | ACL_UPDATE;
 	rte->selectedCols = NULL;
-	for (i = 0; i < entry->key_natts; i++)
+	for (i = 0; i < key->natts; i++)
 		rte->selectedCols = bms_add_member(rte->selectedCols,
-										   entry->key_attnums[i] -
+										   key->attnums[i] -
 										   FirstLowInvalidHeapAttributeNumber);
 	rte->updatedCols = bms_make_singleton(entry->state_attnum -
 										  FirstLowInvalidHeapAttributeNumber);
@@ -597,7 +677,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
 	CheckValidResultRel(rri, CMD_UPDATE);
 	ExecOpenIndices(rri, false);
 	for (i = 0; i < rri->ri_NumIndices; i++)
-		if (RelationGetRelid(rri->ri_IndexRelationDescs[i]) == entry->key_index)
+		if (RelationGetRelid(rri->ri_IndexRelationDescs[i]) == key->index)
 			index = rri->ri_IndexRelationDescs[i];
 	if (index == NULL)
 		elog(ERROR, "primary key of table \"%s\" was not opened",
@@ -606,13 +686,13 @@ run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
 	AfterTriggerBeginQuery();
 
 	slot = table_slot_create(rel, &estate->es_tupleTable);
-	for (i = 0; i < entry->key_natts; i++)
+	for (i = 0; i < key->natts; i++)
 		ScanKeyEntryInitializeWithInfo(&skey[i], 0, i + 1,
 									   BTEqualStrategyNumber, InvalidOid,
-									   entry->key_collations[i],
-									   &entry->key_eq[i], values[i]);
-	scan = index_beginscan(rel, index, snapshot, entry->key_natts, 0);
-	index_rescan(scan, skey, entry->key_natts, NULL, 0);
+									   key->collations[i],
+									   &key->eq[i], values[i]);
+	scan = index_beginscan(rel, index, snapshot, key->natts, 0);
+	index_rescan(scan, skey, key->natts, NULL, 0);
 	if (index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		found = true;
@@ -621,7 +701,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
 	index_endscan(scan);
 
 	if (found && guard_alone(rri->ri_TrigDesc, entry) &&
-		apply_unlocked(rel, entry, rri, estate, slot, values, req))
+		apply_unlocked(rel, entry, rri, estate, slot, values[key->natts], req))
 	{
 		applied_unlocked = true;
 		ereport(DEBUG1,
@@ -695,7 +775,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
 			   desc->natts * sizeof(Datum));
 		memcpy(newslot->tts_isnull, slot->tts_isnull,
 			   desc->natts * sizeof(bool));
-		newslot->tts_values[entry->state_attnum - 1] = values[entry->key_natts];
+		newslot->tts_values[entry->state_attnum - 1] = values[key->natts];
 		newslot->tts_isnull[entry->state_attnum - 1] = false;
 		ExecStoreVirtualTuple(newslot);
 		tid = slot->tts_tid;
@@ -1152,18 +1232,19 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 			if (leaf_trigger != NULL && direct_path_ok(leaf))
 			{
 				GuardEntry *leaf_entry = guard_entry_get(leaf, leaf_trigger);
+				KeyLookup	leaf_key;
 				bool		updated;
 
-				guard_prepare_key(leaf_entry, leaf);
-				if (leaf_entry->key_natts == entry->key_natts &&
-					leaf_entry->state_type == entry->state_type)
+				if (leaf_entry->state_type == entry->state_type &&
+					key_lookup_leaf(&leaf_key, rel, entry, leaf))
 				{
 					ereport(DEBUG1,
 							(errmsg_internal("idem_transition updates a row of \"%s\" directly, in partition \"%s\"",
 											 RelationGetRelationName(rel),
 											 RelationGetRelationName(leaf))));
-					found = run_request_direct(leaf, leaf_entry, rel, entry,
-											   values, &req, &updated);
+					found = run_request_direct(leaf, leaf_entry, &leaf_key,
+											   rel, entry, values, &req,
+											   &updated);
 					processed = updated ? 1 : 0;
 					direct_done = true;
 				}
@@ -1177,13 +1258,15 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 	else if (!partitioned && direct_path_ok(rel))
 	{
 		bool		updated;
+		KeyLookup	own_key;
 
 		ereport(DEBUG1,
 				(errmsg_internal("idem_transition updates a row of \"%s\" directly",
 								 RelationGetRelationName(rel))));
 
-		found = run_request_direct(rel, entry, rel, entry, values, &req,
-								   &updated);
+		key_lookup_own(&own_key, entry);
+		found = run_request_direct(rel, entry, &own_key, rel, entry, values,
+								   &req, &updated);
 		processed = updated ? 1 : 0;
 	}
 	else
