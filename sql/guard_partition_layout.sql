@@ -62,3 +62,33 @@ SELECT idem_transition('lay_n', ARRAY['1', '1'], 'paid');
 SELECT idem_transition('lay_n', ARRAY['1', '1'], 'paid');
 SELECT idem_transition('lay_n', ARRAY['1', '3'], 'paid');
 SELECT * FROM lay_n ORDER BY a, b;
+
+-- a BEFORE UPDATE trigger that changes the partition key: the row moves to
+-- another partition, as the UPDATE of the parent moves it
+CREATE TABLE lay_m (region text, id int, state text NOT NULL,
+    v int NOT NULL DEFAULT 0, PRIMARY KEY (region, id)) PARTITION BY LIST (region);
+CREATE TABLE lay_m_eu PARTITION OF lay_m FOR VALUES IN ('eu');
+CREATE TABLE lay_m_arch PARTITION OF lay_m FOR VALUES IN ('archive');
+SELECT idem_guard('lay_m', 'lay', 'state', 'v');
+CREATE FUNCTION lay_arch() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.state = 'paid' THEN
+        NEW.region := 'archive';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER zz_arch BEFORE UPDATE ON lay_m FOR EACH ROW EXECUTE FUNCTION lay_arch();
+INSERT INTO lay_m VALUES ('eu', 1, 'new'), ('eu', 2, 'new');
+UPDATE lay_m SET state = 'paid' WHERE region = 'eu' AND id = 1 AND state = 'new';
+SELECT idem_transition('lay_m', ARRAY['eu', '2'], 'paid', 0);
+SELECT tableoid::regclass, * FROM lay_m ORDER BY id;
+SELECT idem_transition('lay_m', ARRAY['eu', '2'], 'paid', 0);
+SELECT idem_transition('lay_m', ARRAY['archive', '2'], 'paid', 1);
+-- the trigger disabled on the partition: directly again
+ALTER TABLE lay_m_eu DISABLE TRIGGER zz_arch;
+INSERT INTO lay_m VALUES ('eu', 3, 'new');
+SET client_min_messages = debug1;
+SELECT idem_transition('lay_m', ARRAY['eu', '3'], 'paid', 0);
+RESET client_min_messages;
+SELECT tableoid::regclass, * FROM lay_m ORDER BY id;

@@ -488,6 +488,32 @@ guard_alone(TriggerDesc *td, GuardEntry *entry)
 }
 
 /*
+ * Whether a BEFORE ROW UPDATE trigger other than the guard may fire on a
+ * partition.  Such a trigger may change the partition key: the UPDATE of the
+ * partitioned table then moves the row to another partition, which an
+ * update of the partition itself cannot do.  idem_transition then updates
+ * through the partitioned table.
+ */
+static bool
+other_before_row_update(TriggerDesc *td, Oid guard_tgoid)
+{
+	int			i;
+
+	if (td == NULL)
+		return false;
+	for (i = 0; i < td->numtriggers; i++)
+	{
+		Trigger    *t = &td->triggers[i];
+
+		if (TRIGGER_TYPE_MATCHES(t->tgtype, TRIGGER_TYPE_ROW,
+								 TRIGGER_TYPE_BEFORE, TRIGGER_TYPE_UPDATE) &&
+			t->tgoid != guard_tgoid && t->tgenabled != TRIGGER_DISABLED)
+			return true;
+	}
+	return false;
+}
+
+/*
  * The common case of the direct path, without a row lock: the row as the
  * snapshot sees it allows the move, and the update finds it unchanged.  The
  * guard's checks run here rather than through the trigger manager (the guard
@@ -1229,7 +1255,8 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 			Trigger    *leaf_trigger = guard_find_trigger(leaf,
 														  fcinfo->flinfo->fn_oid);
 
-			if (leaf_trigger != NULL && direct_path_ok(leaf))
+			if (leaf_trigger != NULL && direct_path_ok(leaf) &&
+				!other_before_row_update(leaf->trigdesc, leaf_trigger->tgoid))
 			{
 				GuardEntry *leaf_entry = guard_entry_get(leaf, leaf_trigger);
 				KeyLookup	leaf_key;
