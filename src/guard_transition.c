@@ -1082,7 +1082,7 @@ idem_transition_keys(PG_FUNCTION_ARGS)
 	arr = PG_GETARG_ARRAYTYPE_P(1);
 	if (ARR_NDIM(arr) > 1)
 		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
 				 errmsg("key must be a one-dimensional array"),
 				 errdetail("The key has %d dimensions.", ARR_NDIM(arr))));
 	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls,
@@ -1195,9 +1195,12 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 	if (key->nkeys >= 0 && key->nkeys != entry->key_natts)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("key has %d values, but the primary key of table \"%s\" has %d columns",
-						key->nkeys, RelationGetRelationName(rel),
-						entry->key_natts),
+				 errmsg_plural("the key must have %d value, as the primary key of table \"%s\" has %d column",
+							   "the key must have %d values, as the primary key of table \"%s\" has %d columns",
+							   entry->key_natts, entry->key_natts,
+							   RelationGetRelationName(rel), entry->key_natts),
+				 errdetail_plural("The key has %d value.", "The key has %d values.",
+								  key->nkeys, key->nkeys),
 				 errhint("Give one value per column of the primary key, in its order.")));
 	check_outcome_privileges(rel, entry);
 

@@ -611,7 +611,7 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 		   TRIGGER_FOR_UPDATE(trigdata->tg_trigger->tgtype))))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("trigger \"%s\" of table \"%s\" must be BEFORE UPDATE FOR EACH ROW",
+				 errmsg("trigger \"%s\" of table \"%s\" must be BEFORE INSERT OR UPDATE FOR EACH ROW",
 						trigdata->tg_trigger->tgname,
 						RelationGetRelationName(trigdata->tg_relation)),
 				 errdetail("%s() guards every UPDATE of a row, and every INSERT beside it: it cannot fire for DELETE, TRUNCATE or INSERT alone, after the row, for each statement, for some columns only, or under a WHEN condition.",
