@@ -137,7 +137,8 @@ key_lookup_leaf(KeyLookup *key, Relation parent, GuardEntry *entry,
 								index->rd_opcintype[i],
 								BTEqualStrategyNumber) != entry->key_eqops[i] ||
 			TupleDescAttr(RelationGetDescr(leaf), attnum - 1)->atttypid !=
-			entry->key_types[i])
+			TupleDescAttr(RelationGetDescr(parent),
+						  entry->key_attnums[i] - 1)->atttypid)
 			ok = false;
 		else
 			key->attnums[i] = attnum;
@@ -202,8 +203,13 @@ guard_prepare_key(GuardEntry *entry, Relation rel)
 		fmgr_info_cxt(get_opcode(eqop), &entry->key_eq[i], entry->fn_cxt);
 
 		att = TupleDescAttr(RelationGetDescr(rel), entry->key_attnums[i] - 1);
-		entry->key_types[i] = att->atttypid;
-		entry->key_typmods[i] = att->atttypmod;
+		/*
+		 * The key is read as "WHERE key = $1" reads its parameter: of the
+		 * column's base type, without its typmod (no rounding to the
+		 * column's scale, no domain check).
+		 */
+		entry->key_types[i] = getBaseType(att->atttypid);
+		entry->key_typmods[i] = -1;
 		getTypeInputInfo(entry->key_types[i], &infn, &entry->key_ioparams[i]);
 		fmgr_info_cxt(infn, &entry->key_in[i], entry->fn_cxt);
 	}
