@@ -92,3 +92,16 @@ SET client_min_messages = debug1;
 SELECT idem_transition('lay_m', ARRAY['eu', '3'], 'paid', 0);
 RESET client_min_messages;
 SELECT tableoid::regclass, * FROM lay_m ORDER BY id;
+
+-- the guard disabled on the partition that holds the key
+CREATE TABLE lay_u (id int PRIMARY KEY, state text NOT NULL) PARTITION BY RANGE (id);
+CREATE TABLE lay_u1 PARTITION OF lay_u FOR VALUES FROM (0) TO (10);
+CREATE TABLE lay_u2 PARTITION OF lay_u FOR VALUES FROM (10) TO (20);
+SELECT idem_guard('lay_u', 'lay', 'state');
+INSERT INTO lay_u VALUES (1, 'new'), (11, 'new');
+ALTER TABLE lay_u1 DISABLE TRIGGER idem_guard;
+\set VERBOSITY default
+SELECT idem_transition('lay_u', '1', 'paid');
+\set VERBOSITY terse
+SELECT idem_transition('lay_u', '11', 'paid');
+SELECT * FROM lay_u ORDER BY id;

@@ -1264,6 +1264,16 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 			Trigger    *leaf_trigger = guard_find_trigger(leaf,
 														  fcinfo->flinfo->fn_oid);
 
+			if (leaf_trigger != NULL &&
+				leaf_trigger->tgenabled == TRIGGER_DISABLED)
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("the guard of table \"%s\" is disabled",
+								RelationGetRelationName(leaf)),
+						 errdetail("Table \"%s\" is a partition of table \"%s\".",
+								   RelationGetRelationName(leaf),
+								   RelationGetRelationName(rel)),
+						 errhint("Enable trigger \"%s\".", leaf_trigger->tgname)));
 			if (leaf_trigger != NULL && direct_path_ok(leaf) &&
 				!other_before_row_update(leaf->trigdesc, leaf_trigger->tgoid))
 			{
