@@ -123,6 +123,29 @@ INSERT INTO ini_porders VALUES (5, 'new');
 UPDATE ini_porders SET status = 'paid' WHERE id = 5;
 SELECT tableoid::regclass, * FROM ini_porders WHERE id = 5;
 SELECT what FROM ini_audit ORDER BY n;
+-- only a row that leaves its partition is a move: an UPDATE that keeps it in
+-- its partition lets neither a DELETE and INSERT of it, nor the same row in
+-- another table, pass for one
+CREATE TABLE ini_porders2 (LIKE ini_porders INCLUDING ALL) PARTITION BY LIST (status);
+CREATE TABLE porders2_rest PARTITION OF ini_porders2 DEFAULT;
+SELECT idem_guard('ini_porders2', 'order', 'status', 'version');
+BEGIN;
+UPDATE ini_porders SET version = version + 1 WHERE id = 1;
+CREATE TEMP TABLE ini_keep AS SELECT * FROM ini_porders WHERE id = 1;
+DELETE FROM ini_porders WHERE id = 1;
+SELECT err($$INSERT INTO ini_porders SELECT * FROM ini_keep$$);
+ROLLBACK;
+BEGIN;
+UPDATE ini_porders SET version = version + 1 WHERE id = 1;
+SELECT err($$INSERT INTO ini_porders2 SELECT * FROM ini_porders WHERE id = 1$$);
+ROLLBACK;
+-- nor does a move let the same row into another table after it
+BEGIN;
+UPDATE ini_porders SET status = 'paid' WHERE id = 5;
+SELECT err($$INSERT INTO ini_porders2 SELECT * FROM ini_porders WHERE id = 5$$);
+ROLLBACK;
+SELECT tableoid::regclass, * FROM ini_porders ORDER BY id;
+SELECT count(*) FROM ini_porders2;
 
 -- names: states and machines of at most 63 bytes
 SELECT err(format($$SELECT idem_allow('order', %L, 'paid')$$, repeat('s', 64)));
@@ -153,7 +176,7 @@ SELECT machine, initial_states FROM idem_machines WHERE machine IN ('order', 'ot
 RESET ROLE;
 DROP ROLE regress_idem_initial;
 
-DROP TABLE ini_orders, ini_things, ini_legacy, ini_badguard, ini_porders, ini_audit;
+DROP TABLE ini_orders, ini_things, ini_legacy, ini_badguard, ini_porders, ini_porders2, ini_audit;
 DROP FUNCTION audit_row();
 DROP FUNCTION err(text);
 DELETE FROM idem.initial_states;

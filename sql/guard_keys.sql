@@ -93,6 +93,31 @@ SELECT count(*) AS outcomes FROM gk_outcomes;
 SELECT 'num' AS k, id::text, status, version FROM gk_num_alone
 UNION ALL SELECT 'ci', id, status, version FROM gk_ci_alone ORDER BY 1, 2;
 
+-- the key is read as "WHERE key = $1" reads it: not rounded to the column's
+-- scale, not checked against a domain; so it finds what that UPDATE finds,
+-- in both forms of the key
+CREATE TABLE gk_scale (n numeric(5,2) PRIMARY KEY, status text NOT NULL);
+CREATE TABLE gk_scale2 (a int, n numeric(5,2), status text NOT NULL, PRIMARY KEY (a, n));
+CREATE DOMAIN gk_small AS int CHECK (VALUE < 100);
+CREATE TABLE gk_dom (id gk_small PRIMARY KEY, status text NOT NULL);
+SELECT idem_guard('gk_scale', 'gk', 'status'), idem_guard('gk_scale2', 'gk', 'status'),
+       idem_guard('gk_dom', 'gk', 'status');
+INSERT INTO gk_scale VALUES (1.01, 'new');
+INSERT INTO gk_scale2 VALUES (1, 1.01, 'new');
+INSERT INTO gk_dom VALUES (5, 'new');
+WITH u AS (UPDATE gk_scale SET status = 'paid' WHERE n = '1.005' AND status = 'new' RETURNING 1)
+SELECT count(*) AS updated FROM u;
+SELECT idem_transition('gk_scale', '1.005', 'paid');
+SELECT idem_transition('gk_scale2', ARRAY['1', '1.005'], 'paid');
+WITH u AS (UPDATE gk_dom SET status = 'paid' WHERE id = '500' AND status = 'new' RETURNING 1)
+SELECT count(*) AS updated FROM u;
+SELECT idem_transition('gk_dom', '500', 'paid');
+SELECT idem_transition('gk_dom', '5', 'paid');
+SELECT idem_transition('gk_scale', '1.010', 'paid');
+SELECT * FROM gk_scale UNION ALL SELECT n, status FROM gk_scale2;
+DROP TABLE gk_scale, gk_scale2, gk_dom;
+DROP DOMAIN gk_small;
+
 DROP TABLE gk_num_alone, gk_num_locked, gk_num_spi, gk_ci_alone, gk_ci_locked, gk_ci_spi,
            gk_outcomes;
 DROP FUNCTION gk_make(text, text, text), gk_noop(), gk_err(text);

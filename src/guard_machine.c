@@ -825,7 +825,7 @@ guard_definition(Relation rel, Trigger *trigger, bool strict, GuardDef *def,
 	if (!GUARD_TRIGGER_TYPE_OK(trigger->tgtype) || trigger->tgnattr != 0 ||
 		trigger->tgqual != NULL)
 		return guard_problem(problem, ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
-							 psprintf("trigger \"%s\" of table \"%s\" must be BEFORE UPDATE FOR EACH ROW",
+							 psprintf("trigger \"%s\" of table \"%s\" must be BEFORE INSERT OR UPDATE FOR EACH ROW",
 									  trigger->tgname, relname),
 							 psprintf("%s() guards every UPDATE of a row, and every INSERT beside it: it cannot fire for DELETE, TRUNCATE or INSERT alone, after the row, for each statement, for some columns only, or under a WHEN condition.",
 									  GUARD_TRIGGER_FUNC),

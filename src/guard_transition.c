@@ -25,6 +25,7 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/objectaddress.h"
+#include "catalog/partition.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_extension.h"
@@ -71,6 +72,86 @@ static const char *const transition_result_labels[] = {
  * idem_transition
  * ----------------------------------------------------------------
  */
+
+/*
+ * How the direct path finds the row of a key in the table it updates: the
+ * index, its key columns in that table (in the order of the key's values)
+ * and their equality functions and collations.  For a table, its primary
+ * key; for a partition reached through its partitioned table, the partition
+ * of the partitioned table's primary key, whose columns may have other
+ * numbers than in the partitioned table.
+ */
+typedef struct KeyLookup
+{
+	Oid			index;
+	int			natts;
+	AttrNumber	attnums[INDEX_MAX_KEYS];
+	const Oid  *collations;
+	FmgrInfo   *eq;
+} KeyLookup;
+
+static void
+key_lookup_own(KeyLookup *key, GuardEntry *entry)
+{
+	key->index = entry->key_index;
+	key->natts = entry->key_natts;
+	memcpy(key->attnums, entry->key_attnums, entry->key_natts * sizeof(AttrNumber));
+	key->collations = entry->key_collations;
+	key->eq = entry->key_eq;
+}
+
+/*
+ * The key of a partitioned table's row in the partition it is in: the
+ * partition of the partitioned table's primary key (not the partition's own
+ * primary key, which may have other columns or another order, or not exist),
+ * its columns found by name.  Returns false when that index cannot be
+ * searched with the partitioned table's key values as they are (then the
+ * UPDATE goes through the partitioned table).
+ */
+static bool
+key_lookup_leaf(KeyLookup *key, Relation parent, GuardEntry *entry,
+				Relation leaf)
+{
+	Oid			idxoid = index_get_partition(leaf, entry->key_index);
+	Relation	index;
+	bool		ok = true;
+	int			i;
+
+	if (!OidIsValid(idxoid))
+		return false;
+	index = index_open(idxoid, AccessShareLock);
+	if (!index->rd_index->indisvalid || !index->rd_index->indisunique ||
+		IndexRelationGetNumberOfKeyAttributes(index) != entry->key_natts)
+		ok = false;
+	for (i = 0; ok && i < entry->key_natts; i++)
+	{
+		const char *name = NameStr(TupleDescAttr(RelationGetDescr(parent),
+												 entry->key_attnums[i] - 1)->attname);
+		AttrNumber	attnum = get_attnum(RelationGetRelid(leaf), name);
+
+		if (attnum == InvalidAttrNumber ||
+			index->rd_index->indkey.values[i] != attnum ||
+			index->rd_indcollation[i] != entry->key_collations[i] ||
+			get_opfamily_member(index->rd_opfamily[i],
+								index->rd_opcintype[i],
+								index->rd_opcintype[i],
+								BTEqualStrategyNumber) != entry->key_eqops[i] ||
+			TupleDescAttr(RelationGetDescr(leaf), attnum - 1)->atttypid !=
+			TupleDescAttr(RelationGetDescr(parent),
+						  entry->key_attnums[i] - 1)->atttypid)
+			ok = false;
+		else
+			key->attnums[i] = attnum;
+	}
+	index_close(index, AccessShareLock);
+	if (!ok)
+		return false;
+	key->index = idxoid;
+	key->natts = entry->key_natts;
+	key->collations = entry->key_collations;
+	key->eq = entry->key_eq;
+	return true;
+}
 
 /*
  * What idem_transition needs to find a row by its key: the primary key
@@ -122,8 +203,13 @@ guard_prepare_key(GuardEntry *entry, Relation rel)
 		fmgr_info_cxt(get_opcode(eqop), &entry->key_eq[i], entry->fn_cxt);
 
 		att = TupleDescAttr(RelationGetDescr(rel), entry->key_attnums[i] - 1);
-		entry->key_types[i] = att->atttypid;
-		entry->key_typmods[i] = att->atttypmod;
+		/*
+		 * The key is read as "WHERE key = $1" reads its parameter: of the
+		 * column's base type, without its typmod (no rounding to the
+		 * column's scale, no domain check).
+		 */
+		entry->key_types[i] = getBaseType(att->atttypid);
+		entry->key_typmods[i] = -1;
 		getTypeInputInfo(entry->key_types[i], &infn, &entry->key_ioparams[i]);
 		fmgr_info_cxt(infn, &entry->key_in[i], entry->fn_cxt);
 	}
@@ -408,6 +494,32 @@ guard_alone(TriggerDesc *td, GuardEntry *entry)
 }
 
 /*
+ * Whether a BEFORE ROW UPDATE trigger other than the guard may fire on a
+ * partition.  Such a trigger may change the partition key: the UPDATE of the
+ * partitioned table then moves the row to another partition, which an
+ * update of the partition itself cannot do.  idem_transition then updates
+ * through the partitioned table.
+ */
+static bool
+other_before_row_update(TriggerDesc *td, Oid guard_tgoid)
+{
+	int			i;
+
+	if (td == NULL)
+		return false;
+	for (i = 0; i < td->numtriggers; i++)
+	{
+		Trigger    *t = &td->triggers[i];
+
+		if (TRIGGER_TYPE_MATCHES(t->tgtype, TRIGGER_TYPE_ROW,
+								 TRIGGER_TYPE_BEFORE, TRIGGER_TYPE_UPDATE) &&
+			t->tgoid != guard_tgoid && t->tgenabled != TRIGGER_DISABLED)
+			return true;
+	}
+	return false;
+}
+
+/*
  * The common case of the direct path, without a row lock: the row as the
  * snapshot sees it allows the move, and the update finds it unchanged.  The
  * guard's checks run here rather than through the trigger manager (the guard
@@ -427,7 +539,7 @@ guard_alone(TriggerDesc *td, GuardEntry *entry)
  */
 static bool
 apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
-			   EState *estate, TupleTableSlot *slot, Datum *values,
+			   EState *estate, TupleTableSlot *slot, Datum to_state,
 			   TransitionRequest *req)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
@@ -454,7 +566,7 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
 	vals = palloc(desc->natts * sizeof(Datum));
 	nulls = palloc(desc->natts * sizeof(bool));
 	heap_deform_tuple(oldtup, desc, vals, nulls);
-	vals[entry->state_attnum - 1] = values[entry->key_natts];
+	vals[entry->state_attnum - 1] = to_state;
 	nulls[entry->state_attnum - 1] = false;
 	if (entry->version_attnum != InvalidAttrNumber)
 	{
@@ -520,8 +632,8 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
  * row was found; *updated says whether it was written.
  */
 static bool
-run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
-				   GuardEntry *perm_entry, Datum *values,
+run_request_direct(Relation rel, GuardEntry *entry, const KeyLookup *key,
+				   Relation perm_rel, GuardEntry *perm_entry, Datum *values,
 				   TransitionRequest *req, bool *updated)
 {
 	EState	   *estate;
@@ -560,9 +672,9 @@ run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
 	rte->rellockmode = RowExclusiveLock;
 	rte->requiredPerms = ACL_SELECT | ACL_UPDATE;
 	rte->selectedCols = NULL;
-	for (i = 0; i < entry->key_natts; i++)
+	for (i = 0; i < key->natts; i++)
 		rte->selectedCols = bms_add_member(rte->selectedCols,
-										   entry->key_attnums[i] -
+										   key->attnums[i] -
 										   FirstLowInvalidHeapAttributeNumber);
 	rte->updatedCols = bms_make_singleton(entry->state_attnum -
 										  FirstLowInvalidHeapAttributeNumber);
@@ -597,7 +709,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
 	CheckValidResultRel(rri, CMD_UPDATE);
 	ExecOpenIndices(rri, false);
 	for (i = 0; i < rri->ri_NumIndices; i++)
-		if (RelationGetRelid(rri->ri_IndexRelationDescs[i]) == entry->key_index)
+		if (RelationGetRelid(rri->ri_IndexRelationDescs[i]) == key->index)
 			index = rri->ri_IndexRelationDescs[i];
 	if (index == NULL)
 		elog(ERROR, "primary key of table \"%s\" was not opened",
@@ -606,13 +718,13 @@ run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
 	AfterTriggerBeginQuery();
 
 	slot = table_slot_create(rel, &estate->es_tupleTable);
-	for (i = 0; i < entry->key_natts; i++)
+	for (i = 0; i < key->natts; i++)
 		ScanKeyEntryInitializeWithInfo(&skey[i], 0, i + 1,
 									   BTEqualStrategyNumber, InvalidOid,
-									   entry->key_collations[i],
-									   &entry->key_eq[i], values[i]);
-	scan = index_beginscan(rel, index, snapshot, entry->key_natts, 0);
-	index_rescan(scan, skey, entry->key_natts, NULL, 0);
+									   key->collations[i],
+									   &key->eq[i], values[i]);
+	scan = index_beginscan(rel, index, snapshot, key->natts, 0);
+	index_rescan(scan, skey, key->natts, NULL, 0);
 	if (index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
 		found = true;
@@ -621,7 +733,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
 	index_endscan(scan);
 
 	if (found && guard_alone(rri->ri_TrigDesc, entry) &&
-		apply_unlocked(rel, entry, rri, estate, slot, values, req))
+		apply_unlocked(rel, entry, rri, estate, slot, values[key->natts], req))
 	{
 		applied_unlocked = true;
 		ereport(DEBUG1,
@@ -695,7 +807,7 @@ run_request_direct(Relation rel, GuardEntry *entry, Relation perm_rel,
 			   desc->natts * sizeof(Datum));
 		memcpy(newslot->tts_isnull, slot->tts_isnull,
 			   desc->natts * sizeof(bool));
-		newslot->tts_values[entry->state_attnum - 1] = values[entry->key_natts];
+		newslot->tts_values[entry->state_attnum - 1] = values[key->natts];
 		newslot->tts_isnull[entry->state_attnum - 1] = false;
 		ExecStoreVirtualTuple(newslot);
 		tid = slot->tts_tid;
@@ -976,7 +1088,7 @@ idem_transition_keys(PG_FUNCTION_ARGS)
 	arr = PG_GETARG_ARRAYTYPE_P(1);
 	if (ARR_NDIM(arr) > 1)
 		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
 				 errmsg("key must be a one-dimensional array"),
 				 errdetail("The key has %d dimensions.", ARR_NDIM(arr))));
 	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls,
@@ -1095,9 +1207,12 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 	if (key->nkeys >= 0 && key->nkeys != entry->key_natts)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("key has %d values, but the primary key of table \"%s\" has %d columns",
-						key->nkeys, RelationGetRelationName(rel),
-						entry->key_natts),
+				 errmsg_plural("the key must have %d value, as the primary key of table \"%s\" has %d column",
+							   "the key must have %d values, as the primary key of table \"%s\" has %d columns",
+							   entry->key_natts, entry->key_natts,
+							   RelationGetRelationName(rel), entry->key_natts),
+				 errdetail_plural("The key has %d value.", "The key has %d values.",
+								  key->nkeys, key->nkeys),
 				 errhint("Give one value per column of the primary key, in its order.")));
 	check_outcome_privileges(rel, entry);
 
@@ -1155,21 +1270,33 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 			Trigger    *leaf_trigger = guard_find_trigger(leaf,
 														  fcinfo->flinfo->fn_oid);
 
-			if (leaf_trigger != NULL && direct_path_ok(leaf))
+			if (leaf_trigger != NULL &&
+				leaf_trigger->tgenabled == TRIGGER_DISABLED)
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("the guard of table \"%s\" is disabled",
+								RelationGetRelationName(leaf)),
+						 errdetail("Table \"%s\" is a partition of table \"%s\".",
+								   RelationGetRelationName(leaf),
+								   RelationGetRelationName(rel)),
+						 errhint("Enable trigger \"%s\".", leaf_trigger->tgname)));
+			if (leaf_trigger != NULL && direct_path_ok(leaf) &&
+				!other_before_row_update(leaf->trigdesc, leaf_trigger->tgoid))
 			{
 				GuardEntry *leaf_entry = guard_entry_get(leaf, leaf_trigger);
+				KeyLookup	leaf_key;
 				bool		updated;
 
-				guard_prepare_key(leaf_entry, leaf);
-				if (leaf_entry->key_natts == entry->key_natts &&
-					leaf_entry->state_type == entry->state_type)
+				if (leaf_entry->state_type == entry->state_type &&
+					key_lookup_leaf(&leaf_key, rel, entry, leaf))
 				{
 					ereport(DEBUG1,
 							(errmsg_internal("idem_transition updates a row of \"%s\" directly, in partition \"%s\"",
 											 RelationGetRelationName(rel),
 											 RelationGetRelationName(leaf))));
-					found = run_request_direct(leaf, leaf_entry, rel, entry,
-											   values, &req, &updated);
+					found = run_request_direct(leaf, leaf_entry, &leaf_key,
+											   rel, entry, values, &req,
+											   &updated);
 					processed = updated ? 1 : 0;
 					direct_done = true;
 				}
@@ -1183,13 +1310,15 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 	else if (!partitioned && direct_path_ok(rel))
 	{
 		bool		updated;
+		KeyLookup	own_key;
 
 		ereport(DEBUG1,
 				(errmsg_internal("idem_transition updates a row of \"%s\" directly",
 								 RelationGetRelationName(rel))));
 
-		found = run_request_direct(rel, entry, rel, entry, values, &req,
-								   &updated);
+		key_lookup_own(&own_key, entry);
+		found = run_request_direct(rel, entry, &own_key, rel, entry, values,
+								   &req, &updated);
 		processed = updated ? 1 : 0;
 	}
 	else

@@ -258,16 +258,22 @@ guard_request_matches(TransitionRequest *req, Relation rel, HeapTuple oldtup)
 }
 
 /*
- * The UPDATE of a row of a partition that may move it to another partition:
+ * The UPDATE of a row of a partition that moves it to another partition:
  * the row is then deleted from its partition and inserted into the other,
  * whose guard fires for the INSERT.  That INSERT is the UPDATE's, checked
  * as a transition already, and not a new row whose state must be initial.
- * The guard keeps the last row an UPDATE of a partition wrote (for a machine
- * with initial states); the INSERT it leads to comes in the same
- * transaction, at the same trigger depth, with the same values in every
- * column (by name: partitions may lay their columns out otherwise).  A new
- * row equal in every column to the last one updated, inserted at the same
- * depth of the same transaction, would be a duplicate of its key.
+ *
+ * The guard notes the row an UPDATE of a partition wrote when that row no
+ * longer fits the partition's constraint (for a machine with initial
+ * states): the executor then routes it from the root of the partition tree.
+ * The INSERT it leads to is the next call of a guard at the same trigger
+ * depth, in the same transaction, into a partition of the same
+ * root, with the same values in every column (by name: partitions may lay
+ * their columns out otherwise).  Any other call of a guard at that depth
+ * forgets the note, so that a later DELETE and INSERT, or an INSERT into
+ * another table, cannot pass for the move.  A BEFORE UPDATE trigger that
+ * fires after the guard and changes the partition key is not seen (see the
+ * README).
  */
 typedef struct PendingMove
 {
@@ -275,6 +281,7 @@ typedef struct PendingMove
 	LocalTransactionId lxid;
 	int			depth;
 	Oid			relid;			/* the partition the row leaves */
+	Oid			root;			/* the root of its partition tree */
 	HeapTuple	tuple;			/* in TopMemoryContext */
 } PendingMove;
 
@@ -283,20 +290,68 @@ static PendingMove pending_move;
 static HeapTuple copy_tuple_in(HeapTuple tuple,
 											 MemoryContext cxt);
 
+/* Forgets the noted move unless this call of a guard is nested deeper. */
 static void
-note_update(GuardEntry *entry, Relation rel, HeapTuple newtup)
+forget_move(void)
 {
+	if (!pending_move.valid ||
+		(pending_move.lxid == MyProc->lxid &&
+		 pending_move.depth < guard_trigger_depth()))
+		return;
 	pending_move.valid = false;
 	if (pending_move.tuple != NULL)
 	{
 		heap_freetuple(pending_move.tuple);
 		pending_move.tuple = NULL;
 	}
+}
+
+/* The root of the partition tree of a partition. */
+static Oid
+partition_root(Relation rel)
+{
+	List	   *ancestors = get_partition_ancestors(RelationGetRelid(rel));
+	Oid			root = ancestors != NIL ? llast_oid(ancestors) : InvalidOid;
+
+	list_free(ancestors);
+	return root;
+}
+
+/* Whether the new version of a row of a partition leaves the partition. */
+static bool
+leaves_partition(Relation rel, HeapTuple newtup)
+{
+	EState	   *estate = CreateExecutorState();
+	ResultRelInfo *rri = makeNode(ResultRelInfo);
+	TupleTableSlot *slot;
+	bool		fits;
+
+	rri->ri_RelationDesc = rel;
+	slot = MakeSingleTupleTableSlot(RelationGetDescr(rel), &TTSOpsHeapTuple);
+	ExecStoreHeapTuple(newtup, slot, false);
+	fits = ExecPartitionCheck(rri, slot, estate, false);
+	ExecDropSingleTupleTableSlot(slot);
+	FreeExecutorState(estate);
+	pfree(rri);
+	return !fits;
+}
+
+static void
+note_update(GuardEntry *entry, Relation rel, HeapTuple newtup)
+{
+	Oid			root;
+
 	if (entry->machine_too_long || !guard_machine_has_initial(entry->machine))
+		return;
+	if (!leaves_partition(rel, newtup))
+		return;
+	root = partition_root(rel);
+	if (!OidIsValid(root))
 		return;
 	pending_move.lxid = MyProc->lxid;
 	pending_move.depth = guard_trigger_depth();
 	pending_move.relid = RelationGetRelid(rel);
+	pending_move.root = root;
 	pending_move.tuple = copy_tuple_in(newtup, TopMemoryContext);
 	pending_move.valid = true;
 }
@@ -311,7 +366,10 @@ copy_tuple_in(HeapTuple tuple, MemoryContext cxt)
 	return copy;
 }
 
-/* Is this INSERT the move of the row noted by note_update()?  Forgets it. */
+/*
+ * Is this INSERT the move of the row noted by note_update()?  Forgets the
+ * note (unless nested deeper).
+ */
 static bool
 insert_is_move(Relation rel, HeapTuple newtup)
 {
@@ -320,13 +378,22 @@ insert_is_move(Relation rel, HeapTuple newtup)
 	bool		move = true;
 	int			i;
 
-	if (!pending_move.valid || !rel->rd_rel->relispartition ||
-		pending_move.lxid != MyProc->lxid ||
-		pending_move.depth != guard_trigger_depth())
+	if (!pending_move.valid)
 		return false;
+	if (pending_move.lxid != MyProc->lxid ||
+		pending_move.depth != guard_trigger_depth() ||
+		!rel->rd_rel->relispartition ||
+		partition_root(rel) != pending_move.root)
+	{
+		forget_move();
+		return false;
+	}
 	from = RelationIdGetRelation(pending_move.relid);
 	if (!RelationIsValid(from))
+	{
+		forget_move();
 		return false;
+	}
 	for (i = 0; i < desc->natts && move; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, i);
@@ -352,8 +419,7 @@ insert_is_move(Relation rel, HeapTuple newtup)
 			move = false;
 	}
 	RelationClose(from);
-	if (move)
-		pending_move.valid = false;
+	forget_move();
 	return move;
 }
 
@@ -369,13 +435,15 @@ guard_insert(Relation rel, GuardEntry *entry, HeapTuple newtup)
 	bool		isnull;
 	char	   *state;
 
+	bool		move = insert_is_move(rel, newtup);
+
 	if (entry->machine_too_long || !guard_machine_has_initial(entry->machine))
 		return;
 	state = guard_state_text(entry, newtup, RelationGetDescr(rel), &value,
 							 &isnull);
 	if (guard_state_initial(entry->machine, state))
 		return;
-	if (insert_is_move(rel, newtup))
+	if (move)
 		return;
 	ereport(ERROR,
 			(errcode(ERRCODE_CHECK_VIOLATION),
@@ -543,7 +611,7 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 		   TRIGGER_FOR_UPDATE(trigdata->tg_trigger->tgtype))))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("trigger \"%s\" of table \"%s\" must be BEFORE UPDATE FOR EACH ROW",
+				 errmsg("trigger \"%s\" of table \"%s\" must be BEFORE INSERT OR UPDATE FOR EACH ROW",
 						trigdata->tg_trigger->tgname,
 						RelationGetRelationName(trigdata->tg_relation)),
 				 errdetail("%s() guards every UPDATE of a row, and every INSERT beside it: it cannot fire for DELETE, TRUNCATE or INSERT alone, after the row, for each statement, for some columns only, or under a WHEN condition.",
@@ -560,6 +628,7 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 		return PointerGetDatum(oldtup);
 	}
 
+	forget_move();
 	req = guard_active_request;
 	if (req != NULL && !req->fired &&
 		req->depth == guard_trigger_depth() &&
