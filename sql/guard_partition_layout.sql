@@ -105,3 +105,5 @@ SELECT idem_transition('lay_u', '1', 'paid');
 \set VERBOSITY terse
 SELECT idem_transition('lay_u', '11', 'paid');
 SELECT * FROM lay_u ORDER BY id;
+DROP TABLE lay_c, lay_o, lay_d, lay_n, lay_m, lay_u;
+DROP FUNCTION lay_arch();
