@@ -247,8 +247,10 @@ ok(wait_for('the first half', sub { sql('SELECT count(*) FROM idem.outbox') == 0
 # Three attempts per message while nats-server is away: a relay that kept
 # leasing during the outage would make the second half dead.
 sql(q{SELECT idem_outbox_configure('orders', 3, '50 milliseconds', '500 milliseconds')});
-stop_nats();
+# what relay B logs from here on: taken before nats-server stops, since the
+# relay may say it is down before this script reads its log again
 my $b_log_before = length(file($relay{b}{err}));
+stop_nats();
 send_rounds($per_key / 2 + 1, $per_key);
 ok( wait_for('relay B to miss nats-server five times', sub {
 			my @n = (substr(file($relay{b}{err}), $b_log_before) =~
