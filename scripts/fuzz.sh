@@ -48,7 +48,8 @@ build_and_install "$work"
 
 settings=("track_functions = all"
           "log_line_prefix = '%m [%p] %a %e: '"
-          "log_min_error_statement = error"
+          "log_min_error_statement = error" \
+          "log_error_verbosity = verbose"
           "max_prepared_transactions = 10"
           "deadlock_timeout = 100ms"
           "autovacuum_naptime = 5s"

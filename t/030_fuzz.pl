@@ -33,6 +33,7 @@ my $node = idem_node(
 	'track_functions = all',
 	q{log_line_prefix = '%m [%p] %a %e: '},
 	'log_min_error_statement = error',
+	'log_error_verbosity = verbose',
 	'max_prepared_transactions = 10',
 	'deadlock_timeout = 100ms',
 	'jit = off');
