@@ -236,6 +236,7 @@ echo "  hand-written: UPDATE p SET status = \$3, version = version + 1 WHERE sha
 echo "                on the unguarded partitioned table"
 echo "  idem_trans.:  SELECT idem_transition('p', ARRAY[\$1, \$2], \$3, \$4) on the guarded one"
 
+[ -z "$PLAIN" ] && exit 0
 echo
 echo "== 2. plain UPDATE of a random row (SET payload = payload + 1): median tps"
 printf '%-8s %12s %14s %13s %13s %14s %14s %14s %12s\n' clients "unguarded" "guard+version" "guard(state)" "empty trig." \
