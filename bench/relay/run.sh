@@ -231,4 +231,29 @@ for s in order:
                 continue
             cells.append("%d (%.0f)" % (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)))
     print("| %s | %s |" % (s, " | ".join(cells)))
+
+# Ratios to the ceiling, round by round (the rounds alternate, so load hits
+# both alike), then the median: throughput, and server CPU per message.
+rows = {}
+for line in open(raw):
+    rnd, sink, b, r, rate, cpu = line.split()
+    rows[(rnd, sink, int(b), int(r))] = (float(rate), float(cpu))
+if "ceiling" in order:
+    print("\nRatio to the ceiling, median of the rounds' ratios: throughput x (server CPU per message x)\n")
+    print("| sink | batch 100, 1 relay | batch 100, 2 relays | batch 1000, 1 relay | batch 1000, 2 relays |")
+    print("|---|---:|---:|---:|---:|")
+    for s in order:
+        if s == "ceiling":
+            continue
+        cells = []
+        for b in (100, 1000):
+            for r in (1, 2):
+                tr, cr = [], []
+                for (rnd, sink, bb, rr), (rate, cpu) in rows.items():
+                    c = rows.get((rnd, "ceiling", bb, rr))
+                    if sink == s and bb == b and rr == r and c and c[0] > 0 and c[1] > 0:
+                        tr.append(rate / c[0])
+                        cr.append(cpu / c[1])
+                cells.append("%.2f (%.2f)" % (statistics.median(tr), statistics.median(cr)) if tr else "")
+        print("| %s | %s |" % (s, " | ".join(cells)))
 EOF
