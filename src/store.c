@@ -125,14 +125,27 @@ typedef struct StoreCacheEntry
 	 */
 	bool		dist_known;
 	bool		distributed;
+
+	/*
+	 * Which key column Citus distributes the table by (-1: none of them;
+	 * STORE_DIST_UNKNOWN: not asked yet), for store_sql_probe_shard.
+	 */
+	int			dist_key;
 } StoreCacheEntry;
+
+#define STORE_DIST_UNKNOWN (-2)
+
+static IdemStore *store_open_direct(IdemStore *store, StoreCacheEntry *e,
+									Relation rel, Oid indexid,
+									LOCKMODE lockmode, const char *relname);
 
 /* the path through SQL, for a table distributed by Citus: see the end */
 static bool store_is_distributed(Oid relid);
 static IdemStoreResult store_sql_insert(IdemStore *store, Datum *values,
 										bool *isnull, IdemStoreWait wait);
 static IdemStoreResult store_sql_lookup(IdemStore *store, const Datum *keys,
-										Datum *values, bool *isnull);
+										IdemStoreWait wait, Datum *values,
+										bool *isnull);
 static bool store_sql_delete(IdemStore *store, const Datum *keys);
 static IdemStoreUpdateResult store_sql_update(IdemStore *store,
 											  const Datum *keys,
@@ -167,6 +180,7 @@ store_relcache_callback(Datum arg, Oid relid)
 			store_cache[i].eqproc[0] = InvalidOid;
 			store_cache[i].indexes_valid = false;
 			store_cache[i].dist_known = false;
+			store_cache[i].dist_key = STORE_DIST_UNKNOWN;
 			store_cache[i].inval_count++;
 		}
 		else
@@ -352,6 +366,7 @@ store_cache_entry(const char *relname)
 	e->indexid = InvalidOid;
 	e->eqproc[0] = InvalidOid;
 	e->dist_known = false;
+	e->dist_key = STORE_DIST_UNKNOWN;
 	return e;
 }
 
@@ -420,9 +435,10 @@ idem_relation_is_distributed(Oid relid)
  * to the shard of the key (or runs on it, when it is on this node).
  */
 static IdemStore *
-store_open_sql(IdemStore *store, Relation rel, LOCKMODE lockmode,
-			   const char *relname)
+store_open_sql(IdemStore *store, StoreCacheEntry *e, Relation rel,
+			   LOCKMODE lockmode)
 {
+	store->entry = e;
 	store->rel = rel;
 	store->lockmode = lockmode;
 	store->mcxt = CurrentMemoryContext;
@@ -517,6 +533,7 @@ idem_store_open_keys(const char *relname, LOCKMODE lockmode, int nkeys)
 		e->eqproc[0] = InvalidOid;
 		e->indexes_valid = false;
 		e->dist_known = false;
+		e->dist_key = STORE_DIST_UNKNOWN;
 	}
 
 	/*
@@ -529,7 +546,7 @@ idem_store_open_keys(const char *relname, LOCKMODE lockmode, int nkeys)
 		e->dist_known = (e->relid == relid);
 	}
 	if (e->distributed)
-		return store_open_sql(store, rel, lockmode, relname);
+		return store_open_sql(store, e, rel, lockmode);
 	indexid = e->indexid;
 	if (!OidIsValid(indexid))
 	{
@@ -543,7 +560,22 @@ idem_store_open_keys(const char *relname, LOCKMODE lockmode, int nkeys)
 		e->indexid = indexid;
 		e->eqproc[0] = InvalidOid;
 	}
+	return store_open_direct(store, e, rel, indexid, lockmode, relname);
+}
 
+/*
+ * The rest of the opening of a store on a table the direct path reaches:
+ * rel, opened with lockmode, and its primary key indexid.  e is the table's
+ * cache entry, or NULL for a relation that has none (the local shard of a
+ * distributed table), whose store is opened only to probe.
+ */
+static IdemStore *
+store_open_direct(IdemStore *store, StoreCacheEntry *e, Relation rel,
+				  Oid indexid, LOCKMODE lockmode, const char *relname)
+{
+	int			nkeys = store->nkeys;
+
+	Assert(e != NULL || lockmode < RowExclusiveLock);
 	store->rel = rel;
 	store->lockmode = lockmode;
 	store->mcxt = CurrentMemoryContext;
@@ -571,7 +603,7 @@ idem_store_open_keys(const char *relname, LOCKMODE lockmode, int nkeys)
 	else
 		store->index = index_open(indexid, lockmode);
 
-	if (OidIsValid(e->eqproc[0]) && e->indexid == indexid &&
+	if (e != NULL && OidIsValid(e->eqproc[0]) && e->indexid == indexid &&
 		IndexRelationGetNumberOfKeyAttributes(store->index) == nkeys)
 	{
 		memcpy(store->eqproc, e->eqproc, sizeof(store->eqproc));
@@ -609,7 +641,7 @@ idem_store_open_keys(const char *relname, LOCKMODE lockmode, int nkeys)
 			store->eqproc[i] = get_opcode(eqop);
 			store->collation[i] = store->index->rd_indcollation[i];
 		}
-		if (e->indexid == indexid)
+		if (e != NULL && e->indexid == indexid)
 		{
 			memcpy(e->eqproc, store->eqproc, sizeof(e->eqproc));
 			memcpy(e->collation, store->collation, sizeof(e->collation));
@@ -1109,7 +1141,7 @@ idem_store_lookup(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait,
 
 	if (unlikely(store->sql))
 		return store_sql_lookup(store, store_key_pair(store, pair, ns, key),
-								values, isnull);
+								wait, values, isnull);
 	found = store_probe(store, store_key_pair(store, pair, ns, key), wait);
 	if (found == PROBE_ABSENT)
 		return IDEM_STORE_ABSENT;
@@ -1559,6 +1591,13 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
  * in-flight holder is found by a lock timeout of one millisecond (set for
  * the statement only, on every node it reaches): the holder is then
  * reported in flight, as the direct path reports it.
+ *
+ * A statement sees committed rows only: a row another transaction is still
+ * inserting is absent to it, where the direct path's probe sees the row and
+ * waits for its inserter (or reports it in flight).  So when the key's shard
+ * is on this node (a call Citus delegated to the shard's node, or one made
+ * there), the shard is probed first, as the direct path probes the table:
+ * see store_sql_probe_shard.
  */
 
 /*
@@ -1659,6 +1698,113 @@ store_sql_copy_row(IdemStore *store, MemoryContext cxt, Datum *values,
 			 RelationGetRelationName(store->rel));
 	heap_deform_tuple(tup, SPI_tuptable->tupdesc, values, isnull);
 	MemoryContextSwitchTo(oldcxt);
+}
+
+/*
+ * Which key column Citus distributes the store's table by, asked once per
+ * table and backend: -1 when none is (a reference table).
+ */
+static int
+store_sql_dist_key(IdemStore *store)
+{
+	Oid			argtypes[1] = {OIDOID};
+	Datum		args[1];
+	int			rc;
+	int			key = -1;
+
+	if (store->entry != NULL && store->entry->dist_key != STORE_DIST_UNKNOWN)
+		return store->entry->dist_key;
+	args[0] = ObjectIdGetDatum(RelationGetRelid(store->rel));
+	rc = SPI_execute_with_args("SELECT pg_catalog.column_to_column_name(logicalrelid, partkey)"
+							   " FROM pg_catalog.pg_dist_partition"
+							   " WHERE logicalrelid OPERATOR(pg_catalog.=) $1"
+							   " AND partkey IS NOT NULL",
+							   1, argtypes, args, NULL, true, 1);
+	store_sql_check(rc, SPI_OK_SELECT, "the distribution column");
+	if (SPI_processed == 1)
+	{
+		char	   *col = SPI_getvalue(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 1);
+		int			i;
+
+		for (i = 0; col != NULL && i < store->nkeys; i++)
+			if (strcmp(NameStr(TupleDescAttr(RelationGetDescr(store->rel),
+											 i)->attname), col) == 0)
+				key = i;
+	}
+	if (store->entry != NULL)
+		store->entry->dist_key = key;
+	return key;
+}
+
+/*
+ * Probe the key's shard when this node holds an active placement of it, as
+ * the direct path probes the table (store_probe, with its waits), and set
+ * *local.  Without such a shard here nothing is known: PROBE_ABSENT, and the
+ * statement that follows answers alone.
+ *
+ * Only a look, and only its waits and its "in flight" are trusted: whether
+ * the row exists is for the statement to say, through Citus, since a shard
+ * move that ends meanwhile leaves this copy behind.  A move waits for the
+ * writes in flight on the copy it moves, so a row being inserted here is
+ * being inserted in the shard.
+ */
+static ProbeResult
+store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait,
+					  bool *local)
+{
+	int			dkey = store_sql_dist_key(store);
+	Oid			argtypes[2];
+	Datum		args[2];
+	bool		isnull;
+	Datum		d;
+	Oid			shardid;
+	Relation	shard;
+	Oid			indexid;
+	IdemStore  *probe;
+	ProbeResult found;
+	int			rc;
+
+	*local = false;
+	if (dkey < 0)
+		return PROBE_ABSENT;
+	argtypes[0] = OIDOID;
+	args[0] = ObjectIdGetDatum(RelationGetRelid(store->rel));
+	argtypes[1] = TupleDescAttr(RelationGetDescr(store->rel), dkey)->atttypid;
+	args[1] = keys[dkey];
+	rc = SPI_execute_with_args("SELECT pg_catalog.to_regclass(pg_catalog.shard_name($1::pg_catalog.regclass, s))::pg_catalog.oid"
+							   " FROM pg_catalog.get_shard_id_for_distribution_column($1::pg_catalog.regclass, $2) s"
+							   " WHERE EXISTS (SELECT FROM pg_catalog.pg_dist_placement p, pg_catalog.pg_dist_local_group g"
+							   " WHERE p.shardid OPERATOR(pg_catalog.=) s"
+							   " AND p.groupid OPERATOR(pg_catalog.=) g.groupid"
+							   " AND p.shardstate OPERATOR(pg_catalog.=) 1)",
+							   2, argtypes, args, NULL, true, 1);
+	store_sql_check(rc, SPI_OK_SELECT, "the local shard");
+	if (SPI_processed != 1)
+		return PROBE_ABSENT;
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull)
+		return PROBE_ABSENT;
+	shardid = DatumGetObjectId(d);
+	shard = try_table_open(shardid, AccessShareLock);
+	if (shard == NULL)
+		return PROBE_ABSENT;
+	indexid = shard->rd_rel->relkind == RELKIND_RELATION ?
+		RelationGetPrimaryKeyIndex(shard) : InvalidOid;
+	if (!OidIsValid(indexid))
+	{
+		table_close(shard, AccessShareLock);
+		return PROBE_ABSENT;
+	}
+	probe = palloc0(sizeof(IdemStore));
+	probe->nkeys = store->nkeys;
+	store_open_direct(probe, NULL, shard, indexid, AccessShareLock,
+					  RelationGetRelationName(shard));
+	found = store_probe(probe, keys, wait);
+	ExecClearTuple(probe->probe_slot);
+	idem_store_close(probe);
+	*local = true;
+	return found;
 }
 
 /*
@@ -1769,6 +1915,26 @@ store_sql_insert(IdemStore *store, Datum *values, bool *isnull,
 	bool		ran = true;
 
 	store_sql_begin(store, &su);
+	if (wait == IDEM_NOWAIT)
+	{
+		bool		local;
+		ProbeResult found = store_sql_probe_shard(store, values, IDEM_NOWAIT,
+												  &local);
+
+		if (found == PROBE_IN_FLIGHT_INSERT || found == PROBE_IN_FLIGHT_DELETE)
+		{
+			store_sql_end(&su);
+			return IDEM_STORE_IN_FLIGHT;
+		}
+
+		/*
+		 * With the shard here and no holder in flight, the statement waits
+		 * as any other would: a lock timeout would call a lock taken by a
+		 * shard move a holder.
+		 */
+		if (local)
+			wait = IDEM_WAIT;
+	}
 	if (wait == IDEM_WAIT)
 		store_sql_insert_stmt(store, &a);
 	else
@@ -1805,14 +1971,21 @@ store_sql_select(IdemStore *store, const Datum *keys, const char *lock,
 }
 
 static IdemStoreResult
-store_sql_lookup(IdemStore *store, const Datum *keys, Datum *values,
-				 bool *isnull)
+store_sql_lookup(IdemStore *store, const Datum *keys, IdemStoreWait wait,
+				 Datum *values, bool *isnull)
 {
 	StoreSqlUser su;
 	MemoryContext cxt = CurrentMemoryContext;
+	bool		local;
 	bool		found;
 
 	store_sql_begin(store, &su);
+	if (store_sql_probe_shard(store, keys, wait, &local) ==
+		PROBE_IN_FLIGHT_INSERT)
+	{
+		store_sql_end(&su);
+		return IDEM_STORE_IN_FLIGHT;
+	}
 	found = store_sql_select(store, keys, NULL, cxt, values, isnull);
 	store_sql_end(&su);
 	return found ? IDEM_STORE_EXISTS : IDEM_STORE_ABSENT;
@@ -1826,8 +1999,11 @@ store_sql_delete(IdemStore *store, const Datum *keys)
 	StringInfoData buf;
 	int			rc;
 	bool		deleted;
+	bool		local;
 
 	store_sql_begin(store, &su);
+	/* an inserter in flight is waited for, as the direct path waits */
+	(void) store_sql_probe_shard(store, keys, IDEM_WAIT, &local);
 	initStringInfo(&buf);
 	appendStringInfo(&buf, "DELETE FROM %s", store_sql_relname(store));
 	store_sql_where(store, &buf);
@@ -1906,8 +2082,15 @@ store_sql_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 	StoreSqlUser su;
 	StoreSqlUpdate a = {keys, fn, arg, CurrentMemoryContext, IDEM_UPDATE_ABSENT};
 	bool		ran = true;
+	bool		local;
 
 	store_sql_begin(store, &su);
+	if (store_sql_probe_shard(store, keys, wait, &local) ==
+		PROBE_IN_FLIGHT_INSERT)
+	{
+		store_sql_end(&su);
+		return IDEM_UPDATE_BUSY;
+	}
 	if (wait == IDEM_WAIT)
 		store_sql_update_stmt(store, &a);
 	else
@@ -1920,7 +2103,15 @@ static bool
 store_sql_read(IdemStore *store, const Datum *keys, Datum *values,
 			   bool *isnull)
 {
-	return store_sql_lookup(store, keys, values, isnull) == IDEM_STORE_EXISTS;
+	StoreSqlUser su;
+	bool		found;
+
+	/* no wait: an uncommitted change of another transaction is not seen */
+	store_sql_begin(store, &su);
+	found = store_sql_select(store, keys, NULL, CurrentMemoryContext, values,
+							 isnull);
+	store_sql_end(&su);
+	return found;
 }
 
 static void

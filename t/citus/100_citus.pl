@@ -204,6 +204,43 @@ for my $end ('ROLLBACK', 'COMMIT')
 	$b->close;
 }
 
+# calls that wait on one server wait on Citus too, through every node: a
+# release and a token's consumption meet a row another transaction is
+# inserting, and follow its end
+for my $node ([ 'the coordinator', $coord ], [ 'worker 1', $w1 ], [ 'worker 2', $w2 ])
+{
+	my ($where, $n) = @$node;
+	for my $end ('ROLLBACK', 'COMMIT')
+	{
+		my $key = "wait-$end-" . $n->name;
+		my $a = IdemTest::Session->new($coord, 'postgres');
+		my $b = IdemTest::Session->new($n, 'postgres');
+		is($a->query("BEGIN; SELECT idem_claim('$key');"), 't', "claimed, not committed ($end, $where)");
+		is($b->query("SELECT idem_try_claim('$key');"), 'in_flight', "in flight through $where ($end)");
+		$b->{in} .= "SELECT idem_release('$key');\n";
+		$b->{h}->pump_nb;
+		$a->query("$end;");
+		is($b->query("SELECT 'done';"),
+			($end eq 'COMMIT' ? "t\ndone" : "f\ndone"),
+			"a release through $where waits for the claim's $end");
+		$a->close;
+		$b->close;
+
+		$a = IdemTest::Session->new($coord, 'postgres');
+		$b = IdemTest::Session->new($n, 'postgres');
+		my $tok = $a->query("BEGIN; SELECT idem_token_issue('wait', '1 hour');");
+		ok(defined $tok && $tok ne '', "token issued, not committed ($end, $where)");
+		$b->{in} .= "SELECT idem_token_consume('$tok', 'wait');\n";
+		$b->{h}->pump_nb;
+		$a->query("$end;");
+		is($b->query("SELECT 'done';"),
+			($end eq 'COMMIT' ? "t\ndone" : "f\ndone"),
+			"a consumption through $where waits for the issue's $end");
+		$a->close;
+		$b->close;
+	}
+}
+
 # a transaction touching keys on two workers, which aborts, then commits
 my $keys = $coord->safe_psql(
 	'postgres', q{
