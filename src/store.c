@@ -165,10 +165,30 @@ static void store_sql_unsupported(IdemStore *store, const char *what);
 static StoreCacheEntry store_cache[STORE_CACHE_SIZE];
 static int	store_cache_used = 0;
 
+/*
+ * Whether Citus distributes a table other than idem's own (a guarded one):
+ * the last few answered, each forgotten on its table's invalidation, which
+ * Citus sends whenever it changes the table's row of pg_dist_partition.
+ */
+#define STORE_DIST_CACHE_SIZE 16
+typedef struct StoreDistEntry
+{
+	Oid			relid;
+	bool		distributed;
+} StoreDistEntry;
+static StoreDistEntry store_dist_cache[STORE_DIST_CACHE_SIZE];
+static int	store_dist_next = 0;
+static uint64 store_dist_invals = 0;	/* invalidations seen */
+
 static void
 store_relcache_callback(Datum arg, Oid relid)
 {
 	int			i;
+
+	store_dist_invals++;
+	for (i = 0; i < STORE_DIST_CACHE_SIZE; i++)
+		if (!OidIsValid(relid) || store_dist_cache[i].relid == relid)
+			store_dist_cache[i].relid = InvalidOid;
 
 	for (i = 0; i < store_cache_used; i++)
 	{
@@ -421,12 +441,33 @@ store_is_distributed(Oid relid)
 /*
  * Whether Citus distributes relid, for the guard's refusal: without Citus in
  * the database, a look-up of the catalog's name in the syscache, nothing
- * more.
+ * more; with it, a scan of pg_dist_partition the first time a table is
+ * asked about.
  */
 bool
 idem_relation_is_distributed(Oid relid)
 {
-	return store_is_distributed(relid);
+	StoreDistEntry *e;
+	uint64		invals = store_dist_invals;
+	bool		distributed;
+	int			i;
+
+	for (i = 0; i < STORE_DIST_CACHE_SIZE; i++)
+		if (OidIsValid(relid) && store_dist_cache[i].relid == relid)
+			return store_dist_cache[i].distributed;
+	distributed = store_is_distributed(relid);
+
+	/*
+	 * The answer is kept only if no invalidation came while it was read
+	 * (the catalog's scan may process some): one that did may concern it.
+	 */
+	if (invals != store_dist_invals)
+		return distributed;
+	e = &store_dist_cache[store_dist_next];
+	store_dist_next = (store_dist_next + 1) % STORE_DIST_CACHE_SIZE;
+	e->relid = relid;
+	e->distributed = distributed;
+	return distributed;
 }
 
 /*

@@ -319,6 +319,20 @@ is(sqlstate_of($coord, 'postgres', "SELECT idem_transition('orders', '1', 'paid'
 	'0A000', 'idem_transition on a distributed table: 0A000');
 is($coord->safe_psql('postgres', 'SELECT state FROM orders'), 'new', 'the row is untouched');
 
+# a session that asked about a local table learns that it became distributed
+$coord->safe_psql(
+	'postgres', q{
+	CREATE TABLE orders2 (id int PRIMARY KEY, state text NOT NULL, version int8 NOT NULL DEFAULT 0);
+	INSERT INTO orders2 VALUES (1, 'new', 0);
+	CREATE FUNCTION sqlstate_of(q text) RETURNS text LANGUAGE plpgsql AS $$
+	BEGIN EXECUTE q; RETURN 'ok'; EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE; END $$});
+my $gs = IdemTest::Session->new($coord, 'postgres');
+my $move = q{SELECT sqlstate_of($$SELECT idem_transition('orders2', '1', 'paid')$$);};
+is($gs->query($move), '55000', 'idem_transition on a local table that is not guarded: 55000');
+$coord->safe_psql('postgres', "SELECT create_distributed_table('orders2', 'id')");
+is($gs->query($move), '0A000', 'the same session, once the table is distributed: 0A000');
+$gs->close;
+
 # DROP EXTENSION cleans every node (once the shards a move left behind are
 # dropped, as Citus does in the background)
 $coord->safe_psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
