@@ -184,6 +184,37 @@ is( $w2->safe_psql('postgres',
 		"SELECT idem_seq_accept('prod', 1), idem_seq_accept('prod', 1)"),
 	'accepted|duplicate', 'producer sequence through a worker');
 
+# an ordinary role, without any privilege on idem's tables, through every
+# node: the statements run as the tables' owner, as the direct path does
+$coord->safe_psql('postgres', 'CREATE ROLE app LOGIN');
+# idem_release is an admin function: granted, as an application would be
+$coord->safe_psql('postgres', 'GRANT EXECUTE ON FUNCTION idem_release(text, text) TO app');
+for my $n ($coord, $w1, $w2)
+{
+	my $who = 'as app through ' . $n->name;
+	my $k = 'u-' . $n->name;
+	my $app = sub {
+		my ($sql) = @_;
+		my ($ret, $out, $err) = $n->psql('postgres', $sql, extra_params => [ '-U', 'app' ]);
+		return $ret == 0 ? $out : "error: $err";
+	};
+	is($app->("SELECT count(*) FROM idem.claims"), "error: psql:<stdin>:1: ERROR:  permission denied for schema idem\nLINE 1: SELECT count(*) FROM idem.claims\n                             ^",
+		"no privilege on the tables $who");
+	is($app->("SELECT idem_claim('$k'), idem_claim('$k'), idem_try_claim('$k'), idem_try_claim('$k-2')"),
+		't|f|duplicate|claimed', "claims and try-claims $who");
+	is($app->("SELECT idem_claim_batch(ARRAY['$k', '$k-3']), idem_claim_info('$k') IS NOT NULL"),
+		'{f,t}|t', "a batch and claim info $who");
+	is($app->("SELECT idem_release('$k'), idem_release('$k'), idem_claim('$k')"),
+		't|f|t', "releases $who");
+	my $t = $app->("SELECT idem_token_issue('app', '1 hour')");
+	is($app->("SELECT idem_token_status('$t', 'app'), idem_token_consume('$t', 'app'), idem_token_consume('$t', 'app')"),
+		'valid|t|f', "a token $who");
+	like($app->("BEGIN; SELECT status FROM idem_request_begin('$k', 'fp');"
+			  . " SELECT idem_request_finish('$k', 201, '{}'); COMMIT;"
+			  . " SELECT status, response_code FROM idem_request_begin('$k', 'fp')"),
+		qr/^new\n.*^replay\|201$/ms, "a request key $who");
+}
+
 # two sessions on different nodes race on one key: the second waits for the
 # first, or reports it in flight; abort and commit of the first
 for my $end ('ROLLBACK', 'COMMIT')
