@@ -35,6 +35,10 @@
 #   bash bench/scale/run.sh                         # ROWS=100000000
 #   ROWS=1000000 DURATION=3 REPEAT=3 bash bench/scale/run.sh    # quick
 #
+# Steady state between checkpoints: CHECKPOINT_RUNS=0 (no CHECKPOINT before
+# each run), WARMUP (seconds of claims on "full" first, not counted) and
+# PREWARM=1 (pg_prewarm the indexes of idem.claims into shared buffers).
+#
 # Settings: ROWS (100000000), EXPIRED (ROWS / 10), CLIENTS (8), DURATION (5),
 # REPEAT (5), PURGE_ROUNDS (REPEAT), BATCH (1000, the worker's
 # idem.maintenance_batch), SHARED_BUFFERS (2GB), RELOPTIONS (idem), AV_WAIT
@@ -69,9 +73,15 @@ PORT=${PORT:-5681}
 SYNC_COMMIT=${SYNC_COMMIT:-off}
 RELOPTIONS=${RELOPTIONS:-idem}
 AV_WAIT=${AV_WAIT:-30}
+CHECKPOINT_RUNS=${CHECKPOINT_RUNS:-1}
+WARMUP=${WARMUP:-0}
+PREWARM=${PREWARM:-0}
 
 [[ "$ROWS" =~ ^[1-9][0-9]*$ ]] && [ "$ROWS" -le 1000000000 ] || die "ROWS must be between 1 and 1e9"
 [[ "$EXPIRED" =~ ^[0-9]+$ ]] && [ "$EXPIRED" -le "$ROWS" ] || die "EXPIRED must be between 0 and ROWS"
+case "$CHECKPOINT_RUNS" in 0|1) ;; *) die "CHECKPOINT_RUNS: 0 or 1" ;; esac
+case "$PREWARM" in 0|1) ;; *) die "PREWARM: 0 or 1" ;; esac
+[[ "$WARMUP" =~ ^[0-9]+$ ]] || die "WARMUP: seconds"
 
 install_packages
 work=$(copy_tree "$here")
@@ -135,7 +145,8 @@ done
 
 echo "== $(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)), $(free -g | awk '/^Mem:/ { print $2 }') GB," \
     "PostgreSQL $(pg_config --version | cut -d' ' -f2), $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "== ROWS=$ROWS EXPIRED=$EXPIRED CLIENTS=$CLIENTS DURATION=$DURATION REPEAT=$REPEAT BATCH=$BATCH PURGE_LOAD=$PURGE_LOAD shared_buffers=$SHARED_BUFFERS EXTRA='${EXTRA:-}'"
+echo "== ROWS=$ROWS EXPIRED=$EXPIRED CLIENTS=$CLIENTS DURATION=$DURATION REPEAT=$REPEAT BATCH=$BATCH PURGE_LOAD=$PURGE_LOAD shared_buffers=$SHARED_BUFFERS EXTRA='${EXTRA:-}'" \
+    "CHECKPOINT_RUNS=$CHECKPOINT_RUNS WARMUP=$WARMUP PREWARM=$PREWARM"
 
 # The fill.  Row g (1..ROWS) has the id of position (g * P) mod ROWS of the
 # evenly spread ids, P a prime that does not divide ROWS: every id once, in
@@ -226,13 +237,35 @@ case "$RELOPTIONS" in
 esac
 echo "== idem.claims: $(sql full -c "SELECT coalesce(array_to_string(reloptions, ', '), 'PostgreSQL defaults') FROM pg_class WHERE oid = 'idem.claims'::regclass")"
 
+# PREWARM=1: the indexes of idem.claims read into shared buffers first
+# (pg_prewarm), as a server whose shared_buffers holds them has them after
+# a while.  WARMUP: seconds of claims on "full" before the measured runs,
+# not counted, so that the pages they change have had their full-page image
+# since the last checkpoint (with CHECKPOINT_RUNS=0, runs without a
+# checkpoint before each: the steady state between checkpoints, where a
+# page's first change after a checkpoint writes its image once; with 1, the
+# default, every run starts at a checkpoint, the most images per claim).
+if [ "$PREWARM" = 1 ]; then
+    sql full -c "CREATE EXTENSION IF NOT EXISTS pg_prewarm" || die "pg_prewarm is missing"
+    t0=$(now)
+    blocks=$(sql full -c "SELECT sum(pg_prewarm(c.oid)) FROM pg_class c WHERE c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'idem.claims'::regclass)")
+    echo "== prewarm: $((blocks * 8 / 1024)) MB in $(secs "$t0" "$(now)") s"
+fi
+if [ "$WARMUP" -gt 0 ]; then
+    sql full -c "CHECKPOINT"
+    saved=$DURATION; DURATION=$WARMUP
+    read -r t u w <<<"$(run full)"
+    DURATION=$saved
+    echo "   warm-up on full ($WARMUP s, not counted): $t tps, $u us CPU/claim, $w WAL bytes/claim"
+fi
+
 # 1. full against empty
 declare -A tps cpu walc
 for rep in $(seq 1 "$REPEAT"); do
     if [ $((rep % 2)) = 1 ]; then order="empty full"; else order="full empty"; fi
     for db in $order; do
         [ "$db" = empty ] && sql empty -c "TRUNCATE idem.claims"
-        sql "$db" -c "CHECKPOINT"
+        [ "$CHECKPOINT_RUNS" = 1 ] && sql "$db" -c "CHECKPOINT"
         read -r t u w <<<"$(run "$db")"
         tps[$db]="${tps[$db]:-} $t"; cpu[$db]="${cpu[$db]:-} $u"; walc[$db]="${walc[$db]:-} $w"
         echo "   round $rep, $db: $t tps, $u us CPU/claim, $w WAL bytes/claim"
