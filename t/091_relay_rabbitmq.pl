@@ -32,9 +32,10 @@ use Test::More;
 use Time::HiRes qw(usleep);
 use IdemTest;
 
-my $amqp_port = 5731;
-my $dist_port = 25731;
-my $epmd_port = 25732;
+# ports free on this machine, so that two runs of the suite do not collide
+my $amqp_port = PostgreSQL::Test::Cluster::get_free_port();
+my $dist_port = PostgreSQL::Test::Cluster::get_free_port();
+my $epmd_port = PostgreSQL::Test::Cluster::get_free_port();
 my $nodename = 'rabbit-idem-test@localhost';
 my $rabbit_server = '/usr/lib/rabbitmq/bin/rabbitmq-server';
 my $rabbitmqctl = '/usr/lib/rabbitmq/bin/rabbitmqctl';

@@ -2,7 +2,7 @@
 # Copyright (c) idem contributors
 #
 # idem-relay's nats sink end to end, against a real nats-server with
-# JetStream on loopback (port 4741, its store in the test's directory), and
+# JetStream on loopback (a free port, its store in the test's directory), and
 # examples/consumer_nats.py as the consumer:
 #
 # - a stream with a duplicate window, created over the NATS protocol
@@ -39,7 +39,8 @@ use Test::More;
 use Time::HiRes qw(usleep);
 use IdemTest;
 
-my $NATS_PORT = 4741;
+# a port free on this machine, so that two runs of the suite do not collide
+my $NATS_PORT = PostgreSQL::Test::Cluster::get_free_port();
 my $nats_url = "127.0.0.1:$NATS_PORT";
 my $nkeys = 12;
 my $per_key = 20;
