@@ -23,6 +23,7 @@
 #include "access/heapam.h"
 #include "access/relscan.h"
 #include "access/stratnum.h"
+#include "access/subtrans.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
@@ -37,6 +38,7 @@
 #include "pgstat.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
+#include "storage/procarray.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
@@ -1742,8 +1744,9 @@ store_sql_copy_row(IdemStore *store, MemoryContext cxt, Datum *values,
 }
 
 /*
- * Which key column Citus distributes the store's table by, asked once per
- * table and backend: -1 when none is (a reference table).
+ * Which key column Citus distributes the store's table by hash, asked once
+ * per table and backend: -1 when none is (a reference table, or another
+ * method of distribution, which is left to the statements).
  */
 static int
 store_sql_dist_key(IdemStore *store)
@@ -1759,7 +1762,7 @@ store_sql_dist_key(IdemStore *store)
 	rc = SPI_execute_with_args("SELECT pg_catalog.column_to_column_name(logicalrelid, partkey)"
 							   " FROM pg_catalog.pg_dist_partition"
 							   " WHERE logicalrelid OPERATOR(pg_catalog.=) $1"
-							   " AND partkey IS NOT NULL",
+							   " AND partmethod OPERATOR(pg_catalog.=) 'h'",
 							   1, argtypes, args, NULL, true, 1);
 	store_sql_check(rc, SPI_OK_SELECT, "the distribution column");
 	if (SPI_processed == 1)
@@ -1773,9 +1776,39 @@ store_sql_dist_key(IdemStore *store)
 											 i)->attname), col) == 0)
 				key = i;
 	}
-	if (store->entry != NULL)
+	/* kept unless an invalidation reset the entry while the query ran */
+	if (store->entry != NULL &&
+		store->entry->relid == RelationGetRelid(store->rel) &&
+		store->entry->dist_known)
 		store->entry->dist_key = key;
 	return key;
+}
+
+/*
+ * Whether the transaction xid (in progress) is run, on this node, for the
+ * same Citus distributed transaction as this backend's.
+ */
+static bool
+store_sql_own_transaction(TransactionId xid)
+{
+	Oid			argtypes[1] = {INT4OID};
+	Datum		args[1];
+	int			pid;
+	int			rc;
+
+	if (!TransactionIdIsValid(xid))
+		return false;
+	pid = BackendXidGetPid(SubTransGetTopmostTransaction(xid));
+	if (pid == 0)
+		return false;
+	args[0] = Int32GetDatum(pid);
+	/* the backend works for this one: Citus gives it this one's global pid */
+	rc = SPI_execute_with_args("SELECT FROM pg_catalog.get_all_active_transactions() a"
+							   " WHERE a.process_id OPERATOR(pg_catalog.=) $1"
+							   " AND a.global_pid OPERATOR(pg_catalog.=) pg_catalog.citus_backend_gpid()",
+							   1, argtypes, args, NULL, true, 1);
+	store_sql_check(rc, SPI_OK_SELECT, "the distributed transaction");
+	return SPI_processed > 0;
 }
 
 /*
@@ -1791,8 +1824,7 @@ store_sql_dist_key(IdemStore *store)
  * being inserted in the shard.
  */
 static ProbeResult
-store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait,
-					  bool *local)
+store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 {
 	int			dkey = store_sql_dist_key(store);
 	Oid			argtypes[2];
@@ -1806,7 +1838,6 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait,
 	ProbeResult found;
 	int			rc;
 
-	*local = false;
 	if (dkey < 0)
 		return PROBE_ABSENT;
 	argtypes[0] = OIDOID;
@@ -1841,10 +1872,27 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait,
 	probe->nkeys = store->nkeys;
 	store_open_direct(probe, NULL, shard, indexid, AccessShareLock,
 					  RelationGetRelationName(shard));
-	found = store_probe(probe, keys, wait);
+	found = store_probe(probe, keys, IDEM_NOWAIT);
+	if (found == PROBE_IN_FLIGHT_INSERT || found == PROBE_IN_FLIGHT_DELETE)
+	{
+		TransactionId xid = found == PROBE_IN_FLIGHT_INSERT ?
+			probe->dirty.xmin : probe->dirty.xmax;
+
+		/*
+		 * A row this very distributed transaction is writing through a
+		 * connection Citus made to this node is this transaction's own, as
+		 * the statement (which Citus sends through the same connection)
+		 * sees it: inserted, it exists; deleted, it is gone.  Waiting for
+		 * that connection's backend would wait for ourselves.
+		 */
+		ExecClearTuple(probe->probe_slot);
+		if (store_sql_own_transaction(xid))
+			found = (found == PROBE_IN_FLIGHT_INSERT) ? PROBE_EXISTS : PROBE_ABSENT;
+		else if (wait == IDEM_WAIT)
+			found = store_probe(probe, keys, IDEM_WAIT);
+	}
 	ExecClearTuple(probe->probe_slot);
 	idem_store_close(probe);
-	*local = true;
 	return found;
 }
 
@@ -1958,23 +2006,19 @@ store_sql_insert(IdemStore *store, Datum *values, bool *isnull,
 	store_sql_begin(store, &su);
 	if (wait == IDEM_NOWAIT)
 	{
-		bool		local;
-		ProbeResult found = store_sql_probe_shard(store, values, IDEM_NOWAIT,
-												  &local);
+		ProbeResult found = store_sql_probe_shard(store, values, IDEM_NOWAIT);
 
+		/*
+		 * As the direct path: an insertion or a deletion in flight is a
+		 * holder in flight.  Without one, the statement still runs with its
+		 * lock timeout: a holder may come between the probe and the
+		 * statement, and this call must not wait for it.
+		 */
 		if (found == PROBE_IN_FLIGHT_INSERT || found == PROBE_IN_FLIGHT_DELETE)
 		{
 			store_sql_end(&su);
 			return IDEM_STORE_IN_FLIGHT;
 		}
-
-		/*
-		 * With the shard here and no holder in flight, the statement waits
-		 * as any other would: a lock timeout would call a lock taken by a
-		 * shard move a holder.
-		 */
-		if (local)
-			wait = IDEM_WAIT;
 	}
 	if (wait == IDEM_WAIT)
 		store_sql_insert_stmt(store, &a);
@@ -2017,12 +2061,11 @@ store_sql_lookup(IdemStore *store, const Datum *keys, IdemStoreWait wait,
 {
 	StoreSqlUser su;
 	MemoryContext cxt = CurrentMemoryContext;
-	bool		local;
 	bool		found;
 
 	store_sql_begin(store, &su);
-	if (store_sql_probe_shard(store, keys, wait, &local) ==
-		PROBE_IN_FLIGHT_INSERT)
+	/* an in-flight deletion leaves the row, as on the direct path */
+	if (store_sql_probe_shard(store, keys, wait) == PROBE_IN_FLIGHT_INSERT)
 	{
 		store_sql_end(&su);
 		return IDEM_STORE_IN_FLIGHT;
@@ -2040,11 +2083,10 @@ store_sql_delete(IdemStore *store, const Datum *keys)
 	StringInfoData buf;
 	int			rc;
 	bool		deleted;
-	bool		local;
 
 	store_sql_begin(store, &su);
 	/* an inserter in flight is waited for, as the direct path waits */
-	(void) store_sql_probe_shard(store, keys, IDEM_WAIT, &local);
+	(void) store_sql_probe_shard(store, keys, IDEM_WAIT);
 	initStringInfo(&buf);
 	appendStringInfo(&buf, "DELETE FROM %s", store_sql_relname(store));
 	store_sql_where(store, &buf);
@@ -2123,11 +2165,9 @@ store_sql_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 	StoreSqlUser su;
 	StoreSqlUpdate a = {keys, fn, arg, CurrentMemoryContext, IDEM_UPDATE_ABSENT};
 	bool		ran = true;
-	bool		local;
 
 	store_sql_begin(store, &su);
-	if (store_sql_probe_shard(store, keys, wait, &local) ==
-		PROBE_IN_FLIGHT_INSERT)
+	if (store_sql_probe_shard(store, keys, wait) == PROBE_IN_FLIGHT_INSERT)
 	{
 		store_sql_end(&su);
 		return IDEM_UPDATE_BUSY;
@@ -2145,12 +2185,12 @@ store_sql_read(IdemStore *store, const Datum *keys, Datum *values,
 			   bool *isnull)
 {
 	StoreSqlUser su;
+	MemoryContext cxt = CurrentMemoryContext;
 	bool		found;
 
 	/* no wait: an uncommitted change of another transaction is not seen */
 	store_sql_begin(store, &su);
-	found = store_sql_select(store, keys, NULL, CurrentMemoryContext, values,
-							 isnull);
+	found = store_sql_select(store, keys, NULL, cxt, values, isnull);
 	store_sql_end(&su);
 	return found;
 }

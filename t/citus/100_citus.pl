@@ -272,6 +272,24 @@ for my $node ([ 'the coordinator', $coord ], [ 'worker 1', $w1 ], [ 'worker 2', 
 	}
 }
 
+# a transaction that reached its own node's shard through a connection (local
+# execution off): the row it inserted there is its own, not waited for
+my $lk = $coord->safe_psql(
+	'postgres', qq{
+	SELECT 'own-' || i FROM generate_series(1, 200) i
+	 WHERE (SELECT nodeport FROM pg_dist_shard_placement
+	         WHERE shardid = get_shard_id_for_distribution_column('idem.claims', 'own-' || i)) = } . $w1->port . q{
+	 ORDER BY i LIMIT 1});
+ok($lk ne '', 'a key whose shard is on worker 1');
+is( $w1->safe_psql(
+		'postgres', qq{
+	SET citus.enable_local_execution = off;
+	BEGIN;
+	SELECT idem_claim('$lk');
+	SELECT idem_release('$lk'), idem_try_claim('$lk');
+	COMMIT}),
+	"t\nt|claimed", 'claim, release and try-claim in one transaction, its shard reached through a connection');
+
 # a transaction touching keys on two workers, which aborts, then commits
 my $keys = $coord->safe_psql(
 	'postgres', q{
