@@ -1813,9 +1813,9 @@ store_sql_own_transaction(TransactionId xid)
 
 /*
  * Probe the key's shard when this node holds an active placement of it, as
- * the direct path probes the table (store_probe, with its waits), and set
- * *local.  Without such a shard here nothing is known: PROBE_ABSENT, and the
- * statement that follows answers alone.
+ * the direct path probes the table (store_probe, with its waits).  Without
+ * such a shard here nothing is known: PROBE_ABSENT, and the statement that
+ * follows answers alone.
  *
  * Only a look, and only its waits and its "in flight" are trusted: whether
  * the row exists is for the statement to say, through Citus, since a shard
@@ -1831,7 +1831,7 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 	Datum		args[2];
 	bool		isnull;
 	Datum		d;
-	Oid			shardid;
+	Oid			shardrelid;
 	Relation	shard;
 	Oid			indexid;
 	IdemStore  *probe;
@@ -1857,8 +1857,8 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	if (isnull)
 		return PROBE_ABSENT;
-	shardid = DatumGetObjectId(d);
-	shard = try_table_open(shardid, AccessShareLock);
+	shardrelid = DatumGetObjectId(d);
+	shard = try_table_open(shardrelid, AccessShareLock);
 	if (shard == NULL)
 		return PROBE_ABSENT;
 	indexid = shard->rd_rel->relkind == RELKIND_RELATION ?
