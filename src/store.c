@@ -1812,6 +1812,58 @@ store_sql_own_transaction(TransactionId xid)
 }
 
 /*
+ * Under REPEATABLE READ and SERIALIZABLE the statement judges the row by the
+ * transaction's snapshot, where the direct path judges it as it stands (the
+ * latest committed version).  When the two differ (a row committed, changed
+ * or deleted since the snapshot, or committed by the inserter just waited
+ * for), the statement's answer would be silently different from one
+ * server's: fail as PostgreSQL fails a write that meets a concurrent update.
+ * found is the probe's answer; on PROBE_EXISTS and PROBE_IN_FLIGHT_DELETE
+ * the latest committed version is in the probe's slot.
+ */
+static void
+store_sql_check_snapshot(IdemStore *probe, IdemStore *store,
+						 const Datum *keys, ProbeResult found)
+{
+	Snapshot	snapshot = GetTransactionSnapshot();
+	bool		differs;
+
+	if (found == PROBE_EXISTS || found == PROBE_IN_FLIGHT_DELETE)
+	{
+		HeapTuple	tuple = ExecFetchSlotHeapTuple(probe->probe_slot, false,
+												   NULL);
+
+		differs = !TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data)) &&
+			!table_tuple_satisfies_snapshot(probe->rel, probe->probe_slot,
+											snapshot);
+	}
+	else if (found == PROBE_ABSENT)
+	{
+		ScanKeyData skeys[STORE_MAX_KEYS];
+		IndexScanDesc scan;
+
+		/* a version the snapshot still sees, deleted since */
+		store_scankeys(probe, skeys, keys);
+		scan = index_beginscan(probe->rel, probe->index, snapshot,
+							   probe->nkeys, 0);
+		index_rescan(scan, skeys, probe->nkeys, NULL, 0);
+		differs = index_getnext_slot(scan, ForwardScanDirection,
+									 probe->probe_slot);
+		index_endscan(scan);
+	}
+	else
+		return;
+	ExecClearTuple(probe->probe_slot);
+	if (differs)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent update"),
+				 errdetail("The key's row of \"%s.%s\" was changed by a transaction that committed after this transaction's snapshot was taken.",
+						   IDEM_SCHEMA, RelationGetRelationName(store->rel)),
+				 errhint("Retry the transaction.")));
+}
+
+/*
  * Probe the key's shard when this node holds an active placement of it, as
  * the direct path probes the table (store_probe, with its waits).  Without
  * such a shard here nothing is known: PROBE_ABSENT, and the statement that
@@ -1821,7 +1873,9 @@ store_sql_own_transaction(TransactionId xid)
  * the row exists is for the statement to say, through Citus, since a shard
  * move that ends meanwhile leaves this copy behind.  A move waits for the
  * writes in flight on the copy it moves, so a row being inserted here is
- * being inserted in the shard.
+ * being inserted in the shard.  Under a transaction snapshot the look also
+ * makes sure that the statement will judge the row as it stands
+ * (store_sql_check_snapshot).
  */
 static ProbeResult
 store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
@@ -1887,10 +1941,17 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 		 */
 		ExecClearTuple(probe->probe_slot);
 		if (store_sql_own_transaction(xid))
+		{
 			found = (found == PROBE_IN_FLIGHT_INSERT) ? PROBE_EXISTS : PROBE_ABSENT;
-		else if (wait == IDEM_WAIT)
-			found = store_probe(probe, keys, IDEM_WAIT);
+			idem_store_close(probe);
+			return found;
+		}
+		/* again, for the row the snapshot check needs in the slot */
+		if (wait == IDEM_WAIT || IsolationUsesXactSnapshot())
+			found = store_probe(probe, keys, wait);
 	}
+	if (IsolationUsesXactSnapshot())
+		store_sql_check_snapshot(probe, store, keys, found);
 	ExecClearTuple(probe->probe_slot);
 	idem_store_close(probe);
 	return found;
@@ -2190,6 +2251,9 @@ store_sql_read(IdemStore *store, const Datum *keys, Datum *values,
 
 	/* no wait: an uncommitted change of another transaction is not seen */
 	store_sql_begin(store, &su);
+	/* a transaction snapshot must see the row as it stands */
+	if (IsolationUsesXactSnapshot())
+		(void) store_sql_probe_shard(store, keys, IDEM_NOWAIT);
 	found = store_sql_select(store, keys, NULL, cxt, values, isnull);
 	store_sql_end(&su);
 	return found;

@@ -20,6 +20,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use IdemTest;
+use Time::HiRes qw(usleep);
 
 sub citus_node
 {
@@ -215,6 +216,33 @@ for my $n ($coord, $w1, $w2)
 		qr/^new\n.*^replay\|201$/ms, "a request key $who");
 }
 
+sub placement_port
+{
+	my ($table, $value) = @_;
+	return $coord->safe_psql('postgres',
+		"SELECT nodeport FROM pg_dist_shard_placement WHERE shardid = "
+		  . "get_shard_id_for_distribution_column('$table', $value)");
+}
+
+# Waits until a backend of some node waits for a lock: the call just sent
+# has reached its wait (a call that arrived after the other session's end
+# would not show one).
+sub await_lock_wait
+{
+	my ($what) = @_;
+	for my $try (1 .. 10 * $PostgreSQL::Test::Utils::timeout_default)
+	{
+		for my $n ($coord, $w1, $w2)
+		{
+			return pass("$what waits for a lock")
+			  if $n->safe_psql('postgres',
+				"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0;
+		}
+		usleep(100_000);
+	}
+	return fail("$what waits for a lock");
+}
+
 # two sessions on different nodes race on one key: the second waits for the
 # first, or reports it in flight; abort and commit of the first
 for my $end ('ROLLBACK', 'COMMIT')
@@ -227,6 +255,7 @@ for my $end ('ROLLBACK', 'COMMIT')
 		'in_flight', "try-claim on another node: in flight ($end)");
 	$b->{in} .= "SELECT idem_claim('$key');\n";
 	$b->{h}->pump_nb;
+	await_lock_wait("the call of the second session");
 	$a->query("$end;");
 	is($b->query("SELECT 'done';"),
 		($end eq 'COMMIT' ? "f\ndone" : "t\ndone"),
@@ -250,6 +279,7 @@ for my $node ([ 'the coordinator', $coord ], [ 'worker 1', $w1 ], [ 'worker 2', 
 		is($b->query("SELECT idem_try_claim('$key');"), 'in_flight', "in flight through $where ($end)");
 		$b->{in} .= "SELECT idem_release('$key');\n";
 		$b->{h}->pump_nb;
+		await_lock_wait("the call of the second session");
 		$a->query("$end;");
 		is($b->query("SELECT 'done';"),
 			($end eq 'COMMIT' ? "t\ndone" : "f\ndone"),
@@ -257,19 +287,117 @@ for my $node ([ 'the coordinator', $coord ], [ 'worker 1', $w1 ], [ 'worker 2', 
 		$a->close;
 		$b->close;
 
+		# a token call runs where it is made: it can wait only on the node
+		# that holds the token's shard; elsewhere its statement does not see
+		# the row in flight, and it answers as if it came first
 		$a = IdemTest::Session->new($coord, 'postgres');
 		$b = IdemTest::Session->new($n, 'postgres');
-		my $tok = $a->query("BEGIN; SELECT idem_token_issue('wait', '1 hour');");
+		$a->query("BEGIN;");
+		my ($tok, $scope, $here);
+		for my $i (1 .. 40)
+		{
+			$scope = "wait-$end-" . $n->name . "-$i";
+			$tok = $a->query("SELECT idem_token_issue('$scope', '1 hour');");
+			my $digest = $a->query("SELECT digest FROM idem.tokens WHERE scope = '$scope';");
+			$here = placement_port('idem.tokens', "'$digest'::bytea") eq $n->port;
+			last if $here || $n == $coord;
+		}
 		ok(defined $tok && $tok ne '', "token issued, not committed ($end, $where)");
-		$b->{in} .= "SELECT idem_token_consume('$tok', 'wait');\n";
-		$b->{h}->pump_nb;
-		$a->query("$end;");
-		is($b->query("SELECT 'done';"),
-			($end eq 'COMMIT' ? "t\ndone" : "f\ndone"),
-			"a consumption through $where waits for the issue's $end");
+		if ($here)
+		{
+			$b->{in} .= "SELECT idem_token_consume('$tok', '$scope');\n";
+			$b->{h}->pump_nb;
+			await_lock_wait("a consumption through $where, where the token's shard is");
+			$a->query("$end;");
+			is($b->query("SELECT 'done';"),
+				($end eq 'COMMIT' ? "t\ndone" : "f\ndone"),
+				"... waits for the issue's $end");
+		}
+		else
+		{
+			is($b->query("SELECT idem_token_consume('$tok', '$scope');"), 'f',
+				"a consumption through $where, where the token's shard is not, does not wait for the issue");
+			$a->query("$end;");
+		}
 		$a->close;
 		$b->close;
 	}
+}
+
+# REPEATABLE READ: a statement through Citus judges the row by the
+# transaction's snapshot, where one server judges it as it stands.  Where
+# the two differ, a call fails with 40001 rather than answer otherwise:
+# after waiting for an inserter that commits, through every node ...
+sub rr_session
+{
+	my ($n) = @_;
+	my $s = IdemTest::Session->new($n, 'postgres');
+	$s->query("\\set ON_ERROR_STOP 0\n\\set VERBOSITY sqlstate\n"
+		  . "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1;");
+	return $s;
+}
+for my $node ([ 'the coordinator', $coord ], [ 'worker 1', $w1 ], [ 'worker 2', $w2 ])
+{
+	my ($where, $n) = @$node;
+	for my $end ('ROLLBACK', 'COMMIT')
+	{
+		my $key = "rr-$end-" . $n->name;
+		my $a = IdemTest::Session->new($coord, 'postgres');
+		my $b = rr_session($n);
+		is($a->query("BEGIN; SELECT idem_claim('$key');"), 't', "claimed, not committed (RR, $end, $where)");
+		$b->{in} .= "SELECT idem_release('$key');\n";
+		$b->{h}->pump_nb;
+		await_lock_wait("the call of the second session");
+		$a->query("$end;");
+		is($b->query("ROLLBACK; SELECT 'done';"),
+			($end eq 'COMMIT' ? "done" : "f\ndone"),
+			"a release in REPEATABLE READ through $where after the claim's $end");
+		if ($end eq 'COMMIT')
+		{
+			like($b->{err}, qr/ERROR:  40001/, "... fails with 40001 through $where");
+		}
+		else
+		{
+			is($b->{err}, '', "... without an error through $where");
+		}
+		$a->close;
+		$b->close;
+	}
+}
+
+# ... and with a row committed, or changed, since the snapshot, on the node
+# that holds the key's shard (elsewhere a call begins the transaction on the
+# shard's node after the change, and sees it)
+for my $n ($w1, $w2)
+{
+	my $where = $n->name;
+	my $key = $coord->safe_psql('postgres',
+		"SELECT 'rr-since-' || i FROM generate_series(1, 200) i WHERE (SELECT nodeport FROM pg_dist_shard_placement"
+		  . " WHERE shardid = get_shard_id_for_distribution_column('idem.claims', 'rr-since-' || i)) = "
+		  . $n->port . " ORDER BY i LIMIT 1");
+	my $b = rr_session($n);
+	$coord->safe_psql('postgres', "SELECT idem_claim('$key')");
+	is($b->query("SELECT idem_release('$key');"), '',
+		"a release in REPEATABLE READ on $where of a claim committed since the snapshot ...");
+	like($b->{err}, qr/ERROR:  40001/, "... fails with 40001");
+	$b->query("ROLLBACK;");
+	$b->close;
+
+	my ($tok, $scope);
+	for my $i (1 .. 40)
+	{
+		$scope = "rr-$where-$i";
+		$tok = $coord->safe_psql('postgres', "SELECT idem_token_issue('$scope', '1 hour')");
+		last if placement_port('idem.tokens',
+			"(SELECT digest FROM idem.tokens WHERE scope = '$scope')") eq $n->port;
+	}
+	$b = rr_session($n);
+	$coord->safe_psql('postgres', "SELECT idem_token_consume('$tok', '$scope')");
+	is($b->query("SELECT idem_token_status('$tok', '$scope');"), '',
+		"a token's status in REPEATABLE READ on $where after its consumption since the snapshot ...");
+	like($b->{err}, qr/ERROR:  40001/, "... fails with 40001");
+	$b->query("ROLLBACK;");
+	$b->close;
 }
 
 # a transaction that reached its own node's shard through a connection (local
