@@ -29,6 +29,17 @@ CREATE INDEX outbox_key_seq_idx ON idem.outbox ((key_hash + 1), seq);
 SELECT pg_temp.err($$SELECT count(*) FROM idem_outbox_lease('relay')$$);
 ROLLBACK;
 
+-- a column renamed after this session has sent (and found the tables as
+-- idem made them): the next send hears of it
+BEGIN;
+ALTER TABLE idem.outbox RENAME type TO kind;
+SELECT pg_temp.err($$SELECT idem_outbox_send('relations', 'k', '{}')$$);
+ROLLBACK;
+BEGIN;
+ALTER TABLE idem.outbox_keys RENAME last_error TO error;
+SELECT pg_temp.err($$SELECT idem_outbox_send('relations', 'k', '{}')$$);
+ROLLBACK;
+
 -- the primary key on another column
 BEGIN;
 DELETE FROM idem.outbox WHERE aggregatetype <> 'relations';
