@@ -1216,6 +1216,30 @@ COMMENT ON VIEW idem_machines IS
     'every state machine: its initial states and its transitions';
 REVOKE ALL ON idem_machines FROM PUBLIC;
 GRANT SELECT ON idem_machines TO pg_monitor;
+
+-- Guards made by 0.1.0 are BEFORE UPDATE triggers: they would check no
+-- INSERT once their machine has initial states.  Each becomes what
+-- idem_guard makes now, with its name and arguments; a second run finds
+-- none left.  (A trigger cloned on a partition follows its parent's.)
+DO $$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN
+        SELECT t.tgname, t.tgrelid::pg_catalog.regclass AS tbl,
+               pg_catalog.pg_get_triggerdef(t.oid) AS def
+          FROM pg_catalog.pg_trigger t
+         WHERE t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_guard_trigger()'::pg_catalog.regprocedure
+           AND (t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.&) 4) OPERATOR(pg_catalog.=) 0
+           AND t.tgparentid OPERATOR(pg_catalog.=) 0
+    LOOP
+        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', g.tgname, g.tbl);
+        EXECUTE pg_catalog.regexp_replace(g.def,
+                    '^(CREATE TRIGGER ("([^"]|"")*"|[^ ]+)) BEFORE UPDATE ON ',
+                    '\1 BEFORE INSERT OR UPDATE ON ');
+    END LOOP;
+END;
+$$;
 -- ==== END guard for real schemas ====
 
 -- ==== BEGIN scale-out on Citus ====

@@ -56,6 +56,10 @@ SELECT idem_allow('order', 'new', 'paid'), idem_allow('order', 'paid', 'shipped'
 CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, version bigint NOT NULL DEFAULT 0);
 INSERT INTO orders (id, status) VALUES (1, 'new'), (2, 'new');
 SELECT idem_guard('orders', 'order', 'status', 'version');
+-- the trigger as the library of 0.1.0 made it (this library makes today's)
+DROP TRIGGER idem_guard ON orders;
+CREATE TRIGGER idem_guard BEFORE UPDATE ON orders FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'version');
 SELECT idem_transition('orders', '1', 'paid');
 SELECT idem_set_retention('huge', '10000 years');
 SELECT idem_claim('h-1', 'huge');
@@ -111,6 +115,29 @@ SELECT idem_transition('orders', '1', 'paid'), idem_transition('orders', '1', 's
 	'already|applied|illegal', 'the guard set up before the upgrade still decides');
 my ($rc, $out, $err) = $node->psql('up', q{UPDATE orders SET status = 'new' WHERE id = 1});
 like($err, qr/illegal state transition from "shipped" to "new"/, 'the guard trigger still refuses an illegal UPDATE');
+
+# the guard made by 0.1.0 (BEFORE UPDATE) is now the one idem_guard makes,
+# which also checks an INSERT once the machine has initial states
+my $guard_def = q{SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'orders'::regclass};
+$node->safe_psql('fresh', q{
+CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, version bigint NOT NULL DEFAULT 0);
+SELECT idem_allow('order', 'new', 'paid');
+SELECT idem_guard('orders', 'order', 'status', 'version');
+});
+is($node->safe_psql('up', $guard_def), $node->safe_psql('fresh', $guard_def),
+	'the guard made before the upgrade is the trigger idem_guard makes now');
+$node->safe_psql('fresh', q{
+SELECT idem_unguard('orders');
+DROP TABLE orders;
+SELECT idem_disallow('order', 'new', 'paid');
+});
+$node->safe_psql('up', q{SELECT idem_allow_initial('order', 'new')});
+($rc, $out, $err) = $node->psql('up', q{INSERT INTO orders (id, status) VALUES (3, 'shipped')});
+like($err, qr/ERROR:  .*"shipped"/, 'that guard refuses an INSERT in a state that is not initial');
+is($node->safe_psql('up', q{
+INSERT INTO orders (id, status) VALUES (4, 'new');
+DELETE FROM orders WHERE id = 4;
+SELECT idem_disallow_initial('order', 'new')}), 't', 'and accepts one in an initial state');
 
 # (c) every update script's statements, run a second time, change nothing
 for my $script (@updates)
