@@ -83,6 +83,7 @@ extern IdemStore *idem_store_open_keys(const char *relname, LOCKMODE lockmode,
 extern void idem_store_close(IdemStore *store);
 extern bool idem_relation_is_distributed(Oid relid);
 extern TupleDesc idem_store_tupdesc(IdemStore *store);
+extern Relation idem_store_index(IdemStore *store);
 extern ItemPointerData idem_store_inserted_tid(IdemStore *store);
 extern void idem_store_hint(IdemStore *store, ItemPointer tid);
 extern IdemStoreResult idem_store_insert(IdemStore *store, Datum *values,

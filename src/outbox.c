@@ -497,8 +497,8 @@ outbox_backoff(OutboxTopic *t, int32 attempts)
  * transaction that sent messages tries a SHARE lock on it just before it
  * commits, without waiting: when that fails, a relay is idle, and the
  * transaction notifies idem_outbox once per topic.  A relay takes the idle
- * lock before its last look for messages, so a sender that commits after
- * that look sees the lock.  A sender that checked just before the relay took
+ * lock before its last look for messages (a pass, whose snapshot is taken
+ * after the lock), so a sender that commits after that look sees the lock.  A sender that checked just before the relay took
  * it and commits just after its last look is not seen by either: its
  * messages wait for the relay's next poll.  A prepared transaction does not
  * notify (PostgreSQL refuses NOTIFY there); its messages are found by polls.
@@ -846,6 +846,14 @@ outbox_find(OutboxRels *r, pg_uuid_t *id, ItemPointer tid)
 	return found;
 }
 
+/* Whether two texts have the same bytes (the "C" collation's equality). */
+static bool
+outbox_text_eq(text *a, text *b)
+{
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
 /*
  * The head of a key, its oldest message not yet acknowledged, as it stands
  * now.  Leaves its columns in r->slot.
@@ -873,10 +881,7 @@ outbox_head(OutboxRels *r, Datum topic, Datum key)
 		mt = DatumGetTextPP(r->slot->tts_values[OB_TOPIC]);
 		mk = DatumGetTextPP(r->slot->tts_values[OB_KEY]);
 		/* another (topic, key) with the same hash: not ours */
-		if (VARSIZE_ANY_EXHDR(mt) == VARSIZE_ANY_EXHDR(t) &&
-			VARSIZE_ANY_EXHDR(mk) == VARSIZE_ANY_EXHDR(k) &&
-			memcmp(VARDATA_ANY(mt), VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t)) == 0 &&
-			memcmp(VARDATA_ANY(mk), VARDATA_ANY(k), VARSIZE_ANY_EXHDR(k)) == 0)
+		if (outbox_text_eq(mt, t) && outbox_text_eq(mk, k))
 		{
 			found = true;
 			break;
@@ -1246,13 +1251,283 @@ lease_present_hashes(OutboxRels *r, int *n)
 }
 
 /*
+ * Lease the head of the key whose row version, as the pass's snapshot sees
+ * it, is in kslot (pinned) at tid.  True when a message was leased (it is
+ * then in the result).  kslot is left empty.
+ */
+static bool
+lease_try(IdemStore *store, TupleTableSlot *kslot, ItemPointer tid,
+		  ReturnSetInfo *rsinfo, LeaseArg *arg, List **topics)
+{
+	IdemStoreUpdateResult res;
+	text	   *topic;
+
+	/*
+	 * A version another transaction has updated since, or is updating, will
+	 * not be updated here: skip it before the probe of its head.
+	 */
+	if (lease_row_changed(kslot))
+	{
+		ExecClearTuple(kslot);
+		return false;
+	}
+	slot_getallattrs(kslot);
+	topic = DatumGetTextPCopy(kslot->tts_values[OK_TOPIC]);
+	arg->topic = outbox_topic(topics, topic);
+
+	/*
+	 * The row is updated where the pass saw it, if no transaction has changed
+	 * it since: one that has, or is changing it, is skipped.
+	 */
+	res = idem_store_try_update_at(store, tid, kslot->tts_values,
+								   kslot->tts_isnull, lease_key, arg);
+	ExecClearTuple(kslot);
+	if (res == IDEM_UPDATE_DONE && arg->leased)
+	{
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
+							 arg->values, arg->isnull);
+		outbox_remember_lease(&arg->head_id, &arg->head_tid,
+							  idem_store_updated_tid(store));
+		idem_stat_count_text(IDEM_KIND_OUTBOX, topic, IDEM_OUTBOX_LEASED, 1);
+		if (DatumGetInt32(arg->values[6]) > 1)
+			idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
+								 IDEM_OUTBOX_REDELIVERED, 1);
+		return true;
+	}
+	if (res == IDEM_UPDATE_DONE && arg->died)
+		idem_stat_count_text(IDEM_KIND_OUTBOX, topic, IDEM_OUTBOX_DEAD, 1);
+	return false;
+}
+
+/*
+ * Fill heap with the candidates of a scan of every key row under snap: the
+ * keys not dead and available now (after: the last candidate an earlier
+ * round tried, or NULL; present: see lease_present_hashes).
+ */
+static void
+lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
+				LeaseHeap *heap, LeaseCandidate *after, LeaseArg *arg,
+				int64 *present, int npresent, bool *more)
+{
+	TableScanDesc scan = table_beginscan(keys_rel, snap, 0, NULL);
+
+	while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
+	{
+		bool		dnull;
+		bool		anull;
+		Datum		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
+		Datum		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
+		int64		hash;
+
+		if (dnull || anull || DatumGetBool(dead) ||
+			DatumGetTimestampTz(avail) > arg->now)
+			continue;
+		if (after != NULL)
+		{
+			LeaseCandidate cand;
+
+			/* tried by an earlier round */
+			cand.available_at = DatumGetTimestampTz(avail);
+			cand.tid = kslot->tts_tid;
+			if (lease_candidate_cmp(&cand, after) <= 0)
+				continue;
+		}
+		if (present != NULL)
+		{
+			bool		tnull;
+			bool		knull;
+			Datum		t = slot_getattr(kslot, OK_TOPIC + 1, &tnull);
+			Datum		k = slot_getattr(kslot, OK_KEY + 1, &knull);
+
+			/* no entry in the index: no head */
+			if (tnull || knull)
+				continue;
+			hash = outbox_key_hash(DatumGetTextPP(t), DatumGetTextPP(k));
+			if (bsearch(&hash, present, npresent, sizeof(int64),
+						lease_hash_cmp) == NULL)
+			{
+				arg->misses++;
+				continue;
+			}
+		}
+		if (heap->n == heap->size)
+			*more = true;
+		lease_heap_add(heap, DatumGetTimestampTz(avail), &kslot->tts_tid);
+		CHECK_FOR_INTERRUPTS();
+	}
+	table_endscan(scan);
+}
+
+/*
+ * ---- Finding keys through their messages ----
+ *
+ * A pass that scans the key rows reads every one, however few keys have
+ * messages: with many idle keys (keys are often the ids of orders or
+ * accounts, and a key's row stays until idem_outbox_purge) and a short
+ * backlog, as when relays keep up, that is most of a lease's work, paid
+ * again by every lease that finds nothing.  So a pass first reads the index
+ * of heads, (key_hash, seq), in order, under the pass's snapshot, and finds
+ * the key row of each key seen there through the primary key: the same
+ * candidates, kept and tried in the same order, as a scan of the key rows
+ * would give, from the keys that have messages only (the others have no
+ * head to lease).
+ *
+ * The read gives up once it has cost more than a scan of the key rows would
+ * (a long backlog, counted in messages: many messages of a few keys count
+ * as many): the pass then scans the key rows, and so do the next
+ * LEASE_MESSAGES_SKIP passes of the session.  Every index entry read counts
+ * (one the snapshot cannot see costs its heap fetch too), a key row found
+ * LEASE_PROBE_COST; a scan of the key rows is priced at LEASE_ROWS_PER_PAGE
+ * rows per page of the table, plus LEASE_MIN_BUDGET.
+ */
+#define LEASE_MESSAGES_SKIP 16
+#define LEASE_ROWS_PER_PAGE 40
+#define LEASE_MIN_BUDGET	64
+#define LEASE_PROBE_COST	2
+
+/* Passes of this session that scan the key rows without trying the index. */
+static int	lease_messages_skip = 0;
+
+/* A (topic, key) seen in the index, among those with one key_hash. */
+typedef struct LeaseSeenKey
+{
+	text	   *topic;
+	text	   *key;
+} LeaseSeenKey;
+
+/*
+ * Fill heap with the candidates among the keys that have a message visible
+ * to snap, as lease_scan_keys does from every key row (after: the last
+ * candidate an earlier round tried, or NULL).  False when that cost more
+ * than the scan: heap is then to be filled by the scan.
+ */
+static bool
+lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
+							 Relation keys_rel, Snapshot snap,
+							 TupleTableSlot *kslot, LeaseHeap *heap,
+							 LeaseCandidate *after, TimestampTz now,
+							 bool *more)
+{
+	Relation	keys_index = idem_store_index(store);
+	int64		budget;
+	int64		cost = 0;
+	int64		run_hash = 0;
+	List	   *run = NIL;		/* LeaseSeenKey of run_hash */
+	IndexScanDesc scan;
+	IndexScanDesc kscan;
+	ScanKeyData skeys[2];
+	bool		ok = true;
+
+	Assert(keys_index != NULL);
+	budget = (int64) RelationGetNumberOfBlocks(keys_rel) * LEASE_ROWS_PER_PAGE +
+		LEASE_MIN_BUDGET;
+
+	scan = index_beginscan(r->rel, r->key_seq, snap, 0, 0);
+	index_rescan(scan, NULL, 0, NULL, 0);
+	kscan = index_beginscan(keys_rel, keys_index, snap, 2, 0);
+	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)
+	{
+		int64		hash;
+		text	   *topic;
+		text	   *key;
+		bool		known = false;
+		ListCell   *lc;
+		LeaseSeenKey *seen;
+		bool		dnull;
+		bool		anull;
+		Datum		dead;
+		Datum		avail;
+
+		CHECK_FOR_INTERRUPTS();
+		/* every entry counts, also one whose message the snapshot cannot see */
+		if (++cost > budget)
+		{
+			ok = false;
+			break;
+		}
+		if (!index_fetch_heap(scan, r->slot))
+			continue;
+		slot_getallattrs(r->slot);
+		hash = DatumGetInt64(r->slot->tts_values[OB_KEY_HASH]);
+		topic = DatumGetTextPP(r->slot->tts_values[OB_TOPIC]);
+		key = DatumGetTextPP(r->slot->tts_values[OB_KEY]);
+		if (run != NIL && hash == run_hash)
+		{
+			/* a later message of a key seen, or a key with the same hash */
+			foreach(lc, run)
+			{
+				seen = lfirst(lc);
+				if (outbox_text_eq(seen->topic, topic) &&
+					outbox_text_eq(seen->key, key))
+				{
+					known = true;
+					break;
+				}
+			}
+			if (known)
+				continue;
+		}
+		else
+		{
+			list_free_deep(run);
+			run = NIL;
+			run_hash = hash;
+		}
+		seen = palloc(sizeof(LeaseSeenKey));
+		seen->topic = DatumGetTextPCopy(PointerGetDatum(topic));
+		seen->key = DatumGetTextPCopy(PointerGetDatum(key));
+		run = lappend(run, seen);
+
+		/*
+		 * The key's row, as the scan of the key rows would see it.  The
+		 * primary key is on (topic, key), both text in the "C" collation, as
+		 * outbox_keys_open checked.
+		 */
+		cost += LEASE_PROBE_COST;
+		ScanKeyEntryInitialize(&skeys[0], 0, 1, BTEqualStrategyNumber,
+							   InvalidOid, C_COLLATION_OID, F_TEXTEQ,
+							   PointerGetDatum(topic));
+		ScanKeyEntryInitialize(&skeys[1], 0, 2, BTEqualStrategyNumber,
+							   InvalidOid, C_COLLATION_OID, F_TEXTEQ,
+							   PointerGetDatum(key));
+		index_rescan(kscan, skeys, 2, NULL, 0);
+		if (!index_getnext_slot(kscan, ForwardScanDirection, kslot))
+			continue;
+		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
+		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
+		if (!dnull && !anull && !DatumGetBool(dead) &&
+			DatumGetTimestampTz(avail) <= now)
+		{
+			LeaseCandidate cand;
+
+			cand.available_at = DatumGetTimestampTz(avail);
+			cand.tid = kslot->tts_tid;
+			if (after == NULL || lease_candidate_cmp(&cand, after) > 0)
+			{
+				if (heap->n == heap->size)
+					*more = true;
+				lease_heap_add(heap, cand.available_at, &cand.tid);
+			}
+		}
+		ExecClearTuple(kslot);
+	}
+	index_endscan(kscan);
+	index_endscan(scan);
+	ExecClearTuple(r->slot);
+	list_free_deep(run);
+	return ok;
+}
+
+/*
  * One look for keys whose head may be leased now: their heads go into the
  * result, up to max_messages.  Returns how many.
  *
- * The scan keeps only the best candidates, about twice as many as may be
- * leased; the rows are read again when they are tried, under the scan's
+ * The candidates come from the index of heads (lease_candidates_by_messages)
+ * or, past its cost, from a scan of every key row (lease_scan_keys).  The
+ * pass keeps only the best candidates, about twice as many as may be
+ * leased; the rows are read again when they are tried, under the pass's
  * snapshot, which keeps the versions it saw where they were.  When fewer
- * than max_messages could be leased and the scan saw more candidates than
+ * than max_messages could be leased and the pass saw more candidates than
  * it kept, it runs again under the same snapshot for the next ones.
  */
 static int
@@ -1260,13 +1535,13 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 		   LeaseArg *arg, int max_messages, List **topics)
 {
 	Relation	keys_rel;
-	TableScanDesc scan;
 	Snapshot	snap;
 	TupleTableSlot *kslot;
 	LeaseHeap	heap;
 	LeaseCandidate last;
 	bool		have_last = false;
 	bool		more;
+	bool		by_messages = false;
 	int64	   *present = NULL;
 	int			npresent = 0;
 	int			nleased = 0;
@@ -1282,7 +1557,12 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 	 * per such key: see lease_present_hashes.
 	 */
 	arg->misses = 0;
-	if (lease_last_misses > 0 &&
+	/* the keys with messages through the index, or every key row */
+	if (lease_messages_skip > 0)
+		lease_messages_skip--;
+	else
+		by_messages = idem_store_index(store) != NULL;
+	if (!by_messages && lease_last_misses > 0 &&
 		RelationGetNumberOfBlocks(r->key_seq) < (BlockNumber) lease_last_misses)
 		present = lease_present_hashes(r, &npresent);
 	/* this call's own updates (a first pass) must be seen */
@@ -1294,104 +1574,34 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 	{
 		heap.n = 0;
 		more = false;
-		scan = table_beginscan(keys_rel, snap, 0, NULL);
-		while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
+		if (by_messages &&
+			!lease_candidates_by_messages(store, r, keys_rel, snap, kslot,
+										  &heap, have_last ? &last : NULL,
+										  arg->now, &more))
 		{
-			bool		dnull;
-			bool		anull;
-			Datum		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
-			Datum		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
-			int64		hash;
-
-			if (dnull || anull || DatumGetBool(dead) ||
-				DatumGetTimestampTz(avail) > arg->now)
-				continue;
-			if (have_last)
-			{
-				LeaseCandidate cand;
-
-				/* tried by an earlier round */
-				cand.available_at = DatumGetTimestampTz(avail);
-				cand.tid = kslot->tts_tid;
-				if (lease_candidate_cmp(&cand, &last) <= 0)
-					continue;
-			}
-			if (present != NULL)
-			{
-				bool		tnull;
-				bool		knull;
-				Datum		t = slot_getattr(kslot, OK_TOPIC + 1, &tnull);
-				Datum		k = slot_getattr(kslot, OK_KEY + 1, &knull);
-
-				/* no entry in the index: no head */
-				if (tnull || knull)
-					continue;
-				hash = outbox_key_hash(DatumGetTextPP(t), DatumGetTextPP(k));
-				if (bsearch(&hash, present, npresent, sizeof(int64),
-							lease_hash_cmp) == NULL)
-				{
-					arg->misses++;
-					continue;
-				}
-			}
-			if (heap.n == heap.size)
-				more = true;
-			lease_heap_add(&heap, DatumGetTimestampTz(avail), &kslot->tts_tid);
-			CHECK_FOR_INTERRUPTS();
+			/* a long backlog: the key rows, for a while */
+			by_messages = false;
+			lease_messages_skip = LEASE_MESSAGES_SKIP;
+			heap.n = 0;
+			more = false;
 		}
-		table_endscan(scan);
+		if (!by_messages)
+			lease_scan_keys(keys_rel, snap, kslot, &heap,
+							have_last ? &last : NULL, arg, present, npresent,
+							&more);
 
 		/* the keys that have waited longest first */
 		qsort(heap.c, heap.n, sizeof(LeaseCandidate), lease_candidate_cmp);
 
 		for (i = 0; i < heap.n && nleased < max_messages; i++)
 		{
-			IdemStoreUpdateResult res;
-			text	   *topic;
-
 			CHECK_FOR_INTERRUPTS();
-			/* the version the scan saw: the snapshot keeps it there */
+			/* the version the pass saw: the snapshot keeps it there */
 			if (!table_tuple_fetch_row_version(keys_rel, &heap.c[i].tid, snap,
 											   kslot))
 				continue;
-			/*
-			 * A version another transaction has updated since, or is
-			 * updating, will not be updated here: skip it before the probe
-			 * of its head.
-			 */
-			if (lease_row_changed(kslot))
-			{
-				ExecClearTuple(kslot);
-				continue;
-			}
-			slot_getallattrs(kslot);
-			topic = DatumGetTextPCopy(kslot->tts_values[OK_TOPIC]);
-			arg->topic = outbox_topic(topics, topic);
-
-			/*
-			 * The row is updated where the scan saw it, if no transaction has
-			 * changed it since: one that has, or is changing it, is skipped.
-			 */
-			res = idem_store_try_update_at(store, &heap.c[i].tid,
-										   kslot->tts_values, kslot->tts_isnull,
-										   lease_key, arg);
-			ExecClearTuple(kslot);
-			if (res == IDEM_UPDATE_DONE && arg->leased)
-			{
-				tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
-									 arg->values, arg->isnull);
-				outbox_remember_lease(&arg->head_id, &arg->head_tid,
-									  idem_store_updated_tid(store));
+			if (lease_try(store, kslot, &heap.c[i].tid, rsinfo, arg, topics))
 				nleased++;
-				idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
-									 IDEM_OUTBOX_LEASED, 1);
-				if (DatumGetInt32(arg->values[6]) > 1)
-					idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
-										 IDEM_OUTBOX_REDELIVERED, 1);
-			}
-			else if (res == IDEM_UPDATE_DONE && arg->died)
-				idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
-									 IDEM_OUTBOX_DEAD, 1);
 		}
 		if (heap.n > 0)
 		{

@@ -790,6 +790,16 @@ idem_store_tupdesc(IdemStore *store)
 }
 
 /*
+ * The unique index on the key, which idem_store_open checked; NULL for a
+ * table distributed by Citus (the store then goes through SQL).
+ */
+Relation
+idem_store_index(IdemStore *store)
+{
+	return store->index;
+}
+
+/*
  * What a probe found.  An in-flight deletion (a release or a purge not yet
  * committed) is told apart from an in-flight insertion.
  */
