@@ -20,8 +20,10 @@
 # FSYNC (off: the faults are process crashes, which lose nothing the kernel
 # was given; "on" for a slower, fully durable server).
 #
-# The server listens on a Unix socket in /tmp/idem-chaos, port 5611.  Its
-# log and the output of failed rounds are kept there.
+# The server listens on a Unix socket in DIR (/tmp/idem-chaos), port PORT
+# (5611).  Its log and the output of failed rounds are kept there.  A second
+# run with the same DIR waits for the first to end rather than stop its
+# server.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/scripts/common.sh"
@@ -37,8 +39,11 @@ SIGKILL_MS=${SIGKILL_MS:-2000}
 REDELIVER=${REDELIVER:-0.35}
 SEED=${SEED:-$(( (RANDOM << 15) | RANDOM ))}
 FSYNC=${FSYNC:-off}
-dir=/tmp/idem-chaos
-port=5611
+dir=${DIR:-/tmp/idem-chaos}
+port=${PORT:-5611}
+case $dir in /*) ;; *) die "DIR must be an absolute path" ;; esac
+exec 9>"$dir.lock"
+flock 9
 
 install_packages
 work=$(copy_tree "$here")

@@ -1830,22 +1830,40 @@ store_sql_own_transaction(TransactionId xid)
  * server's: fail as PostgreSQL fails a write that meets a concurrent update.
  * found is the probe's answer; on PROBE_EXISTS and PROBE_IN_FLIGHT_DELETE
  * the latest committed version is in the probe's slot.
+ *
+ * The statement runs on this backend's snapshot through Citus's local
+ * execution only: with citus.enable_local_execution off it runs in another
+ * backend, whose snapshot this one cannot judge, and nothing is checked.
+ * (When Citus has turned local execution off for the rest of a transaction
+ * that reached this node through a connection first, the check may fail a
+ * call the statement would have answered: an error, never a wrong answer.)
  */
 static void
 store_sql_check_snapshot(IdemStore *probe, IdemStore *store,
 						 const Datum *keys, ProbeResult found)
 {
-	Snapshot	snapshot = GetTransactionSnapshot();
+	Snapshot	snapshot;
+	const char *local = GetConfigOption("citus.enable_local_execution", true,
+										false);
 	bool		differs;
+
+	if (local != NULL && strcmp(local, "on") != 0)
+		return;
+	snapshot = GetTransactionSnapshot();
 
 	if (found == PROBE_EXISTS || found == PROBE_IN_FLIGHT_DELETE)
 	{
-		HeapTuple	tuple = ExecFetchSlotHeapTuple(probe->probe_slot, false,
-												   NULL);
+		Assert(!TTS_EMPTY(probe->probe_slot));
+		differs = !table_tuple_satisfies_snapshot(probe->rel, probe->probe_slot,
+												  snapshot);
+		/* a row of this transaction's (also of a subtransaction) is seen */
+		if (differs && TTS_IS_BUFFERTUPLE(probe->probe_slot))
+		{
+			HeapTuple	tuple = ExecFetchSlotHeapTuple(probe->probe_slot,
+													   false, NULL);
 
-		differs = !TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data)) &&
-			!table_tuple_satisfies_snapshot(probe->rel, probe->probe_slot,
-											snapshot);
+			differs = !TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data));
+		}
 	}
 	else if (found == PROBE_ABSENT)
 	{
@@ -1868,9 +1886,9 @@ store_sql_check_snapshot(IdemStore *probe, IdemStore *store,
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("could not serialize access due to concurrent update"),
-				 errdetail("The key's row of \"%s.%s\" was changed by a transaction that committed after this transaction's snapshot was taken.",
+				 errdetail("A row with this key in table \"%s.%s\" was inserted, updated or deleted by a transaction that committed after this transaction's snapshot was taken.",
 						   IDEM_SCHEMA, RelationGetRelationName(store->rel)),
-				 errhint("Retry the transaction.")));
+				 errhint("The transaction might succeed if retried.")));
 }
 
 /*
@@ -1949,16 +1967,18 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 		 * sees it: inserted, it exists; deleted, it is gone.  Waiting for
 		 * that connection's backend would wait for ourselves.
 		 */
-		ExecClearTuple(probe->probe_slot);
 		if (store_sql_own_transaction(xid))
 		{
+			ExecClearTuple(probe->probe_slot);
 			found = (found == PROBE_IN_FLIGHT_INSERT) ? PROBE_EXISTS : PROBE_ABSENT;
 			idem_store_close(probe);
 			return found;
 		}
-		/* again, for the row the snapshot check needs in the slot */
-		if (wait == IDEM_WAIT || IsolationUsesXactSnapshot())
-			found = store_probe(probe, keys, wait);
+		if (wait == IDEM_WAIT)
+		{
+			ExecClearTuple(probe->probe_slot);
+			found = store_probe(probe, keys, IDEM_WAIT);
+		}
 	}
 	if (IsolationUsesXactSnapshot())
 		store_sql_check_snapshot(probe, store, keys, found);

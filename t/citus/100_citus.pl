@@ -236,7 +236,8 @@ sub await_lock_wait
 		{
 			return pass("$what waits for a lock")
 			  if $n->safe_psql('postgres',
-				"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0;
+				"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+				  . " AND query LIKE '%idem\\_%'") > 0;
 		}
 		usleep(100_000);
 	}
@@ -255,7 +256,7 @@ for my $end ('ROLLBACK', 'COMMIT')
 		'in_flight', "try-claim on another node: in flight ($end)");
 	$b->{in} .= "SELECT idem_claim('$key');\n";
 	$b->{h}->pump_nb;
-	await_lock_wait("the call of the second session");
+	await_lock_wait("a claim on another node ($end)");
 	$a->query("$end;");
 	is($b->query("SELECT 'done';"),
 		($end eq 'COMMIT' ? "f\ndone" : "t\ndone"),
@@ -279,7 +280,7 @@ for my $node ([ 'the coordinator', $coord ], [ 'worker 1', $w1 ], [ 'worker 2', 
 		is($b->query("SELECT idem_try_claim('$key');"), 'in_flight', "in flight through $where ($end)");
 		$b->{in} .= "SELECT idem_release('$key');\n";
 		$b->{h}->pump_nb;
-		await_lock_wait("the call of the second session");
+		await_lock_wait("a release through $where ($end)");
 		$a->query("$end;");
 		is($b->query("SELECT 'done';"),
 			($end eq 'COMMIT' ? "t\ndone" : "f\ndone"),
@@ -288,8 +289,9 @@ for my $node ([ 'the coordinator', $coord ], [ 'worker 1', $w1 ], [ 'worker 2', 
 		$b->close;
 
 		# a token call runs where it is made: it can wait only on the node
-		# that holds the token's shard; elsewhere its statement does not see
-		# the row in flight, and it answers as if it came first
+		# that holds the token's shard (never the coordinator, which holds
+		# no shard); elsewhere its statement does not see the row in flight,
+		# and it answers as if it came first
 		$a = IdemTest::Session->new($coord, 'postgres');
 		$b = IdemTest::Session->new($n, 'postgres');
 		$a->query("BEGIN;");
@@ -303,11 +305,12 @@ for my $node ([ 'the coordinator', $coord ], [ 'worker 1', $w1 ], [ 'worker 2', 
 			last if $here || $n == $coord;
 		}
 		ok(defined $tok && $tok ne '', "token issued, not committed ($end, $where)");
+		ok($here || $n == $coord, "a token whose shard is on $where, if it is a worker");
 		if ($here)
 		{
 			$b->{in} .= "SELECT idem_token_consume('$tok', '$scope');\n";
 			$b->{h}->pump_nb;
-			await_lock_wait("a consumption through $where, where the token's shard is");
+			await_lock_wait("a consumption through $where, where the token's shard is ($end)");
 			$a->query("$end;");
 			is($b->query("SELECT 'done';"),
 				($end eq 'COMMIT' ? "t\ndone" : "f\ndone"),
@@ -347,7 +350,7 @@ for my $node ([ 'the coordinator', $coord ], [ 'worker 1', $w1 ], [ 'worker 2', 
 		is($a->query("BEGIN; SELECT idem_claim('$key');"), 't', "claimed, not committed (RR, $end, $where)");
 		$b->{in} .= "SELECT idem_release('$key');\n";
 		$b->{h}->pump_nb;
-		await_lock_wait("the call of the second session");
+		await_lock_wait("a release in REPEATABLE READ through $where ($end)");
 		$a->query("$end;");
 		is($b->query("ROLLBACK; SELECT 'done';"),
 			($end eq 'COMMIT' ? "done" : "f\ndone"),
