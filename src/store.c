@@ -133,6 +133,13 @@ typedef struct StoreCacheEntry
 	 * STORE_DIST_UNKNOWN: not asked yet), for store_sql_probe_shard.
 	 */
 	int			dist_key;
+
+	/*
+	 * Whether this node holds a placement of any of the table's shards (1),
+	 * none (0), or STORE_DIST_UNKNOWN.  Citus invalidates the table's
+	 * relcache entry when it adds or removes a placement, which forgets it.
+	 */
+	int			local_placements;
 } StoreCacheEntry;
 
 #define STORE_DIST_UNKNOWN (-2)
@@ -203,6 +210,7 @@ store_relcache_callback(Datum arg, Oid relid)
 			store_cache[i].indexes_valid = false;
 			store_cache[i].dist_known = false;
 			store_cache[i].dist_key = STORE_DIST_UNKNOWN;
+			store_cache[i].local_placements = STORE_DIST_UNKNOWN;
 			store_cache[i].inval_count++;
 		}
 		else
@@ -389,6 +397,7 @@ store_cache_entry(const char *relname)
 	e->eqproc[0] = InvalidOid;
 	e->dist_known = false;
 	e->dist_key = STORE_DIST_UNKNOWN;
+	e->local_placements = STORE_DIST_UNKNOWN;
 	return e;
 }
 
@@ -577,6 +586,7 @@ idem_store_open_keys(const char *relname, LOCKMODE lockmode, int nkeys)
 		e->indexes_valid = false;
 		e->dist_known = false;
 		e->dist_key = STORE_DIST_UNKNOWN;
+		e->local_placements = STORE_DIST_UNKNOWN;
 	}
 
 	/*
@@ -1795,6 +1805,39 @@ store_sql_dist_key(IdemStore *store)
 }
 
 /*
+ * Whether this node holds a placement of a shard of the store's table,
+ * asked once per table and backend until Citus changes the placements (a
+ * coordinator that holds none then skips store_sql_probe_shard's query).
+ */
+static bool
+store_sql_local_placements(IdemStore *store)
+{
+	Oid			argtypes[1] = {OIDOID};
+	Datum		args[1];
+	int			rc;
+	bool		some;
+
+	if (store->entry != NULL &&
+		store->entry->local_placements != STORE_DIST_UNKNOWN)
+		return store->entry->local_placements > 0;
+	args[0] = ObjectIdGetDatum(RelationGetRelid(store->rel));
+	rc = SPI_execute_with_args("SELECT FROM pg_catalog.pg_dist_shard s, pg_catalog.pg_dist_placement p,"
+							   " pg_catalog.pg_dist_local_group g"
+							   " WHERE s.logicalrelid OPERATOR(pg_catalog.=) $1"
+							   " AND p.shardid OPERATOR(pg_catalog.=) s.shardid"
+							   " AND p.groupid OPERATOR(pg_catalog.=) g.groupid",
+							   1, argtypes, args, NULL, true, 1);
+	store_sql_check(rc, SPI_OK_SELECT, "the local placements");
+	some = SPI_processed > 0;
+	/* kept unless an invalidation reset the entry while the query ran */
+	if (store->entry != NULL &&
+		store->entry->relid == RelationGetRelid(store->rel) &&
+		store->entry->dist_known)
+		store->entry->local_placements = some ? 1 : 0;
+	return some;
+}
+
+/*
  * Whether the transaction xid (in progress) is run, on this node, for the
  * same Citus distributed transaction as this backend's.
  */
@@ -1920,7 +1963,7 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 	ProbeResult found;
 	int			rc;
 
-	if (dkey < 0)
+	if (dkey < 0 || !store_sql_local_placements(store))
 		return PROBE_ABSENT;
 	argtypes[0] = OIDOID;
 	args[0] = ObjectIdGetDatum(RelationGetRelid(store->rel));

@@ -230,9 +230,10 @@ sub placement_port
 sub await_lock_wait
 {
 	my ($what) = @_;
-	for my $try (1 .. 10 * $PostgreSQL::Test::Utils::timeout_default)
+	my $deadline = time() + $PostgreSQL::Test::Utils::timeout_default;
+	while (time() < $deadline)
 	{
-		for my $n ($coord, $w1, $w2)
+		for my $n ($coord, $w1, $w2, $w3)
 		{
 			return pass("$what waits for a lock")
 			  if $n->safe_psql('postgres',
@@ -464,6 +465,12 @@ $coord->poll_query_until('postgres',
   or die 'the stream of claims did not start';
 $coord->safe_psql('postgres',
 	"SELECT citus_add_node('" . $w3->host . "', " . $w3->port . ")");
+# a session of the third worker, before it holds any shard: its token call
+# finds no placement there (and remembers it)
+my $s3 = IdemTest::Session->new($w3, 'postgres');
+my $t3 = $coord->safe_psql('postgres', "SELECT idem_token_issue('w3', '1 hour')");
+is($s3->query("SELECT idem_token_consume('$t3', 'w3');"), 't',
+	'a token consumed on the third worker before it holds shards');
 $coord->safe_psql('postgres',
 	"SELECT rebalance_table_shards(shard_transfer_mode := 'block_writes')");
 note 'claims of the stream when the rebalance ended: '
@@ -485,6 +492,31 @@ is( $coord->safe_psql('postgres',
 is( $w3->safe_psql('postgres',
 		"SELECT count(*) FROM generate_series(1, $n) i WHERE idem_claim('s-' || i)"),
 	'0', 'none given twice, through the third worker');
+
+# the same session, once the rebalance has moved shards onto its node,
+# probes them: a consumption of a token being issued there waits for it
+{
+	my $a = IdemTest::Session->new($coord, 'postgres');
+	my ($tok, $scope, $here);
+	$a->query("BEGIN;");
+	for my $i (1 .. 40)
+	{
+		$scope = "w3-moved-$i";
+		$tok = $a->query("SELECT idem_token_issue('$scope', '1 hour');");
+		my $digest = $a->query("SELECT digest FROM idem.tokens WHERE scope = '$scope';");
+		$here = placement_port('idem.tokens', "'$digest'::bytea") eq $w3->port;
+		last if $here;
+	}
+	ok($here, 'a token whose shard moved to the third worker');
+	$s3->{in} .= "SELECT idem_token_consume('$tok', '$scope');\n";
+	$s3->{h}->pump_nb;
+	await_lock_wait('a consumption on the third worker, after shards moved there');
+	$a->query("COMMIT;");
+	is($s3->query("SELECT 'done';"), "t\ndone",
+		'... waits for the issue and consumes the token');
+	$a->close;
+	$s3->close;
+}
 
 # the guard refuses a distributed business table, clearly
 $coord->safe_psql(
