@@ -1374,19 +1374,27 @@ lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
  *
  * The read gives up once it has cost more than a scan of the key rows would
  * (a long backlog, counted in messages: many messages of a few keys count
- * as many): the pass then scans the key rows, and so do the next
- * LEASE_MESSAGES_SKIP passes of the session.  Every index entry read counts
- * (one the snapshot cannot see costs its heap fetch too), a key row found
- * LEASE_PROBE_COST; a scan of the key rows is priced at LEASE_ROWS_PER_PAGE
- * rows per page of the table, plus LEASE_MIN_BUDGET.
+ * as many): the pass then scans the key rows, and so do the session's next
+ * passes, LEASE_MESSAGES_SKIP of them, twice as many after each read given
+ * up in a row, up to LEASE_MESSAGES_SKIP_MAX, so that a long backlog pays
+ * little for the reads given up; a pass that leased nothing (the backlog
+ * may be gone) lets the next one try the index again.  Every index entry
+ * read counts (one the snapshot cannot see costs its heap fetch too), a key
+ * row found LEASE_PROBE_COST; a scan of the key rows is priced at
+ * LEASE_ROWS_PER_PAGE rows per page of the table, plus LEASE_MIN_BUDGET.
  */
 #define LEASE_MESSAGES_SKIP 16
+#define LEASE_MESSAGES_SKIP_MAX 256
 #define LEASE_ROWS_PER_PAGE 40
 #define LEASE_MIN_BUDGET	64
 #define LEASE_PROBE_COST	2
 
-/* Passes of this session that scan the key rows without trying the index. */
+/*
+ * Passes of this session that scan the key rows without trying the index,
+ * and how many the next read given up sets.
+ */
 static int	lease_messages_skip = 0;
+static int	lease_messages_backoff = LEASE_MESSAGES_SKIP;
 
 /* A (topic, key) seen in the index, among those with one key_hash. */
 typedef struct LeaseSeenKey
@@ -1581,10 +1589,14 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 		{
 			/* a long backlog: the key rows, for a while */
 			by_messages = false;
-			lease_messages_skip = LEASE_MESSAGES_SKIP;
+			lease_messages_skip = lease_messages_backoff;
+			lease_messages_backoff = Min(lease_messages_backoff * 2,
+										 LEASE_MESSAGES_SKIP_MAX);
 			heap.n = 0;
 			more = false;
 		}
+		else if (by_messages)
+			lease_messages_backoff = LEASE_MESSAGES_SKIP;
 		if (!by_messages)
 			lease_scan_keys(keys_rel, snap, kslot, &heap,
 							have_last ? &last : NULL, arg, present, npresent,
@@ -1609,6 +1621,9 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 			have_last = true;
 		}
 	} while (more && nleased < max_messages);
+	/* a scan of the key rows that found nothing: the backlog may be gone */
+	if (!by_messages && nleased == 0)
+		lease_messages_skip = 0;
 	ExecDropSingleTupleTableSlot(kslot);
 	UnregisterSnapshot(snap);
 	table_close(keys_rel, NoLock);
