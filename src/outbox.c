@@ -1377,14 +1377,15 @@ lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
  * as many): the pass then scans the key rows, and so do the session's next
  * passes, LEASE_MESSAGES_SKIP of them, twice as many after each read given
  * up in a row, up to LEASE_MESSAGES_SKIP_MAX, so that a long backlog pays
- * little for the reads given up; a pass that leased nothing (the backlog
- * may be gone) lets the next one try the index again.  Every index entry
- * read counts (one the snapshot cannot see costs its heap fetch too), a key
- * row found LEASE_PROBE_COST; a scan of the key rows is priced at
- * LEASE_ROWS_PER_PAGE rows per page of the table, plus LEASE_MIN_BUDGET.
+ * little for the reads given up, and a backlog gone is noticed within that
+ * many passes.  (A pass that leases nothing is no sign of that: the heads
+ * may all be leased, waiting for a retry, or behind dead keys.)  Every
+ * index entry read counts (one the snapshot cannot see costs its heap fetch
+ * too), a key row found LEASE_PROBE_COST; a scan of the key rows is priced
+ * at LEASE_ROWS_PER_PAGE rows per page of the table, plus LEASE_MIN_BUDGET.
  */
 #define LEASE_MESSAGES_SKIP 16
-#define LEASE_MESSAGES_SKIP_MAX 256
+#define LEASE_MESSAGES_SKIP_MAX 64
 #define LEASE_ROWS_PER_PAGE 40
 #define LEASE_MIN_BUDGET	64
 #define LEASE_PROBE_COST	2
@@ -1621,9 +1622,6 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 			have_last = true;
 		}
 	} while (more && nleased < max_messages);
-	/* a scan of the key rows that found nothing: the backlog may be gone */
-	if (!by_messages && nleased == 0)
-		lease_messages_skip = 0;
 	ExecDropSingleTupleTableSlot(kslot);
 	UnregisterSnapshot(snap);
 	table_close(keys_rel, NoLock);

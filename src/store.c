@@ -1764,6 +1764,29 @@ store_sql_copy_row(IdemStore *store, MemoryContext cxt, Datum *values,
 }
 
 /*
+ * Run a read-only query of Citus's catalogs under a snapshot taken now:
+ * after the invalidations that the opening of the table took in, so that
+ * an answer kept until the next invalidation is never older than it.  (The
+ * statement's own snapshot may predate a change whose invalidation has
+ * already reset the cache.)
+ */
+static void
+store_sql_catalog_query(const char *query, Oid argtype, Datum arg,
+						const char *what)
+{
+	SPIPlanPtr	plan = SPI_prepare(query, 1, &argtype);
+	int			rc;
+
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for %s: %s", what,
+			 SPI_result_code_string(SPI_result));
+	rc = SPI_execute_snapshot(plan, &arg, NULL, GetLatestSnapshot(),
+							  InvalidSnapshot, true, false, 1);
+	store_sql_check(rc, SPI_OK_SELECT, what);
+	SPI_freeplan(plan);
+}
+
+/*
  * Which key column Citus distributes the store's table by hash, asked once
  * per table and backend: -1 when none is (a reference table, or another
  * method of distribution, which is left to the statements).
@@ -1771,20 +1794,17 @@ store_sql_copy_row(IdemStore *store, MemoryContext cxt, Datum *values,
 static int
 store_sql_dist_key(IdemStore *store)
 {
-	Oid			argtypes[1] = {OIDOID};
-	Datum		args[1];
-	int			rc;
+	uint64		invals = store_dist_invals;
 	int			key = -1;
 
 	if (store->entry != NULL && store->entry->dist_key != STORE_DIST_UNKNOWN)
 		return store->entry->dist_key;
-	args[0] = ObjectIdGetDatum(RelationGetRelid(store->rel));
-	rc = SPI_execute_with_args("SELECT pg_catalog.column_to_column_name(logicalrelid, partkey)"
-							   " FROM pg_catalog.pg_dist_partition"
-							   " WHERE logicalrelid OPERATOR(pg_catalog.=) $1"
-							   " AND partmethod OPERATOR(pg_catalog.=) 'h'",
-							   1, argtypes, args, NULL, true, 1);
-	store_sql_check(rc, SPI_OK_SELECT, "the distribution column");
+	store_sql_catalog_query("SELECT pg_catalog.column_to_column_name(logicalrelid, partkey)"
+							" FROM pg_catalog.pg_dist_partition"
+							" WHERE logicalrelid OPERATOR(pg_catalog.=) $1"
+							" AND partmethod OPERATOR(pg_catalog.=) 'h'",
+							OIDOID, ObjectIdGetDatum(RelationGetRelid(store->rel)),
+							"the distribution column");
 	if (SPI_processed == 1)
 	{
 		char	   *col = SPI_getvalue(SPI_tuptable->vals[0],
@@ -1796,10 +1816,9 @@ store_sql_dist_key(IdemStore *store)
 											 i)->attname), col) == 0)
 				key = i;
 	}
-	/* kept unless an invalidation reset the entry while the query ran */
-	if (store->entry != NULL &&
-		store->entry->relid == RelationGetRelid(store->rel) &&
-		store->entry->dist_known)
+	/* kept unless an invalidation came while the query ran */
+	if (store->entry != NULL && invals == store_dist_invals &&
+		store->entry->relid == RelationGetRelid(store->rel))
 		store->entry->dist_key = key;
 	return key;
 }
@@ -1812,27 +1831,23 @@ store_sql_dist_key(IdemStore *store)
 static bool
 store_sql_local_placements(IdemStore *store)
 {
-	Oid			argtypes[1] = {OIDOID};
-	Datum		args[1];
-	int			rc;
+	uint64		invals = store_dist_invals;
 	bool		some;
 
 	if (store->entry != NULL &&
 		store->entry->local_placements != STORE_DIST_UNKNOWN)
 		return store->entry->local_placements > 0;
-	args[0] = ObjectIdGetDatum(RelationGetRelid(store->rel));
-	rc = SPI_execute_with_args("SELECT FROM pg_catalog.pg_dist_shard s, pg_catalog.pg_dist_placement p,"
-							   " pg_catalog.pg_dist_local_group g"
-							   " WHERE s.logicalrelid OPERATOR(pg_catalog.=) $1"
-							   " AND p.shardid OPERATOR(pg_catalog.=) s.shardid"
-							   " AND p.groupid OPERATOR(pg_catalog.=) g.groupid",
-							   1, argtypes, args, NULL, true, 1);
-	store_sql_check(rc, SPI_OK_SELECT, "the local placements");
+	store_sql_catalog_query("SELECT FROM pg_catalog.pg_dist_shard s, pg_catalog.pg_dist_placement p,"
+							" pg_catalog.pg_dist_local_group g"
+							" WHERE s.logicalrelid OPERATOR(pg_catalog.=) $1"
+							" AND p.shardid OPERATOR(pg_catalog.=) s.shardid"
+							" AND p.groupid OPERATOR(pg_catalog.=) g.groupid",
+							OIDOID, ObjectIdGetDatum(RelationGetRelid(store->rel)),
+							"the local placements");
 	some = SPI_processed > 0;
-	/* kept unless an invalidation reset the entry while the query ran */
-	if (store->entry != NULL &&
-		store->entry->relid == RelationGetRelid(store->rel) &&
-		store->entry->dist_known)
+	/* kept unless an invalidation came while the query ran */
+	if (store->entry != NULL && invals == store_dist_invals &&
+		store->entry->relid == RelationGetRelid(store->rel))
 		store->entry->local_placements = some ? 1 : 0;
 	return some;
 }
