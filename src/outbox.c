@@ -59,8 +59,11 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "mb/pg_wchar.h"
+#include "port/atomics.h"
 #include "storage/bufmgr.h"
+#include "storage/ipc.h"
 #include "storage/lock.h"
+#include "storage/shmem.h"
 #include "common/hashfn.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -168,10 +171,23 @@ outbox_relcache_callback(Datum arg, Oid relid)
 	}
 }
 
+static void outbox_wake_shmem_request(void);
+static void outbox_wake_shmem_startup(void);
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
 void
 idem_outbox_init(void)
 {
 	CacheRegisterRelcacheCallback(outbox_relcache_callback, (Datum) 0);
+
+	/* the flags that spare senders redundant wake-ups: see outbox_wake_claim */
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = outbox_wake_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = outbox_wake_shmem_startup;
 }
 
 static Oid
@@ -502,14 +518,127 @@ outbox_backoff(OutboxTopic *t, int32 attempts)
  * it and commits just after its last look is not seen by either: its
  * messages wait for the relay's next poll.  A prepared transaction does not
  * notify (PostgreSQL refuses NOTIFY there); its messages are found by polls.
+ *
+ * A NOTIFY wakes every relay listening, and one is enough until a relay
+ * looks again.  With idem preloaded, a flag per database in shared memory
+ * says whether a notification is still owed: a relay that goes idle, or
+ * looks again while idle, raises it before its look, and only the first
+ * sender to find it raised (and a relay idle) notifies.  Without it, every
+ * sender that commits while a relay is idle notifies, and those commits
+ * queue one behind the other on NOTIFY's lock.  A sender that found the flag
+ * lowered just before an idle relay raised it again, and commits after that
+ * relay's look, is left to the relay's next poll, as above.
  */
 #define OUTBOX_IDLE_LOCK_ID1	0x6964656d	/* "idem" */
 #define OUTBOX_IDLE_LOCK_ID2	0x6f757462	/* "outb" */
 #define OUTBOX_IDLE_LOCK_ID4	3	/* pg_advisory_* use 1 and 2 */
 
+#define OUTBOX_WAKE_SLOTS	64
+
+typedef struct OutboxWakeSlot
+{
+	pg_atomic_uint32 dbid;		/* InvalidOid: free; never changes once set */
+	pg_atomic_uint32 owed;		/* an idle relay waits for a notification */
+} OutboxWakeSlot;
+
+static OutboxWakeSlot *outbox_wake_slots = NULL;	/* shared memory */
+static OutboxWakeSlot *outbox_wake_slot = NULL; /* this database's */
+static bool outbox_wake_slot_sought = false;
+
 static bool outbox_relay_idle = false;	/* this session holds the idle lock */
 static List *outbox_sent_topics = NIL;	/* in TopTransactionContext */
 static bool outbox_xact_callback_registered = false;
+
+static void
+outbox_wake_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(mul_size(OUTBOX_WAKE_SLOTS, sizeof(OutboxWakeSlot)));
+}
+
+static void
+outbox_wake_shmem_startup(void)
+{
+	bool		found;
+	int			i;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	outbox_wake_slots = ShmemInitStruct("idem_outbox_wake",
+										mul_size(OUTBOX_WAKE_SLOTS,
+												 sizeof(OutboxWakeSlot)),
+										&found);
+	if (!found)
+	{
+		for (i = 0; i < OUTBOX_WAKE_SLOTS; i++)
+		{
+			pg_atomic_init_u32(&outbox_wake_slots[i].dbid, InvalidOid);
+			pg_atomic_init_u32(&outbox_wake_slots[i].owed, 0);
+		}
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * This database's flag, or NULL without preloading or once every slot is
+ * taken by other databases.  A database takes the first free slot, and a
+ * slot is never given back, so every backend of a database finds the same
+ * one: the first that holds its OID.
+ */
+static OutboxWakeSlot *
+outbox_wake_get_slot(void)
+{
+	int			i;
+
+	if (outbox_wake_slot_sought)
+		return outbox_wake_slot;
+	outbox_wake_slot_sought = true;
+	if (outbox_wake_slots == NULL)
+		return NULL;
+	for (i = 0; i < OUTBOX_WAKE_SLOTS; i++)
+	{
+		OutboxWakeSlot *slot = &outbox_wake_slots[i];
+		uint32		dbid = pg_atomic_read_u32(&slot->dbid);
+
+		if (dbid == InvalidOid &&
+			pg_atomic_compare_exchange_u32(&slot->dbid, &dbid, MyDatabaseId))
+			dbid = MyDatabaseId;
+		if (dbid == MyDatabaseId)
+		{
+			outbox_wake_slot = slot;
+			break;
+		}
+	}
+	return outbox_wake_slot;
+}
+
+/* An idle relay is about to look: the next sender must notify. */
+static void
+outbox_wake_owe(void)
+{
+	OutboxWakeSlot *slot = outbox_wake_get_slot();
+
+	/* a full barrier: raised before the look's snapshot is taken */
+	if (slot != NULL)
+		(void) pg_atomic_exchange_u32(&slot->owed, 1);
+}
+
+/*
+ * Whether a sender that found a relay idle must notify: without the flags
+ * always, with them only the first since a relay looked.
+ */
+static bool
+outbox_wake_claim(void)
+{
+	OutboxWakeSlot *slot = outbox_wake_get_slot();
+
+	if (slot == NULL)
+		return true;
+	return pg_atomic_read_u32(&slot->owed) != 0 &&
+		pg_atomic_exchange_u32(&slot->owed, 0) != 0;
+}
 
 static void
 outbox_idle_locktag(LOCKTAG *tag)
@@ -578,8 +707,9 @@ outbox_xact_callback(XactEvent event, void *arg)
 			if (LockAcquireExtended(&tag, ShareLock, false, true, false,
 									NULL) == LOCKACQUIRE_NOT_AVAIL)
 			{
-				foreach(lc, outbox_sent_topics)
-					Async_Notify(OUTBOX_CHANNEL, (char *) lfirst(lc));
+				if (outbox_wake_claim())
+					foreach(lc, outbox_sent_topics)
+						Async_Notify(OUTBOX_CHANNEL, (char *) lfirst(lc));
 			}
 			else
 				LockRelease(&tag, ShareLock, false);
@@ -1688,11 +1818,16 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	arg.rels = &r;
 	arg.relay = relay;
 	arg.lease = lease;
+	/* idle since an earlier call: this look is the last one */
+	if (outbox_relay_is_idle())
+		outbox_wake_owe();
 	nleased = lease_pass(store, &r, rsinfo, &arg, max_messages, &topics);
 	if (nleased == 0 && !outbox_relay_is_idle())
 	{
 		/* idle from now on, then a last look: see "Waking relays" */
 		outbox_set_relay_idle(true);
+		if (outbox_relay_is_idle())
+			outbox_wake_owe();
 		nleased = lease_pass(store, &r, rsinfo, &arg, max_messages, &topics);
 	}
 	if (nleased > 0)

@@ -83,6 +83,7 @@ STEADY_RATE=${STEADY_RATE:-1000}
 SAMPLE_EVERY=${SAMPLE_EVERY:-60}
 SYNC_COMMIT=${SYNC_COMMIT:-off}
 AUTOVACUUM=${AUTOVACUUM:-off}
+PRELOAD=${PRELOAD:-1}
 DEADLINE=${DEADLINE:-60}
 PGBOSS=${PGBOSS:-1}
 PEERS=${PEERS:-"idem sl ord pgq pgboss"}
@@ -160,7 +161,9 @@ start_cluster "$dir/cluster" "$PORT" \
     "max_wal_size = '8GB'" \
     "checkpoint_timeout = '1h'" \
     "jit = off" \
-    "max_connections = 50"
+    "max_connections = 50" \
+    "shared_preload_libraries = '$([ "$PRELOAD" = 1 ] && echo idem)'" \
+    "idem.maintenance = off"
 as_pg() { runuser -u postgres -- env PATH="$PATH" "$@"; }
 sql() { PGOPTIONS="-c client_min_messages=warning" as_pg psql -h "$dir/cluster" -p "$PORT" -X -q -At -v ON_ERROR_STOP=1 -d bench "$@"; }
 as_pg createdb -h "$dir/cluster" -p "$PORT" bench || die "createdb failed"
