@@ -542,6 +542,7 @@ typedef struct OutboxWakeSlot
 } OutboxWakeSlot;
 
 static OutboxWakeSlot *outbox_wake_slots = NULL;	/* shared memory */
+static bool outbox_wake_claimed = false;	/* by this transaction, not yet committed */
 static OutboxWakeSlot *outbox_wake_slot = NULL; /* this database's */
 static bool outbox_wake_slot_sought = false;
 
@@ -636,8 +637,22 @@ outbox_wake_claim(void)
 
 	if (slot == NULL)
 		return true;
-	return pg_atomic_read_u32(&slot->owed) != 0 &&
+	outbox_wake_claimed = pg_atomic_read_u32(&slot->owed) != 0 &&
 		pg_atomic_exchange_u32(&slot->owed, 0) != 0;
+	return outbox_wake_claimed;
+}
+
+/*
+ * A transaction can still fail after its pre-commit callbacks (a
+ * serialization failure, a full notification queue): its notification is
+ * then never sent, and the next sender must notify in its place.
+ */
+static void
+outbox_wake_unclaim(void)
+{
+	if (outbox_wake_claimed && outbox_wake_slot != NULL)
+		(void) pg_atomic_exchange_u32(&outbox_wake_slot->owed, 1);
+	outbox_wake_claimed = false;
 }
 
 static void
@@ -675,10 +690,13 @@ outbox_set_relay_idle(bool idle)
 	if (idle)
 	{
 		/*
-		 * With the lock table full, the relay is not marked idle: it is
-		 * not notified and finds messages by polling.
+		 * Waiting: a sender holds the SHARE lock for the instant of its
+		 * test, and a relay that gave up then would not be marked idle at
+		 * all.  A sender that tests while the relay waits finds the lock
+		 * unavailable and notifies.  With the lock table full, the relay is
+		 * not marked idle: it is not notified and finds messages by polling.
 		 */
-		idle = LockAcquireExtended(&tag, RowExclusiveLock, true, true, false,
+		idle = LockAcquireExtended(&tag, RowExclusiveLock, true, false, false,
 								   NULL) != LOCKACQUIRE_NOT_AVAIL;
 	}
 	else
@@ -715,8 +733,14 @@ outbox_xact_callback(XactEvent event, void *arg)
 				LockRelease(&tag, ShareLock, false);
 			outbox_sent_topics = NIL;
 			break;
-		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_ABORT:
+			outbox_wake_unclaim();
+			outbox_sent_topics = NIL;
+			break;
+		case XACT_EVENT_COMMIT:
+			outbox_wake_claimed = false;
+			outbox_sent_topics = NIL;
+			break;
 		case XACT_EVENT_PREPARE:
 		case XACT_EVENT_PRE_PREPARE:
 		case XACT_EVENT_PARALLEL_COMMIT:
