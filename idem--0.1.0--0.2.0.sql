@@ -845,9 +845,17 @@ BEGIN
     kind := 'requests';
     purged := @extschema@.idem_request_purge(max_rows);
     RETURN NEXT;
-    -- idle keys of the outbox, only when no sender is in flight
+    -- idle keys of the outbox, only when no sender is in flight; that purge
+    -- needs READ COMMITTED, and the others must not fail for its sake
     kind := 'outbox_keys';
-    purged := @extschema@.idem_outbox_purge('0', max_rows);
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+        purged := @extschema@.idem_outbox_purge('0', max_rows);
+    ELSE
+        RAISE NOTICE 'idle outbox keys are not purged at the % isolation level',
+            pg_catalog.upper(pg_catalog.current_setting('transaction_isolation'))
+            USING HINT = 'Run idem_maintenance() at READ COMMITTED.';
+        purged := 0;
+    END IF;
     RETURN NEXT;
 END;
 $$;

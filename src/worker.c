@@ -124,8 +124,10 @@ worker_round(void)
 		SPI_connect();
 		if (SPI_execute("SELECT pg_catalog.quote_ident(n.nspname) "
 						"FROM pg_catalog.pg_extension e "
-						"JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
-						"WHERE e.extname = 'idem'", true, 1) != SPI_OK_SELECT)
+						"JOIN pg_catalog.pg_namespace n "
+						"ON n.oid OPERATOR(pg_catalog.=) e.extnamespace "
+						"WHERE e.extname OPERATOR(pg_catalog.=) 'idem'",
+						true, 1) != SPI_OK_SELECT)
 			elog(ERROR, "could not look for extension \"idem\"");
 		if (SPI_processed == 0)
 			most = -1;
@@ -180,6 +182,19 @@ idem_maintenance_main(Datum main_arg)
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 	BackgroundWorkerInitializeConnection(worker_database, NULL, 0);
+
+	/*
+	 * Whatever the database's settings say: the worker runs as the bootstrap
+	 * superuser, so no schema a user can create in comes before pg_catalog;
+	 * and the purge of idle outbox keys needs READ COMMITTED, in a
+	 * transaction that may write.
+	 */
+	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET,
+					PGC_S_OVERRIDE);
+	SetConfigOption("default_transaction_isolation", "read committed",
+					PGC_SUSET, PGC_S_OVERRIDE);
+	SetConfigOption("default_transaction_read_only", "off", PGC_SUSET,
+					PGC_S_OVERRIDE);
 
 	ereport(LOG,
 			(errmsg("idem maintenance worker started in database \"%s\", every %d s",
