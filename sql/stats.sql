@@ -26,6 +26,29 @@ RELEASE SAVEPOINT t;
 COMMIT;
 SELECT * FROM pg_temp.stats('claim');
 
+-- many subtransactions of one transaction (a loop of exception blocks): the
+-- counts of each that commits are added to its parent's, one entry per
+-- namespace, not one per subtransaction kept until the session ends
+CREATE TEMP TABLE top_mem AS
+SELECT total_bytes FROM pg_backend_memory_contexts WHERE name = 'TopMemoryContext';
+DO $$
+BEGIN
+    FOR i IN 1..5000 LOOP
+        BEGIN
+            PERFORM idem_claim('loop-' || i, 'st-loop');
+            IF i % 5 = 0 THEN
+                RAISE EXCEPTION 'undone';
+            END IF;
+        EXCEPTION WHEN raise_exception THEN
+            NULL;
+        END;
+    END LOOP;
+END;
+$$;
+SELECT ns, operations, counters->>'claimed' AS claimed FROM idem_stats WHERE kind = 'claim' AND ns = 'st-loop';
+SELECT c.total_bytes - t.total_bytes < 100000 AS top_memory_bounded
+  FROM pg_backend_memory_contexts c, top_mem t WHERE c.name = 'TopMemoryContext';
+
 -- tokens: issued, consumed, and refused by reason
 CREATE TEMP TABLE tok AS SELECT idem_token_issue('st-tokens', '1 hour') AS t;
 SELECT idem_token_consume(t, 'st-tokens'), idem_token_consume(t, 'st-tokens') FROM tok;

@@ -264,6 +264,21 @@ idem_stats_init(void)
 
 static void stats_flush(void);
 
+/* Most transactions count a few namespaces: a larger list is not kept. */
+#define STATS_PENDING_KEEP	64
+
+static void
+stats_pending_reset(void)
+{
+	npending = 0;
+	if (maxpending > STATS_PENDING_KEEP)
+	{
+		pfree(pending);
+		pending = NULL;
+		maxpending = 0;
+	}
+}
+
 static void
 stats_xact_callback(XactEvent event, void *arg)
 {
@@ -273,11 +288,11 @@ stats_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PREPARE:
 			stats_flush();
-			npending = 0;
+			stats_pending_reset();
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
-			npending = 0;
+			stats_pending_reset();
 			break;
 		default:
 			break;
@@ -302,9 +317,42 @@ stats_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 			npending = j;
 			break;
 		case SUBXACT_EVENT_COMMIT_SUB:
-			for (i = 0; i < npending; i++)
-				if (pending[i].level >= level)
-					pending[i].level = level - 1;
+
+			/*
+			 * Its counts become the parent's, added to the parent's entry of
+			 * the same kind and namespace: one entry per subtransaction
+			 * would make a loop of exception blocks grow the list (and the
+			 * search of it) without bound.
+			 */
+			for (i = 0, j = 0; i < npending; i++)
+			{
+				PendingEntry *e = &pending[i];
+				int			k;
+
+				if (e->level >= level)
+				{
+					e->level = level - 1;
+					for (k = 0; k < j; k++)
+					{
+						PendingEntry *p = &pending[k];
+						int			o;
+
+						if (p->level == e->level && p->kind == e->kind &&
+							strcmp(p->ns, e->ns) == 0)
+						{
+							for (o = 0; o < IDEM_STAT_MAX_OUTCOMES; o++)
+								p->counts[o] += e->counts[o];
+							break;
+						}
+					}
+					if (k < j)
+						continue;
+				}
+				if (j != i)
+					pending[j] = *e;
+				j++;
+			}
+			npending = j;
 			break;
 		default:
 			break;
