@@ -1227,15 +1227,28 @@ GRANT SELECT ON idem_machines TO pg_monitor;
 
 -- Guards made by 0.1.0 are BEFORE UPDATE triggers: they would check no
 -- INSERT once their machine has initial states.  Each becomes what
--- idem_guard makes now, with its name and arguments; a second run finds
--- none left.  (A trigger cloned on a partition follows its parent's.)
+-- idem_guard makes now, with its name, arguments, comment and whether it is
+-- enabled (on the table and on each partition, for a trigger cloned on
+-- partitions); a second run finds none left.  The check of guard DDL lets
+-- idem's scripts remake them even where it would refuse a new guard.
 DO $$
 DECLARE
     g record;
+    s record;
 BEGIN
     FOR g IN
         SELECT t.tgname, t.tgrelid::pg_catalog.regclass AS tbl,
-               pg_catalog.pg_get_triggerdef(t.oid) AS def
+               pg_catalog.pg_get_triggerdef(t.oid) AS def,
+               pg_catalog.obj_description(t.oid, 'pg_trigger') AS note,
+               (SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(p.relid::pg_catalog.regclass::pg_catalog.text,
+                                                                         k.tgenabled::pg_catalog.text)
+                                            ORDER BY p.level, p.relid)
+                  FROM (SELECT t.tgrelid AS relid, 0 AS level
+                        UNION ALL
+                        SELECT r.relid, r.level FROM pg_catalog.pg_partition_tree(t.tgrelid) r
+                         WHERE r.level OPERATOR(pg_catalog.>) 0) p
+                  JOIN pg_catalog.pg_trigger k ON k.tgrelid OPERATOR(pg_catalog.=) p.relid
+                                              AND k.tgname OPERATOR(pg_catalog.=) t.tgname) AS states
           FROM pg_catalog.pg_trigger t
          WHERE t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_guard_trigger()'::pg_catalog.regprocedure
            AND (t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.&) 4) OPERATOR(pg_catalog.=) 0
@@ -1245,6 +1258,19 @@ BEGIN
         EXECUTE pg_catalog.regexp_replace(g.def,
                     '^(CREATE TRIGGER ("([^"]|"")*"|[^ ]+)) BEFORE UPDATE ON ',
                     '\1 BEFORE INSERT OR UPDATE ON ');
+        -- the table first: its ALTER reaches its partitions
+        FOR s IN SELECT e OPERATOR(pg_catalog.->>) 0 AS rel, e OPERATOR(pg_catalog.->>) 1 AS enabled
+                   FROM pg_catalog.jsonb_array_elements(g.states) WITH ORDINALITY AS a(e, n)
+                  ORDER BY a.n
+        LOOP
+            EXECUTE pg_catalog.format('ALTER TABLE %s %s TRIGGER %I', s.rel,
+                        CASE s.enabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA'
+                                       WHEN 'A' THEN 'ENABLE ALWAYS' ELSE 'ENABLE' END,
+                        g.tgname);
+        END LOOP;
+        IF g.note IS NOT NULL THEN
+            EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', g.tgname, g.tbl, g.note);
+        END IF;
     END LOOP;
 END;
 $$;

@@ -61,6 +61,21 @@ DROP TRIGGER idem_guard ON orders;
 CREATE TRIGGER idem_guard BEFORE UPDATE ON orders FOR EACH ROW
     EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'version');
 SELECT idem_transition('orders', '1', 'paid');
+-- guards made by hand under 0.1.0: one disabled, with a comment, whose
+-- version column then lost its NOT NULL (0.1.0 checked no DDL); one on a
+-- partitioned table, disabled on one partition only
+CREATE TABLE legacy (id int PRIMARY KEY, status text NOT NULL, v bigint NOT NULL DEFAULT 0);
+CREATE TRIGGER legacy_guard BEFORE UPDATE ON legacy FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'v');
+ALTER TABLE legacy DISABLE TRIGGER legacy_guard;
+COMMENT ON TRIGGER legacy_guard ON legacy IS 'kept across the update';
+ALTER TABLE legacy ALTER COLUMN v DROP NOT NULL;
+CREATE TABLE plegacy (id int, status text NOT NULL, v bigint NOT NULL DEFAULT 0) PARTITION BY RANGE (id);
+CREATE TABLE plegacy_1 PARTITION OF plegacy FOR VALUES FROM (0) TO (100);
+CREATE TABLE plegacy_2 PARTITION OF plegacy FOR VALUES FROM (100) TO (200);
+CREATE TRIGGER pguard BEFORE UPDATE ON plegacy FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'v');
+ALTER TABLE plegacy_2 DISABLE TRIGGER pguard;
 SELECT idem_set_retention('huge', '10000 years');
 SELECT idem_claim('h-1', 'huge');
 });
@@ -89,6 +104,16 @@ my $key_after = $node->safe_psql('up', q{SELECT encode(key, 'hex') FROM idem.tok
 isnt($key_after, $key_before, 'the update replaces the key made from UUIDs');
 like($key_after, qr/^[0-9a-f]{64}$/, 'the new key has 32 bytes');
 my $after_shaped = $node->safe_psql('up', $uuid_shaped);
+
+# guards made by hand are remade as idem_guard makes them now, keeping their
+# comment and whether they are enabled, on the table and on each partition,
+# even one the check of guard DDL would refuse today
+is($node->safe_psql('up', q{
+SELECT string_agg(format('%s %s %s %s %s', tgrelid::regclass, tgname, tgenabled, (tgtype & 4) <> 0,
+                         coalesce(obj_description(oid, 'pg_trigger'), '-')), ',' ORDER BY tgrelid::regclass::text)
+  FROM pg_trigger WHERE tgname IN ('legacy_guard', 'pguard')}),
+	'legacy legacy_guard D t kept across the update,plegacy pguard O t -,plegacy_1 pguard O t -,plegacy_2 pguard D t -',
+	'guards made by hand keep their state and comment');
 
 # a retention stored before the update that no timestamp can subtract does
 # not stop purge, of its namespace or of any other
