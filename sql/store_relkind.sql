@@ -57,6 +57,40 @@ CREATE VIEW idem.token_key AS SELECT * FROM idem.token_key_table;
 SELECT idem_token_consume(idem_token_issue()) AS consumed;
 ROLLBACK;
 
+-- the claims, an index: refused the same way, not by the open of a table
+BEGIN;
+ALTER EXTENSION idem DROP TABLE idem.claims;
+ALTER TABLE idem.claims RENAME TO claims_table;
+CREATE INDEX claims ON idem.claims_table (claimed_at);
+SELECT err($$SELECT idem_claim('sr_1')$$);
+SELECT err($$SELECT idem_claim_info('sr_1')$$);
+ROLLBACK;
+
+-- the hint key, an index, then a composite type, in new sessions: ignored
+\c
+BEGIN;
+ALTER EXTENSION idem DROP TABLE idem.token_key;
+ALTER TABLE idem.token_key RENAME TO token_key_table;
+CREATE INDEX token_key ON idem.tokens (expires_at);
+SELECT idem_token_consume(idem_token_issue()) AS consumed;
+ROLLBACK;
+\c
+BEGIN;
+ALTER EXTENSION idem DROP TABLE idem.token_key;
+ALTER TABLE idem.token_key RENAME TO token_key_table;
+CREATE TYPE idem.token_key AS (k bytea);
+SELECT idem_token_consume(idem_token_issue()) AS consumed;
+ROLLBACK;
+
+-- the request retentions, a composite type: the default retention
+BEGIN;
+ALTER EXTENSION idem DROP TABLE idem.request_retention;
+ALTER TABLE idem.request_retention RENAME TO request_retention_table;
+CREATE TYPE idem.request_retention AS (ns text, retention interval);
+SELECT status FROM idem_request_begin('sr-req', 'fp');
+SELECT idem_request_finish('sr-req', 200, '{}'::jsonb) AS finished;
+ROLLBACK;
+
 -- the machines, partitioned
 SELECT idem_allow('sr', 'new', 'paid');
 CREATE TABLE sr_orders (id integer PRIMARY KEY, status text NOT NULL);

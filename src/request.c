@@ -33,6 +33,7 @@
 
 #include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/relation.h"
 #include "access/table.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
@@ -445,8 +446,6 @@ idem_request_begin(PG_FUNCTION_ARGS)
 	st.fingerprint = fingerprint;
 	st.lease = lease;
 	st.now = GetCurrentTransactionStartTimestamp();
-	for (i = 0; i < OUT_NATTS; i++)
-		st.outnull[i] = true;
 
 	store = requests_open("idem_request_begin()");
 	for (tries = 0;; tries++)
@@ -454,6 +453,9 @@ idem_request_begin(PG_FUNCTION_ARGS)
 		IdemStoreResult r;
 		IdemStoreUpdateResult u;
 
+		/* nothing a decision on a row since purged may answer */
+		for (i = 0; i < OUT_NATTS; i++)
+			st.outnull[i] = true;
 		values[RQ_NS] = PointerGetDatum(ns);
 		values[RQ_KEY] = PointerGetDatum(key);
 		isnull[RQ_NS] = isnull[RQ_KEY] = false;
@@ -658,7 +660,13 @@ request_retention(text *ns)
 	retention->time = 24 * USECS_PER_HOUR;
 	if (OidIsValid(nspid))
 		relid = get_relname_relid(RETENTION_TABLE, nspid);
-	rel = OidIsValid(relid) ? try_table_open(relid, AccessShareLock) : NULL;
+	rel = OidIsValid(relid) ? try_relation_open(relid, AccessShareLock) : NULL;
+	/* only a table can be read; anything else carrying the name is ignored */
+	if (rel != NULL && rel->rd_rel->relkind != RELKIND_RELATION)
+	{
+		relation_close(rel, AccessShareLock);
+		rel = NULL;
+	}
 	if (rel != NULL)
 	{
 		Oid			indexid = RelationGetPrimaryKeyIndex(rel);

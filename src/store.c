@@ -24,6 +24,7 @@
 #include "access/relscan.h"
 #include "access/stratnum.h"
 #include "access/subtrans.h"
+#include "access/relation.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
@@ -540,7 +541,7 @@ idem_store_open_keys(const char *relname, LOCKMODE lockmode, int nkeys)
 		relid = e->relid;
 		if (!OidIsValid(relid))
 			relid = store_lookup_relid(relname);
-		rel = try_table_open(relid, lockmode);
+		rel = try_relation_open(relid, lockmode);
 		if (rel == NULL)
 		{
 			/* dropped under us: look the name up again, once */
@@ -1620,26 +1621,45 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 	ScanKeyData skeys[STORE_MAX_KEYS];
 	IndexScanDesc scan;
 	TupleTableSlot *slot = store->probe_slot;
+	Snapshot	snap;
 	bool		found;
 
 	if (unlikely(store->sql))
 		return store_sql_read(store, keys, values, isnull);
 	store_scankeys(store, skeys, keys);
-	if (ItemPointerIsValid(&store->hint) &&
-		store_fetch_hint(store, SnapshotSelf, skeys, slot))
+
+	/*
+	 * A snapshot, not SnapshotSelf: judged one by one, the two versions of a
+	 * row that another transaction moves to another page can both be missed
+	 * (the new one while it is in progress, the old one once it committed).
+	 * The counter makes this command's own changes part of it.  A parallel
+	 * worker can take no snapshot and start no command: it judges each
+	 * version as it stands, and so may miss a row that moves meanwhile.
+	 */
+	if (IsInParallelMode())
+		snap = SnapshotSelf;
+	else
 	{
-		store_copy_row(store, slot, values, isnull);
-		ExecClearTuple(slot);
-		return true;
+		CommandCounterIncrement();
+		snap = RegisterSnapshot(GetLatestSnapshot());
 	}
-	scan = index_beginscan(store->rel, store->index, SnapshotSelf,
-						   store->nkeys, 0);
-	index_rescan(scan, skeys, store->nkeys, NULL, 0);
-	found = index_getnext_slot(scan, ForwardScanDirection, slot);
-	if (found)
+	found = ItemPointerIsValid(&store->hint) &&
+		store_fetch_hint(store, snap, skeys, slot);
+	if (!found)
+	{
+		scan = index_beginscan(store->rel, store->index, snap,
+							   store->nkeys, 0);
+		index_rescan(scan, skeys, store->nkeys, NULL, 0);
+		found = index_getnext_slot(scan, ForwardScanDirection, slot);
+		if (found)
+			store_copy_row(store, slot, values, isnull);
+		index_endscan(scan);
+	}
+	else
 		store_copy_row(store, slot, values, isnull);
-	index_endscan(scan);
 	ExecClearTuple(slot);
+	if (IsMVCCSnapshot(snap))
+		UnregisterSnapshot(snap);
 	return found;
 }
 

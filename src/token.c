@@ -38,6 +38,7 @@
 #include "postgres.h"
 
 #include "access/detoast.h"
+#include "access/relation.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
@@ -182,7 +183,7 @@ token_load_key(void)
 	if (OidIsValid(nspid))
 		relid = get_relname_relid(TOKEN_KEY_TABLE, nspid);
 	/* dropped since the look-up: no key */
-	rel = OidIsValid(relid) ? try_table_open(relid, AccessShareLock) : NULL;
+	rel = OidIsValid(relid) ? try_relation_open(relid, AccessShareLock) : NULL;
 	/*
 	 * an unlogged key table has no rows on a standby, and only a table can
 	 * be scanned: no key then either
@@ -244,8 +245,9 @@ token_hint_pad(const bytea *digest, uint8 *pad)
 static void
 token_encode_hint(ItemPointerData tid, const bytea *digest, char *dst)
 {
-	BlockNumber blkno = ItemPointerGetBlockNumber(&tid);
-	OffsetNumber off = ItemPointerGetOffsetNumber(&tid);
+	/* an invalid tid (a table Citus distributes) encodes offset 0: no hint */
+	BlockNumber blkno = ItemPointerGetBlockNumberNoCheck(&tid);
+	OffsetNumber off = ItemPointerGetOffsetNumberNoCheck(&tid);
 	uint8		raw[TOKEN_HINT_BYTES];
 	uint8		pad[TOKEN_HINT_BYTES];
 	int			i;
