@@ -174,11 +174,23 @@ static LocalEntry local_entries[STATS_LOCAL_ENTRIES];
 static int	nlocal = 0;
 static int	nextlocal = 0;		/* the one to replace when all are taken */
 
+/*
+ * Each database has its own overflow entry per kind, beyond the limit: room
+ * is kept for those of this many databases (more are not counted once
+ * shared memory is short).
+ */
+#define STATS_OVERFLOW_DATABASES	64
+
+static long
+stats_maxentries(void)
+{
+	return (long) stats_max_namespaces + IDEM_NKINDS * STATS_OVERFLOW_DATABASES;
+}
+
 static Size
 stats_memsize(void)
 {
-	/* room for the overflow entry of every kind beyond the limit */
-	long		n = stats_max_namespaces + IDEM_NKINDS;
+	long		n = stats_maxentries();
 
 	return add_size(MAXALIGN(sizeof(StatsShared)),
 					hash_estimate_size(n, sizeof(StatsEntry)));
@@ -198,7 +210,7 @@ stats_shmem_startup(void)
 {
 	bool		found;
 	HASHCTL		info;
-	long		n = stats_max_namespaces + IDEM_NKINDS;
+	long		n = stats_maxentries();
 
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
