@@ -1380,9 +1380,10 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 
 		/*
 		 * A version the caller says was the latest is taken without a probe
-		 * when it has the key and still is: no transaction has updated,
-		 * deleted or locked it for update, or is doing so.  Anything else,
-		 * and every later round, goes through the probe.
+		 * when it has the key and still is: no transaction has updated or
+		 * deleted it, or is doing so.  (A row lock alone is not seen here;
+		 * heap_update waits for its holder, as it would after a probe.)
+		 * Anything else, and every later round, goes through the probe.
 		 */
 		if (latest != NULL && ItemPointerIsValid(latest))
 		{
