@@ -322,6 +322,15 @@ seq_accept_row(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 	bytea	   *seen = DatumGetByteaPCopy(values[SEQS_SEEN]);
 	uint8	   *bits = (uint8 *) VARDATA(seen);
 
+	/* sequence numbers are not negative: a row that says otherwise was written by hand */
+	if (window < SEQ_MIN_WINDOW || window > SEQ_MAX_WINDOW ||
+		(int) VARSIZE_ANY_EXHDR(seen) != SEQ_BYTES(window) || high < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("row of producer \"%s\" in \"%s.%s\" is malformed",
+						text_to_cstring(a->producer), IDEM_SCHEMA, SEQS_TABLE),
+				 errdetail("Its window is %d, its bitmap %zu bytes long and its highest sequence number " INT64_FORMAT ".",
+						   window, VARSIZE_ANY_EXHDR(seen), high)));
 	if (window != a->window)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -329,14 +338,6 @@ seq_accept_row(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 						text_to_cstring(a->producer), window, a->window),
 				 errdetail("A producer's window is set by its first sequence number and cannot change."),
 				 errhint("Pass the producer's window, or use a new producer name.")));
-	if (window < SEQ_MIN_WINDOW || window > SEQ_MAX_WINDOW ||
-		(int) VARSIZE_ANY_EXHDR(seen) != SEQ_BYTES(window))
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_CORRUPTED),
-				 errmsg("row of producer \"%s\" in \"%s.%s\" is malformed",
-						text_to_cstring(a->producer), IDEM_SCHEMA, SEQS_TABLE),
-				 errdetail("Its window is %d and its bitmap %zu bytes long.",
-						   window, VARSIZE_ANY_EXHDR(seen))));
 
 	if (a->seq > high)
 	{
