@@ -255,15 +255,21 @@ setup_signals(void)
 	signal(SIGPIPE, SIG_IGN);
 }
 
-static void
+/* Drops the notifications received so far; returns whether there were any. */
+static int
 drain_notifications(void)
 {
 	PGnotify   *n;
+	int			any = 0;
 
 	if (conn == NULL)
-		return;
+		return 0;
 	while ((n = PQnotifies(conn)) != NULL)
+	{
 		PQfreemem(n);
+		any = 1;
+	}
+	return any;
 }
 
 static void drop_connection(void);
@@ -757,11 +763,15 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 /*
  * Leases a batch, publishes and reports it.  Returns how many messages
  * were leased, or -1 when the database failed (the connection is then
- * dropped).  A sink that cannot go on ends the relay here.
+ * dropped), or LEASE_AGAIN when it leased nothing but a notification came
+ * meanwhile.  A sink that cannot go on ends the relay here.
  */
+#define LEASE_AGAIN	(-2)
+
 static int
 lease_and_publish(void)
 {
+	int			notified;
 	char		batch[16];
 	char		lease[32];
 	const char *params[3];
@@ -786,12 +796,17 @@ lease_and_publish(void)
 		statement_failed(res, "idem_outbox_lease");
 		return -1;
 	}
-	drain_notifications();
+	notified = drain_notifications();
 	n = PQntuples(res);
 	if (n == 0)
 	{
 		PQclear(res);
-		return 0;
+		/*
+		 * A notification that came during the lease is of a commit its
+		 * snapshot may not have seen, and no other will come for it (idem
+		 * notifies once until a relay looks again): look again at once.
+		 */
+		return notified ? LEASE_AGAIN : 0;
 	}
 	COUNT(leased, n);
 	msgs = xmalloc(sizeof(RelayMessage) * (size_t) n);
@@ -1022,9 +1037,10 @@ apply_config(const Config *cfg)
 	verbose = get_bool(cfg, "verbose");
 	if (verbose)
 		log_verbose = 1;
-	if (settings.timeout_ms >= settings.lease_ms)
-		config_error("timeout (%ld ms) must be shorter than lease (%ld ms): no message is "
-					 "published with less than the timeout left of its lease",
+	if (settings.timeout_ms > settings.lease_ms / 2)
+		config_error("timeout (%ld ms) must be at most half the lease (%ld ms): no message is "
+					 "published with less than the timeout left of its lease, and the rest of a "
+					 "batch is released at the cost of an attempt",
 					 settings.timeout_ms, settings.lease_ms);
 
 	settings.sink = config_get(cfg, "sink");
@@ -1433,6 +1449,8 @@ main(int argc, char **argv)
 		if (!sinks_ready())
 			continue;
 		n = lease_and_publish();
+		if (n == LEASE_AGAIN)
+			continue;
 		if (n < 0)
 		{
 			/* the connection was dropped: a new one after a backoff */

@@ -31,6 +31,7 @@ typedef struct KafkaSink
 {
 	Sink		base;
 	rd_kafka_t *rk;
+	rd_kafka_conf_t *conf;		/* a copy, to make the producer again */
 	char	   *topic;			/* a template */
 	long		timeout_ms;
 	int			pending;		/* delivery reports awaited */
@@ -147,11 +148,13 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 	s = xmalloc(sizeof(KafkaSink));
 	memset(s, 0, sizeof(KafkaSink));
 	s->base.type = &sink_kafka_type;
+	s->conf = rd_kafka_conf_dup(conf);
 	s->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, e, sizeof(e));
 	if (s->rk == NULL)
 	{
 		snprintf(err, errlen, "could not create a Kafka producer: %s", e);
 		rd_kafka_conf_destroy(conf);
+		rd_kafka_conf_destroy(s->conf);
 		free(s);
 		return NULL;
 	}
@@ -202,13 +205,17 @@ kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 	s->pending = 0;
 	for (i = 0; i < n; i++)
 	{
+		out[i].kind = OUTCOME_UNSENT;
+		out[i].retry_after_ms = -1;
+	}
+	/* no producer (making one failed since the last lease): nothing starts */
+	for (i = 0; i < n && s->rk != NULL; i++)
+	{
 		const RelayMessage *m = &msgs[i];
 		char		attempt[16];
 		rd_kafka_headers_t *hdrs;
 		rd_kafka_resp_err_t rc;
 
-		out[i].kind = OUTCOME_UNSENT;
-		out[i].retry_after_ms = -1;
 		if (*ctl->stop_now || now_ms() >= ctl->deadline_ms)
 			continue;
 		pend[i].s = s;
@@ -234,9 +241,16 @@ kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 		{
 			/* the headers are the caller's unless the produce succeeded */
 			rd_kafka_headers_destroy(hdrs);
-			out[i].kind = OUTCOME_RETRY;
 			snprintf(out[i].error, sizeof(out[i].error), "kafka: could not produce: %s",
 					 rd_kafka_err2str(rc));
+			if (rc == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
+				rc == RD_KAFKA_RESP_ERR__INVALID_ARG)
+			{
+				/* the message itself: refused for good, the batch goes on */
+				out[i].kind = OUTCOME_PERMANENT;
+				continue;
+			}
+			out[i].kind = OUTCOME_RETRY;
 			/* the rest of the batch: not started (the queue is full, ...) */
 			break;
 		}
@@ -262,13 +276,53 @@ kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 	return 0;
 }
 
+/*
+ * A producer that had a fatal error (its idempotence can no longer be kept,
+ * say) refuses every message from then on: it is made again before the next
+ * lease.  Its messages in flight then were reported failed and retried.
+ */
+static int
+kafka_ready(Sink *sink, volatile sig_atomic_t *stop_now, long *retry_ms)
+{
+	KafkaSink  *s = (KafkaSink *) sink;
+	char		e[512];
+	rd_kafka_resp_err_t fatal;
+	rd_kafka_conf_t *conf;
+	rd_kafka_t *rk;
+
+	if (s->rk != NULL)
+	{
+		fatal = rd_kafka_fatal_error(s->rk, e, sizeof(e));
+		if (fatal == RD_KAFKA_RESP_ERR_NO_ERROR)
+			return 1;
+		relay_log(LOG_WARNING, "sink kafka: the producer had a fatal error (%s): making a new one", e);
+		/* nothing is pending between batches */
+		rd_kafka_destroy(s->rk);
+		s->rk = NULL;
+	}
+	conf = rd_kafka_conf_dup(s->conf);
+	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, e, sizeof(e));
+	if (rk == NULL)
+	{
+		/* the configuration is the caller's unless the producer was made */
+		rd_kafka_conf_destroy(conf);
+		relay_log(LOG_WARNING, "sink kafka: could not create a producer: %s", e);
+		*retry_ms = 1000;
+		return 0;
+	}
+	s->rk = rk;
+	return 1;
+}
+
 static void
 kafka_close(Sink *sink)
 {
 	KafkaSink  *s = (KafkaSink *) sink;
 
 	/* nothing is pending between batches */
-	rd_kafka_destroy(s->rk);
+	if (s->rk != NULL)
+		rd_kafka_destroy(s->rk);
+	rd_kafka_conf_destroy(s->conf);
 	free(s->topic);
 	free(s);
 }
@@ -281,4 +335,5 @@ const SinkType sink_kafka_type = {
 	.init = kafka_init,
 	.publish = kafka_publish,
 	.close = kafka_close,
+	.ready = kafka_ready,
 };

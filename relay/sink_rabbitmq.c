@@ -58,6 +58,11 @@
 #define RMQ_CHANNEL 1
 #define RMQ_BACKOFF_MIN_MS 250
 
+/* AMQP's short strings (exchange, routing key) hold at most this many bytes */
+#define RMQ_SHORTSTR_MAX	255
+/* what publish_one returns for a routing key longer than that */
+#define RMQ_KEY_TOO_LONG	1
+
 typedef struct RabbitSink
 {
 	Sink		base;
@@ -292,6 +297,12 @@ rabbitmq_init(const SinkSettings *ss, char *err, size_t errlen)
 				 "written in braces", rkey);
 		return NULL;
 	}
+	if (exchange != NULL && strlen(exchange) > RMQ_SHORTSTR_MAX)
+	{
+		snprintf(err, errlen, "rabbitmq.exchange is %zu bytes long; AMQP allows at most %d",
+				 strlen(exchange), RMQ_SHORTSTR_MAX);
+		return NULL;
+	}
 	s = xmalloc(sizeof(RabbitSink));
 	memset(s, 0, sizeof(RabbitSink));
 	s->base.type = &sink_rabbitmq_type;
@@ -387,6 +398,9 @@ publish_one(RabbitSink *s, const RelayMessage *m, StrBuf *rk)
 	props.headers.num_entries = n;
 	props.headers.entries = entries;
 	expand_key(rk, s->routing_key, m);
+	/* AMQP's short strings: the message, not the connection, is at fault */
+	if (rk->len > RMQ_SHORTSTR_MAX)
+		return RMQ_KEY_TOO_LONG;
 	return amqp_basic_publish(s->conn, RMQ_CHANNEL, amqp_cstring_bytes(s->exchange),
 							  amqp_cstring_bytes(rk->data), s->mandatory, 0, &props,
 							  amqp_cstring_bytes(m->payload));
@@ -615,6 +629,16 @@ rabbitmq_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 		if (*ctl->stop_now || now_ms() >= ctl->deadline_ms)
 			break;
 		rc = publish_one(s, &msgs[i], &rk);
+		if (rc == RMQ_KEY_TOO_LONG)
+		{
+			/* nothing was sent: refused for good, the batch goes on */
+			tags[i] = 0;
+			out[i].kind = OUTCOME_PERMANENT;
+			snprintf(out[i].error, sizeof(out[i].error),
+					 "rabbitmq: the routing key is %zu bytes long; AMQP allows at most %d",
+					 rk.len, RMQ_SHORTSTR_MAX);
+			continue;
+		}
 		if (rc != AMQP_STATUS_OK)
 		{
 			char		e[OUTCOME_ERROR_LEN];

@@ -166,7 +166,7 @@ like($out, qr/^idem-relay \d+\.\d+\.\d+$/m, '--version');
 
 my @usage_errors = (
 	[ [ '--batch', '0' ], qr/batch must be an integer from 1 to 10000/ ],
-	[ [ '--lease', '10s', '--timeout', '10s' ], qr/timeout .* must be shorter than lease/ ],
+	[ [ '--lease', '10s', '--timeout', '6s' ], qr/timeout \(6000 ms\) must be at most half the lease/ ],
 	[ [ '--poll', 'soon' ], qr/poll must be a duration/ ],
 	[ [ '--sink', 'carrier-pigeon' ], qr/unknown sink "carrier-pigeon"/ ],
 	[ [ '--sink', 'webhook' ], qr/the webhook sink needs a URL/ ],
@@ -459,7 +459,7 @@ for my $n (2 .. 4)
 }
 my $before = scalar @{ received() };
 my @kill_args = ('--sink', 'webhook', '--webhook-url', "$url/kill", '--batch', '10',
-	'--lease', '3s', '--timeout', '2s', '--poll', '100ms', '--log-interval', '0');
+	'--lease', '3s', '--timeout', '1500ms', '--poll', '100ms', '--log-interval', '0');
 $r = start_relay({}, @kill_args);
 ok( wait_for('the request that hangs', sub {
 			grep { $_->{idempotency_key} eq $kill[2][2] } @{ received() } }),

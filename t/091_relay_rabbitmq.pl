@@ -312,6 +312,29 @@ my $retried = () = slurp_file("$tmp/relay-2.err") =~ /retry .* after/g;
 note("relay-2 retried $retried messages");
 note('duplicates seen by the consumers: ' . (() = $bout =~ /duplicate /g));
 
+########################################################################
+# A routing key AMQP cannot carry
+########################################################################
+
+# A key of 300 bytes in the routing key: that message is refused for good
+# before anything is sent, and the connection and the rest of the batch go
+# on (mandatory off: a message no queue takes is confirmed all the same).
+sql(q{
+SELECT idem_outbox_send('longkey', 'lk1', '{"n": 1}');
+SELECT idem_outbox_send('longkey', repeat('k', 300), '{"n": 2}');
+SELECT idem_outbox_send('longkey', 'lk3', '{"n": 3}');});
+my $lk = IPC::Run::run([ $relay, '--name', 'relay-lk', @relay_args, '--once',
+		'--set', 'rabbitmq.routing_key={key}', '--set', 'rabbitmq.mandatory=false' ],
+	'>', "$tmp/relay-lk.out", '2>', "$tmp/relay-lk.err",
+	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; },
+	IPC::Run::timeout(60));
+ok($lk, 'the relay stopped (--once)') or diag(slurp_file("$tmp/relay-lk.err"));
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'longkey' AND length(aggregateid) < 300}), 0,
+	'the messages around it are delivered');
+like(sql(q{SELECT last_error FROM idem.outbox_keys WHERE topic = 'longkey' AND dead}),
+	qr/^permanent: rabbitmq: the routing key is 300 bytes long/, 'the one with the long key is dead at once');
+unlike(slurp_file("$tmp/relay-lk.err"), qr/rabbitmq: could not publish/, 'the connection was not given up');
+
 rabbitmqctl('shutdown');
 $broker->finish;
 

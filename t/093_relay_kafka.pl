@@ -93,6 +93,21 @@ is(sql(q{SELECT count(*) FROM idem.outbox_keys WHERE last_error LIKE 'kafka: %' 
 	'the error is kept in the outbox, the message waits for its next attempt');
 is(sql('SELECT count(*) FROM idem.outbox'), 1, 'and is not acknowledged');
 
+# A message the producer refuses itself (larger than message.max.bytes) is
+# refused for good, and the rest of its batch is delivered.
+sql(q{
+SELECT idem_outbox_send('big', 'b1', '{"n": 1}');
+SELECT idem_outbox_send('big', 'b2', jsonb_build_object('blob', repeat('x', 20000)));
+SELECT idem_outbox_send('big', 'b3', '{"n": 3}');});
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.test.mock.num.brokers=1',
+	'--set', 'kafka.property.message.max.bytes=10000',
+	'--lease', '10s', '--timeout', '5s', '--once', '--verbose', '--log-interval', '0');
+is($rc, 0, 'the relay stopped (--once)') or diag($err);
+is(sql(q{SELECT string_agg(aggregateid, ',' ORDER BY aggregateid) FROM idem.outbox WHERE aggregatetype = 'big'}), 'b2',
+	'the messages around the one too large are delivered');
+like(sql(q{SELECT last_error FROM idem.outbox_keys WHERE topic = 'big' AND key = 'b2' AND dead}),
+	qr/^permanent: kafka: could not produce: .*too large/i, 'the one too large is dead at once, with the error');
+
 # Settings that would weaken the guarantees are refused.
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.acks=1');
 is($rc, 1, 'acks=1 is refused');
