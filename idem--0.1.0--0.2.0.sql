@@ -654,6 +654,11 @@ BEGIN
             USING ERRCODE = '22004',
                   HINT = 'Give the topic with the key, or neither to redrive every dead message.';
     END IF;
+    IF topic OPERATOR(pg_catalog.=) '' OR key OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION '% must not be empty', CASE WHEN topic OPERATOR(pg_catalog.=) '' THEN 'topic' ELSE 'key' END
+            USING ERRCODE = '22023',
+                  HINT = 'Give a non-empty identifier, or NULL for all.';
+    END IF;
     UPDATE idem.outbox_keys k
        SET dead = false, attempts = 0, available_at = pg_catalog.now(), leased_by = NULL
      WHERE k.dead
@@ -715,7 +720,12 @@ DECLARE
     n pg_catalog.int8 := 0;
     old_timeout pg_catalog.text := pg_catalog.current_setting('lock_timeout');
 BEGIN
-    IF lock_wait IS NULL OR lock_wait OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
+    IF lock_wait IS NULL THEN
+        RAISE EXCEPTION 'lock_wait must not be null'
+            USING ERRCODE = '22004',
+                  HINT = 'Give how long to wait for senders in flight, ''0'' not to wait.';
+    END IF;
+    IF lock_wait OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
        OR lock_wait OPERATOR(pg_catalog.>) '1 minute'::pg_catalog.interval THEN
         RAISE EXCEPTION 'lock_wait must be between 0 and 1 minute'
             USING ERRCODE = '22023';
@@ -832,7 +842,12 @@ LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF max_rows IS NULL OR max_rows OPERATOR(pg_catalog.<) 1 OR max_rows OPERATOR(pg_catalog.>) 1000000 THEN
+    IF max_rows IS NULL THEN
+        RAISE EXCEPTION 'max_rows must not be null'
+            USING ERRCODE = '22004',
+                  HINT = 'Give the largest number of rows of each kind the round may purge.';
+    END IF;
+    IF max_rows OPERATOR(pg_catalog.<) 1 OR max_rows OPERATOR(pg_catalog.>) 1000000 THEN
         RAISE EXCEPTION 'max_rows must be between 1 and 1000000'
             USING ERRCODE = '22023';
     END IF;

@@ -149,6 +149,11 @@ CREATE TABLE bi_orders (id bigint PRIMARY KEY, status text NOT NULL,
                         version bigint NOT NULL DEFAULT 0, payload text);
 CREATE TABLE bi_plain (id bigint PRIMARY KEY, status text NOT NULL);
 CREATE TABLE bi_nover (id bigint PRIMARY KEY, status text NOT NULL);
+-- generated columns are computed after the guard's trigger: never guarded
+CREATE TABLE bi_gen (id bigint PRIMARY KEY, raw text NOT NULL,
+                     status text GENERATED ALWAYS AS (upper(raw)) STORED,
+                     version bigint GENERATED ALWAYS AS (id * 2) STORED NOT NULL,
+                     st text NOT NULL DEFAULT 'new');
 CREATE VIEW bi_view AS SELECT * FROM bi_orders;
 INSERT INTO bi_orders VALUES (1, 'new', 0, 'p');
 INSERT INTO bi_nover VALUES (1, 'new');
@@ -174,6 +179,9 @@ INSERT INTO cases (fn, call, expected_sqlstate) VALUES
 ('idem_guard',         $$SELECT idem_guard('bi_plain', 'bi_undefined', 'status')$$, '42704'),
 ('idem_guard',         $$SELECT idem_guard('bi_view', 'bi_m', 'status')$$,         '42809'),
 ('idem_guard',         $$SELECT idem_guard(0, 'bi_m', 'status')$$,                 '42P01'),
+('idem_guard',         $$SELECT idem_guard('bi_gen', 'bi_m', 'status')$$,          '55000'),
+('idem_guard',         $$SELECT idem_guard('bi_gen', 'bi_m', 'st', 'version')$$,   '55000'),
+('CREATE TRIGGER',     $$CREATE TRIGGER bi_g BEFORE INSERT OR UPDATE ON bi_gen FOR EACH ROW EXECUTE FUNCTION idem_guard_trigger('bi_m', 'status')$$, '55000'),
 ('idem_unguard',       $$SELECT idem_unguard(NULL)$$,                              '22004'),
 ('idem_transition',    $$SELECT idem_transition(NULL, '1', 'paid')$$,              '22004'),
 ('idem_transition',    $$SELECT idem_transition('bi_orders', NULL, 'paid')$$,      '22004'),
@@ -230,6 +238,18 @@ INSERT INTO cases (fn, call, expected_sqlstate) VALUES
 ('idem_request_purge',      $$SELECT idem_request_purge(0)$$,                                 '22023'),
 ('idem_request_purge',      $$SELECT idem_request_purge(NULL)$$,                              '22004');
 
+--
+-- outbox and maintenance (administration, run as a superuser)
+--
+INSERT INTO cases (fn, call, expected_sqlstate) VALUES
+('idem_outbox_purge',       $$SELECT idem_outbox_purge(NULL, 1)$$,                            '22004'),
+('idem_outbox_purge',       $$SELECT idem_outbox_purge('-1 second', 1)$$,                     '22023'),
+('idem_outbox_redrive',     $$SELECT idem_outbox_redrive('')$$,                               '22023'),
+('idem_outbox_redrive',     $$SELECT idem_outbox_redrive('bi', '')$$,                         '22023'),
+('idem_outbox_redrive',     $$SELECT idem_outbox_redrive(NULL, 'k')$$,                        '22004'),
+('idem_maintenance',        $$SELECT * FROM idem_maintenance(NULL)$$,                         '22004'),
+('idem_maintenance',        $$SELECT * FROM idem_maintenance(1000001)$$,                      '22023');
+
 -- Run every case once, in order, and keep what it gave: got is the SQLSTATE
 -- ('00000' when the call succeeded).
 CREATE TEMP TABLE outcomes AS
@@ -259,5 +279,5 @@ SELECT idem_claim('bi_''; DROP TABLE cases; --') AS again,
 -- the guarded tables go, so that the extension can be dropped by later files
 SELECT idem_unguard('bi_orders'), idem_unguard('bi_nover');
 DROP VIEW bi_view;
-DROP TABLE bi_orders, bi_plain, bi_nover;
+DROP TABLE bi_orders, bi_plain, bi_nover, bi_gen;
 SELECT idem_disallow('bi_m', 'new', 'paid');

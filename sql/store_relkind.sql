@@ -108,7 +108,23 @@ ROLLBACK;
 SELECT idem_guard('sr_orders', 'sr', 'status');
 SELECT idem_transition('sr_orders', '1', 'paid');
 
+-- a label of one of idem's result types renamed: 55000, not an internal error
+BEGIN;
+ALTER TYPE idem_claim_result RENAME VALUE 'claimed' TO 'won';
+SELECT err($$SELECT idem_try_claim('sr_enum')$$);
+ROLLBACK;
+
+-- a request retention written by hand past what a timestamp can hold: the
+-- request is kept for ever, not refused at its finish
+BEGIN;
+INSERT INTO idem.request_retention VALUES ('sr-long', '1000000 years');
+SELECT status FROM idem_request_begin('sr-long-1', 'fp', 'sr-long');
+SELECT idem_request_finish('sr-long-1', 200, '{}'::jsonb, 'sr-long');
+SELECT expires_at FROM idem.requests WHERE ns = 'sr-long';
+ROLLBACK;
+
 DROP TABLE sr_orders;
 DROP FUNCTION err(text);
 DELETE FROM idem.claims WHERE msg_id LIKE 'sr\_%';
 DELETE FROM idem.transitions;
+

@@ -326,4 +326,8 @@ extern HeapTuple guard_update(Relation rel, GuardEntry *entry,
 extern Relation guard_open_table_arg(FunctionCallInfo fcinfo, LOCKMODE lockmode);
 extern void guard_check_privilege(Oid relid, AclMode mode);
 
+/* why a generated column can be neither the state nor the version */
+#define GUARD_GENERATED_DETAIL \
+	"PostgreSQL computes a stored generated column after the BEFORE triggers of the row, so the guard would judge the old value, or none."
+
 #endif							/* IDEM_GUARD_H */

@@ -857,6 +857,13 @@ guard_definition(Relation rel, Trigger *trigger, bool strict, GuardDef *def,
 							 psprintf("The guard \"%s\" of the table names it as the state column.",
 									  trigger->tgname),
 							 "Guard the table again with idem_guard().");
+	att = TupleDescAttr(RelationGetDescr(rel), def->state_attnum - 1);
+	if (att->attgenerated)
+		return guard_problem(problem, ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+							 psprintf("state column \"%s\" of table \"%s\" must not be a generated column",
+									  state_col, relname),
+							 pstrdup(GUARD_GENERATED_DETAIL),
+							 "Guard the column the state is computed from, or keep the state in a column of its own.");
 	def->version_attnum = InvalidAttrNumber;
 	if (version_col == NULL)
 		return true;
@@ -883,6 +890,12 @@ guard_definition(Relation rel, Trigger *trigger, bool strict, GuardDef *def,
 							 psprintf("Column \"%s\" is of type %s.", version_col,
 									  format_type_be(att->atttypid)),
 							 "Guard the table again with idem_guard().");
+	if (att->attgenerated)
+		return guard_problem(problem, ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+							 psprintf("version column \"%s\" of table \"%s\" must not be a generated column",
+									  version_col, relname),
+							 pstrdup(GUARD_GENERATED_DETAIL),
+							 "Give a column of its own as the version column.");
 	if (strict && !att->attnotnull)
 		return guard_problem(problem, ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
 							 psprintf("version column \"%s\" must be NOT NULL",

@@ -797,6 +797,13 @@ idem_guard(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_UNDEFINED_COLUMN),
 				 errmsg("column \"%s\" of relation \"%s\" does not exist",
 						state_col, RelationGetRelationName(rel))));
+	if (TupleDescAttr(RelationGetDescr(rel), state_attnum - 1)->attgenerated)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("state column \"%s\" of table \"%s\" must not be a generated column",
+						state_col, RelationGetRelationName(rel)),
+				 errdetail(GUARD_GENERATED_DETAIL),
+				 errhint("Guard the column the state is computed from, or keep the state in a column of its own.")));
 	if (version_col != NULL)
 	{
 		AttrNumber	attnum = guard_column_attnum(rel, version_col);
@@ -819,6 +826,13 @@ idem_guard(PG_FUNCTION_ARGS)
 							version_col),
 					 errdetail("Column \"%s\" is of type %s.", version_col,
 							   format_type_be(att->atttypid))));
+		if (att->attgenerated)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("version column \"%s\" of table \"%s\" must not be a generated column",
+							version_col, RelationGetRelationName(rel)),
+					 errdetail(GUARD_GENERATED_DETAIL),
+					 errhint("Give a column of its own as the version column.")));
 		if (!att->attnotnull)
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

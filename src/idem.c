@@ -172,8 +172,11 @@ idem_enum_type_label_oid(Oid typoid, int index, const char *const *labels,
 										ObjectIdGetDatum(typoid),
 										CStringGetDatum(labels[i]));
 		if (!OidIsValid(entry.oids[i]))
-			elog(ERROR, "enum label \"%s\" of type %u is missing",
-				 labels[i], typoid);
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("type %s of the idem extension has no label \"%s\"",
+							format_type_be(typoid), labels[i]),
+					 errhint("Undo the change to the type, or recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
 	}
 	if (enum_cache_used >= ENUM_CACHE_SIZE)
 		enum_cache_used = 0;	/* more enums than expected: start over */

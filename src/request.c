@@ -192,9 +192,21 @@ request_arg_lease(FunctionCallInfo fcinfo, int argno)
 	return lease;
 }
 
+/*
+ * Further than any timestamp reaches from today: a retention written into
+ * idem.request_retention by hand (idem_request_set_retention allows a year
+ * at most) that would overflow keeps its requests for ever instead.
+ */
+#define RETENTION_MAX_DAYS	((int64) 200000 * 366)
+
 static TimestampTz
 plus_interval(TimestampTz t, Interval *span)
 {
+	int64		days = Abs((int64) span->month) * 31 + Abs((int64) span->day) +
+		Abs(span->time / USECS_PER_DAY);
+
+	if (days > RETENTION_MAX_DAYS)
+		return DT_NOEND;
 	return DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
 												   TimestampTzGetDatum(t),
 												   IntervalPGetDatum(span)));
