@@ -154,6 +154,8 @@ CREATE TABLE bi_gen (id bigint PRIMARY KEY, raw text NOT NULL,
                      status text GENERATED ALWAYS AS (upper(raw)) STORED,
                      version bigint GENERATED ALWAYS AS (id * 2) STORED NOT NULL,
                      st text NOT NULL DEFAULT 'new');
+CREATE TABLE bi_excl (id bigint PRIMARY KEY, status text NOT NULL, version bigint NOT NULL,
+                      EXCLUDE USING btree (version WITH =));
 CREATE VIEW bi_view AS SELECT * FROM bi_orders;
 INSERT INTO bi_orders VALUES (1, 'new', 0, 'p');
 INSERT INTO bi_nover VALUES (1, 'new');
@@ -179,6 +181,8 @@ INSERT INTO cases (fn, call, expected_sqlstate) VALUES
 ('idem_guard',         $$SELECT idem_guard('bi_plain', 'bi_undefined', 'status')$$, '42704'),
 ('idem_guard',         $$SELECT idem_guard('bi_view', 'bi_m', 'status')$$,         '42809'),
 ('idem_guard',         $$SELECT idem_guard(0, 'bi_m', 'status')$$,                 '42P01'),
+('idem_guard',         $$SELECT idem_guard('bi_excl', 'bi_m', 'status', 'version')$$, '55000'),
+('ALTER TABLE',        $$ALTER TABLE bi_orders ADD EXCLUDE USING btree (version WITH =)$$, '2BP01'),
 ('idem_guard',         $$SELECT idem_guard('bi_gen', 'bi_m', 'status')$$,          '55000'),
 ('idem_guard',         $$SELECT idem_guard('bi_gen', 'bi_m', 'st', 'version')$$,   '55000'),
 ('CREATE TRIGGER',     $$CREATE TRIGGER bi_g BEFORE INSERT OR UPDATE ON bi_gen FOR EACH ROW EXECUTE FUNCTION idem_guard_trigger('bi_m', 'status')$$, '55000'),
@@ -279,5 +283,5 @@ SELECT idem_claim('bi_''; DROP TABLE cases; --') AS again,
 -- the guarded tables go, so that the extension can be dropped by later files
 SELECT idem_unguard('bi_orders'), idem_unguard('bi_nover');
 DROP VIEW bi_view;
-DROP TABLE bi_orders, bi_plain, bi_nover, bi_gen;
+DROP TABLE bi_orders, bi_plain, bi_nover, bi_gen, bi_excl;
 SELECT idem_disallow('bi_m', 'new', 'paid');

@@ -762,7 +762,7 @@ guard_version_key_problem(Relation rel, AttrNumber attnum)
 		Bitmapset  *attrs = NULL;
 		int			i;
 
-		if (index->rd_index->indisunique)
+		if (index->rd_index->indisunique || index->rd_index->indisexclusion)
 		{
 			for (i = 0; i < index->rd_index->indnatts; i++)
 				if (index->rd_index->indkey.values[i] == attnum)
@@ -777,8 +777,9 @@ guard_version_key_problem(Relation rel, AttrNumber attnum)
 				bms_is_member(InvalidAttrNumber - FirstLowInvalidHeapAttributeNumber,
 							  attrs))
 				why = psprintf("It is part of the %s \"%s\".",
-							   index->rd_index->indisprimary ?
-							   "primary key" : "unique index",
+							   index->rd_index->indisprimary ? "primary key" :
+							   index->rd_index->indisexclusion ?
+							   "exclusion constraint" : "unique index",
 							   RelationGetRelationName(index));
 		}
 		index_close(index, AccessShareLock);
