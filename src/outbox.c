@@ -43,6 +43,7 @@
 
 #include "access/genam.h"
 #include "access/heapam.h"
+#include "access/relation.h"
 #include "access/relscan.h"
 #include "access/stratnum.h"
 #include "access/table.h"
@@ -277,10 +278,23 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 	};
 	static const AttrNumber pkey_cols[1] = {OB_ID + 1};
 	static const AttrNumber key_seq_cols[2] = {OB_KEY_HASH + 1, OB_SEQ + 1};
+	int			tries;
 
-	outbox_lookup_relids();
 	r->lockmode = lockmode;
-	r->rel = table_open(outbox_relid, lockmode);
+	for (tries = 0;; tries++)
+	{
+		outbox_lookup_relids();
+		r->rel = try_relation_open(outbox_relid, lockmode);
+		if (r->rel != NULL)
+			break;
+		/* dropped (DROP EXTENSION) since it was looked up: once more by name */
+		outbox_relid = InvalidOid;
+		if (tries > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_TABLE),
+					 errmsg("table \"%s.%s\" of the idem extension was dropped concurrently",
+							IDEM_SCHEMA, OUTBOX_TABLE)));
+	}
 	if (r->rel->rd_rel->relkind != RELKIND_RELATION)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
