@@ -863,7 +863,8 @@ BEGIN
     -- idle keys of the outbox, only when no sender is in flight; that purge
     -- needs READ COMMITTED, and the others must not fail for its sake
     kind := 'outbox_keys';
-    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=)
+           ANY (ARRAY['read committed', 'read uncommitted']) THEN
         purged := @extschema@.idem_outbox_purge('0', max_rows);
     ELSE
         RAISE NOTICE 'idle outbox keys are not purged at the % isolation level',

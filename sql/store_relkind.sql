@@ -122,6 +122,12 @@ SELECT status FROM idem_request_begin('sr-long-1', 'fp', 'sr-long');
 SELECT idem_request_finish('sr-long-1', 200, '{}'::jsonb, 'sr-long');
 SELECT expires_at FROM idem.requests WHERE ns = 'sr-long';
 ROLLBACK;
+BEGIN;
+INSERT INTO idem.request_retention VALUES ('sr-mixed', '-1000000 months 31000000 days');
+SELECT status FROM idem_request_begin('sr-mixed-1', 'fp', 'sr-mixed');
+SELECT idem_request_finish('sr-mixed-1', 200, '{}'::jsonb, 'sr-mixed');
+SELECT expires_at FROM idem.requests WHERE ns = 'sr-mixed';
+ROLLBACK;
 
 DROP TABLE sr_orders;
 DROP FUNCTION err(text);

@@ -539,9 +539,14 @@ outbox_backoff(OutboxTopic *t, int32 attempts)
  * looks again while idle, raises it before its look, and only the first
  * sender to find it raised (and a relay idle) notifies.  Without it, every
  * sender that commits while a relay is idle notifies, and those commits
- * queue one behind the other on NOTIFY's lock.  A sender that found the flag
- * lowered just before an idle relay raised it again, and commits after that
- * relay's look, is left to the relay's next poll, as above.
+ * queue one behind the other on NOTIFY's lock.  A notification reaches the
+ * relays only once its sender has committed, so while a sender that
+ * notifies is still committing, the senders that find the flag lowered
+ * notify too (a commit made visible late, by synchronous replication say,
+ * could otherwise come after the look its notification caused).  A sender
+ * that found the flag lowered and no notifier committing just before an
+ * idle relay raised it again, and commits after that relay's look, is left
+ * to the relay's next poll, as above.
  */
 #define OUTBOX_IDLE_LOCK_ID1	0x6964656d	/* "idem" */
 #define OUTBOX_IDLE_LOCK_ID2	0x6f757462	/* "outb" */
@@ -553,10 +558,12 @@ typedef struct OutboxWakeSlot
 {
 	pg_atomic_uint32 dbid;		/* InvalidOid: free; never changes once set */
 	pg_atomic_uint32 owed;		/* an idle relay waits for a notification */
+	pg_atomic_uint32 notifiers; /* senders that notify, still committing */
 } OutboxWakeSlot;
 
 static OutboxWakeSlot *outbox_wake_slots = NULL;	/* shared memory */
-static bool outbox_wake_claimed = false;	/* by this transaction, not yet committed */
+static bool outbox_wake_claimed = false;	/* this transaction lowered the flag */
+static bool outbox_wake_counted = false;	/* and counts among the notifiers */
 static OutboxWakeSlot *outbox_wake_slot = NULL; /* this database's */
 static bool outbox_wake_slot_sought = false;
 
@@ -591,6 +598,7 @@ outbox_wake_shmem_startup(void)
 		{
 			pg_atomic_init_u32(&outbox_wake_slots[i].dbid, InvalidOid);
 			pg_atomic_init_u32(&outbox_wake_slots[i].owed, 0);
+			pg_atomic_init_u32(&outbox_wake_slots[i].notifiers, 0);
 		}
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -642,31 +650,47 @@ outbox_wake_owe(void)
 
 /*
  * Whether a sender that found a relay idle must notify: without the flags
- * always, with them only the first since a relay looked.
+ * always; with them, the first since a relay looked, and any while a sender
+ * that notifies is still committing.  A sender that notifies counts itself
+ * first, so that one that comes meanwhile sees it.
  */
 static bool
 outbox_wake_claim(void)
 {
 	OutboxWakeSlot *slot = outbox_wake_get_slot();
+	uint32		others;
 
 	if (slot == NULL)
 		return true;
+	others = pg_atomic_fetch_add_u32(&slot->notifiers, 1);
+	outbox_wake_counted = true;
 	outbox_wake_claimed = pg_atomic_read_u32(&slot->owed) != 0 &&
 		pg_atomic_exchange_u32(&slot->owed, 0) != 0;
-	return outbox_wake_claimed;
+	if (outbox_wake_claimed || others > 0)
+		return true;
+	(void) pg_atomic_fetch_sub_u32(&slot->notifiers, 1);
+	outbox_wake_counted = false;
+	return false;
 }
 
 /*
- * A transaction can still fail after its pre-commit callbacks (a
- * serialization failure, a full notification queue): its notification is
- * then never sent, and the next sender must notify in its place.
+ * The end of a sender's transaction.  One can still fail after its
+ * pre-commit callbacks (a serialization failure, a full notification
+ * queue): its notification is then never sent, and the next sender must
+ * notify in its place.
  */
 static void
-outbox_wake_unclaim(void)
+outbox_wake_done(bool committed)
 {
-	if (outbox_wake_claimed && outbox_wake_slot != NULL)
-		(void) pg_atomic_exchange_u32(&outbox_wake_slot->owed, 1);
+	if (outbox_wake_slot != NULL)
+	{
+		if (outbox_wake_claimed && !committed)
+			(void) pg_atomic_exchange_u32(&outbox_wake_slot->owed, 1);
+		if (outbox_wake_counted)
+			(void) pg_atomic_fetch_sub_u32(&outbox_wake_slot->notifiers, 1);
+	}
 	outbox_wake_claimed = false;
+	outbox_wake_counted = false;
 }
 
 static void
@@ -748,11 +772,11 @@ outbox_xact_callback(XactEvent event, void *arg)
 			outbox_sent_topics = NIL;
 			break;
 		case XACT_EVENT_ABORT:
-			outbox_wake_unclaim();
+			outbox_wake_done(false);
 			outbox_sent_topics = NIL;
 			break;
 		case XACT_EVENT_COMMIT:
-			outbox_wake_claimed = false;
+			outbox_wake_done(true);
 			outbox_sent_topics = NIL;
 			break;
 		case XACT_EVENT_PREPARE:

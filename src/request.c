@@ -198,14 +198,17 @@ request_arg_lease(FunctionCallInfo fcinfo, int argno)
  * at most) that would overflow keeps its requests for ever instead.
  */
 #define RETENTION_MAX_DAYS	((int64) 200000 * 366)
+/* the same for a span with a negative field: months are added first */
+#define RETENTION_MAX_DAYS_MIXED	((int64) 5000 * 366)
 
 static TimestampTz
 plus_interval(TimestampTz t, Interval *span)
 {
 	int64		days = Abs((int64) span->month) * 31 + Abs((int64) span->day) +
 		Abs(span->time / USECS_PER_DAY);
+	bool		mixed = span->month < 0 || span->day < 0 || span->time < 0;
 
-	if (days > RETENTION_MAX_DAYS)
+	if (days > (mixed ? RETENTION_MAX_DAYS_MIXED : RETENTION_MAX_DAYS))
 		return DT_NOEND;
 	return DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
 												   TimestampTzGetDatum(t),
