@@ -760,7 +760,12 @@ outbox_xact_callback(XactEvent event, void *arg)
 			 * which case notifying is the safe answer (the commit must not
 			 * fail for the sake of a wake-up).
 			 */
-			if (LockAcquireExtended(&tag, ShareLock, false, true, false,
+			/*
+			 * A session's own idle lock does not conflict with its test:
+			 * a relay that sends while idle is idle all the same.
+			 */
+			if (outbox_relay_is_idle() ||
+				LockAcquireExtended(&tag, ShareLock, false, true, false,
 									NULL) == LOCKACQUIRE_NOT_AVAIL)
 			{
 				if (outbox_wake_claim())
