@@ -212,7 +212,13 @@ outbox_lookup_relids(void)
 
 	if (OidIsValid(outbox_relid))
 		return;
-	nspid = get_namespace_oid(IDEM_SCHEMA, false);
+	nspid = get_namespace_oid(IDEM_SCHEMA, true);
+	if (!OidIsValid(nspid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("relation \"%s.%s\" of the idem extension does not exist",
+						IDEM_SCHEMA, OUTBOX_TABLE),
+				 errhint("Create the extension again with CREATE EXTENSION idem.")));
 	/* the callback may fire during the lookups: set outbox_relid last */
 	outbox_pkey_oid = outbox_lookup(nspid, OUTBOX_PKEY);
 	outbox_key_seq_oid = outbox_lookup(nspid, OUTBOX_KEY_SEQ_IDX);
@@ -662,10 +668,12 @@ outbox_wake_claim(void)
 
 	if (slot == NULL)
 		return true;
-	others = pg_atomic_fetch_add_u32(&slot->notifiers, 1);
+	(void) pg_atomic_fetch_add_u32(&slot->notifiers, 1);
 	outbox_wake_counted = true;
 	outbox_wake_claimed = pg_atomic_read_u32(&slot->owed) != 0 &&
 		pg_atomic_exchange_u32(&slot->owed, 0) != 0;
+	/* read after the flag: whoever lowered it counted itself before */
+	others = pg_atomic_read_u32(&slot->notifiers) - 1;
 	if (outbox_wake_claimed || others > 0)
 		return true;
 	(void) pg_atomic_fetch_sub_u32(&slot->notifiers, 1);

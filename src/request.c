@@ -206,8 +206,13 @@ plus_interval(TimestampTz t, Interval *span)
 {
 	int64		days = Abs((int64) span->month) * 31 + Abs((int64) span->day) +
 		Abs(span->time / USECS_PER_DAY);
-	bool		mixed = span->month < 0 || span->day < 0 || span->time < 0;
+	bool		negative = span->month <= 0 && span->day <= 0 && span->time <= 0;
+	bool		mixed = !negative &&
+		(span->month < 0 || span->day < 0 || span->time < 0);
 
+	/* a negative span (written by hand) has expired already */
+	if (negative && days > RETENTION_MAX_DAYS_MIXED)
+		return DT_NOBEGIN;
 	if (days > (mixed ? RETENTION_MAX_DAYS_MIXED : RETENTION_MAX_DAYS))
 		return DT_NOEND;
 	return DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
