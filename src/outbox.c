@@ -291,24 +291,38 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 	{
 		outbox_lookup_relids();
 		r->rel = try_relation_open(outbox_relid, lockmode);
+		r->pkey = NULL;
+		r->key_seq = NULL;
 		if (r->rel != NULL)
+			r->pkey = try_relation_open(outbox_pkey_oid, lockmode);
+		if (r->pkey != NULL)
+			r->key_seq = try_relation_open(outbox_key_seq_oid, lockmode);
+		if (r->key_seq != NULL)
 			break;
-		/* dropped (DROP EXTENSION) since it was looked up: once more by name */
+
+		/*
+		 * Dropped since it was looked up (DROP EXTENSION; an index that
+		 * REINDEX CONCURRENTLY replaced): once more by name.
+		 */
+		if (r->pkey != NULL)
+			relation_close(r->pkey, lockmode);
+		if (r->rel != NULL)
+			relation_close(r->rel, lockmode);
 		outbox_relid = InvalidOid;
 		if (tries > 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_TABLE),
-					 errmsg("table \"%s.%s\" of the idem extension was dropped concurrently",
+					 errmsg("relation of the idem extension \"%s.%s\" or one of its indexes was dropped concurrently",
 							IDEM_SCHEMA, OUTBOX_TABLE)));
 	}
-	if (r->rel->rd_rel->relkind != RELKIND_RELATION)
+	if (r->rel->rd_rel->relkind != RELKIND_RELATION ||
+		r->pkey->rd_rel->relkind != RELKIND_INDEX ||
+		r->key_seq->rd_rel->relkind != RELKIND_INDEX)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("\"%s.%s\" of the idem extension is not an ordinary table",
+				 errmsg("\"%s.%s\" of the idem extension is not an ordinary table with its indexes",
 						IDEM_SCHEMA, OUTBOX_TABLE),
 				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
-	r->pkey = index_open(outbox_pkey_oid, lockmode);
-	r->key_seq = index_open(outbox_key_seq_oid, lockmode);
 	/* the opens above took the locks, and so heard of any change */
 	if (!outbox_checked || !OidIsValid(outbox_relid))
 	{
