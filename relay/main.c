@@ -110,7 +110,7 @@ usage(FILE *f)
 			"  -d, --dbname=CONNINFO    a libpq connection string or URI; without it, the\n"
 			"                           environment (PGHOST, PGPORT, PGDATABASE, PGUSER,\n"
 			"                           PGPASSWORD, PGSERVICE, ~/.pgpass) as for psql\n"
-			"  -n, --name=NAME          the relay's name in the leases (default HOST:PID)\n"
+			"  -n, --name=NAME          the relay's name in the leases (default HOST:PID:RANDOM)\n"
 			"      --reconnect-max=DUR  longest wait between reconnections (default 30s)\n"
 			"      --exit-on-error      exit instead of retrying: 2 after CONNECT_ATTEMPTS\n"
 			"                           failed connections, 3 when a statement fails\n"
@@ -1018,11 +1018,20 @@ apply_config(const Config *cfg)
 	{
 		char		host[256];
 		char		name[300];
+		uint32_t	tag;
 
 		if (gethostname(host, sizeof(host)) != 0)
 			snprintf(host, sizeof(host), "localhost");
 		host[sizeof(host) - 1] = '\0';
-		snprintf(name, sizeof(name), "%s:%d", host, (int) getpid());
+
+		/*
+		 * Relays in containers share host names and PIDs; a nack names its
+		 * relay, so two relays with one name could nack each other's leases.
+		 */
+		if (getentropy(&tag, sizeof(tag)) != 0)
+			tag = (uint32_t) time(NULL) ^ ((uint32_t) getpid() << 16);
+		snprintf(name, sizeof(name), "%s:%d:%08x", host, (int) getpid(),
+				 (unsigned int) tag);
 		settings.name = xstrdup(name);
 	}
 	settings.batch = get_int(cfg, "batch", 100, 1, 10000);

@@ -240,6 +240,9 @@ is(final_counts($err), "leased $nsent, delivered $nsent, retried 0, dead 0, erro
 	'the final log line counts every message');
 like($err, qr/connected to database "postgres" as "relay"/,
 	'connected through the environment as the relay role');
+# a nack names its relay: relays in containers share host names and PIDs,
+# so the default name carries a random part
+like($err, qr/starting as "[^"]+:\d+:[0-9a-f]{8}"/, 'the default name is HOST:PID:RANDOM');
 
 my @lines = map { $json->decode($_) } split /\n/, $out;
 is(scalar(@lines), $nsent, 'one line per message');
