@@ -217,8 +217,9 @@ REVOKE ALL ON FUNCTION idem_request_purge(pg_catalog.int4) FROM PUBLIC;
 -- with the table.  This event trigger refuses a command that would leave a
 -- guard that cannot work: renaming or dropping a guarded column, changing
 -- the version column's type, dropping its NOT NULL, putting it in a key
--- (2BP01); and a guard trigger made by hand that is not BEFORE UPDATE FOR
--- EACH ROW with the guard's arguments, or a second guard on a table.
+-- (2BP01), also in a new partition (CREATE TABLE ... PARTITION OF); and a
+-- guard trigger made by hand that is not BEFORE UPDATE FOR EACH ROW with the
+-- guard's arguments, or a second guard on a table.
 CREATE OR REPLACE FUNCTION idem._guard_ddl()
 RETURNS event_trigger
 AS 'MODULE_PATHNAME', 'idem_guard_ddl'
@@ -231,7 +232,7 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger e
                     WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_ddl') THEN
         CREATE EVENT TRIGGER idem_guard_ddl ON ddl_command_end
-            WHEN TAG IN ('ALTER TABLE', 'CREATE INDEX', 'CREATE TRIGGER')
+            WHEN TAG IN ('ALTER TABLE', 'CREATE INDEX', 'CREATE TABLE', 'CREATE TRIGGER')
             EXECUTE FUNCTION idem._guard_ddl();
     END IF;
 END;

@@ -86,7 +86,25 @@ SELECT idem_transition('gc', '2', 'shipped');
 RESET ROLE;
 SELECT id, status, version FROM gc ORDER BY id;
 
-DROP TABLE gc, gc_nover;
+-- Under row-level security, the messages name neither the state nor the
+-- version of a row, as PostgreSQL's own messages name no value of it
+CREATE TABLE rl (id int PRIMARY KEY, owner text NOT NULL, status text NOT NULL,
+    version int NOT NULL DEFAULT 0);
+SELECT idem_guard('rl', 'gc', 'status', 'version');
+INSERT INTO rl VALUES (1, 'someone else', 'shipped', 41);
+ALTER TABLE rl ENABLE ROW LEVEL SECURITY;
+CREATE POLICY sel ON rl FOR SELECT USING (owner = current_user);
+CREATE POLICY upd ON rl FOR UPDATE USING (true) WITH CHECK (true);
+GRANT SELECT, UPDATE ON rl TO regress_idem_gc;
+SET ROLE regress_idem_gc;
+SELECT count(*) FROM rl;
+SELECT err($$UPDATE rl SET status = 'new'$$);
+SELECT err($$UPDATE rl SET version = 7$$);
+RESET ROLE;
+-- the owner, whom the policies do not bind, is told
+SELECT err($$UPDATE rl SET status = 'new'$$);
+
+DROP TABLE gc, gc_nover, rl;
 DROP ROLE regress_idem_gc;
 DELETE FROM idem.transitions;
 DROP FUNCTION err(text);

@@ -112,6 +112,35 @@ SELECT idem_guard('guarded.t', 'go', 'st');
 DROP SCHEMA guarded CASCADE;
 DROP TABLE go_parent;
 
+-- a new partition with a key on the version column is refused, as the same
+-- key added with ALTER TABLE is
+CREATE TABLE pk4 (id int PRIMARY KEY, st text NOT NULL, v int NOT NULL DEFAULT 0)
+    PARTITION BY RANGE (id);
+SELECT idem_guard('pk4', 'go', 'st', 'v');
+SELECT err($$CREATE TABLE pk4_2 PARTITION OF pk4 (UNIQUE (v)) FOR VALUES FROM (100) TO (200)$$);
+SELECT err($$CREATE TABLE pk4_3 PARTITION OF pk4 FOR VALUES FROM (200) TO (300)$$);
+SELECT relname FROM pg_class WHERE relname LIKE 'pk4%' AND relkind IN ('r', 'p') ORDER BY 1;
+DROP TABLE pk4;
+
+-- idem_transition refuses a table whose UPDATE a DO INSTEAD rule rewrites
+CREATE TABLE ru (id int PRIMARY KEY, st text NOT NULL, v int NOT NULL DEFAULT 0);
+SELECT idem_guard('ru', 'go', 'st', 'v');
+INSERT INTO ru VALUES (1, 'new'), (2, 'new');
+CREATE RULE ru_nothing AS ON UPDATE TO ru DO INSTEAD NOTHING;
+SELECT err($$SELECT idem_transition('ru', '1', 'paid')$$);
+DROP RULE ru_nothing ON ru;
+CREATE RULE ru_some AS ON UPDATE TO ru WHERE old.id > 10 DO INSTEAD NOTHING;
+SELECT err($$SELECT idem_transition('ru', '1', 'paid')$$);
+-- a disabled rule, or one that does also, does not stand in the way
+ALTER TABLE ru DISABLE RULE ru_some;
+SELECT idem_transition('ru', '1', 'paid');
+CREATE TABLE ru_log (id int);
+CREATE RULE ru_also AS ON UPDATE TO ru DO ALSO INSERT INTO ru_log VALUES (new.id);
+SELECT idem_transition('ru', '2', 'paid');
+SELECT * FROM ru;
+SELECT * FROM ru_log;
+DROP TABLE ru, ru_log;
+
 -- the event trigger belongs to the extension
 SELECT e.evtname, e.evtevent, e.evttags, e.evtfoid::regprocedure,
        d.deptype

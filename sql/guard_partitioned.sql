@@ -230,6 +230,59 @@ UPDATE pt_orders SET status = 'new' WHERE region = 'us' AND id = 1;
 SELECT idem_unguard('pt_orders');
 SELECT err($$SELECT idem_transition('pt_orders', ARRAY['us', '1'], 'paid')$$);
 
+-- A move that did not happen leaves nothing a later INSERT can pass for:
+-- one that failed in a subtransaction rolled back...
+SELECT idem_allow('pm', 'new', 'paid'), idem_allow_initial('pm', 'new');
+CREATE TABLE pm (id int, region text, state text NOT NULL, v int NOT NULL DEFAULT 0,
+    PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+CREATE TABLE pm_eu PARTITION OF pm FOR VALUES IN ('eu');
+CREATE TABLE pm_us PARTITION OF pm FOR VALUES IN ('us');
+SELECT idem_guard('pm', 'pm', 'state', 'v');
+INSERT INTO pm VALUES (1, 'eu', 'new');
+BEGIN;
+SAVEPOINT s;
+UPDATE pm_eu SET region = 'us', state = 'paid' WHERE id = 1;   -- not through the root: fails
+ROLLBACK TO SAVEPOINT s;
+SELECT err($$INSERT INTO pm VALUES (1, 'us', 'paid', 1)$$);
+COMMIT;
+-- ...and one that a BEFORE DELETE trigger of the partition skipped
+CREATE FUNCTION nothing_deleted() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$;
+CREATE TRIGGER keep BEFORE DELETE ON pm_eu FOR EACH ROW EXECUTE FUNCTION nothing_deleted();
+BEGIN;
+UPDATE pm SET region = 'us', state = 'paid' WHERE id = 1;      -- UPDATE 0: the move is skipped
+SELECT err($$INSERT INTO pm VALUES (1, 'us', 'paid', 1)$$);
+ROLLBACK;
+DROP TRIGGER keep ON pm_eu;
+-- a move that happens is still a move
+UPDATE pm SET region = 'us', state = 'paid' WHERE id = 1;
+SELECT * FROM pm ORDER BY id;
+
+-- a stored generated column that depends on a changed column does not hide
+-- the move (PostgreSQL computes it again after the guard)
+SELECT idem_allow('pg', 'new', 'paid'), idem_allow_initial('pg', 'new');
+CREATE TABLE pgen (id int, region text, state text NOT NULL, v int NOT NULL DEFAULT 0,
+    label text GENERATED ALWAYS AS (region || ':' || state) STORED,
+    PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+CREATE TABLE pgen_eu PARTITION OF pgen FOR VALUES IN ('eu');
+CREATE TABLE pgen_us PARTITION OF pgen FOR VALUES IN ('us');
+SELECT idem_guard('pgen', 'pg', 'state', 'v');
+INSERT INTO pgen (id, region, state) VALUES (1, 'eu', 'new'), (2, 'eu', 'new');
+UPDATE pgen SET state = 'paid' WHERE id = 1;
+UPDATE pgen SET region = 'us' WHERE id = 1;
+-- and a transition that moves the row, the state in the partition key
+CREATE TABLE pgs (id int, state text NOT NULL, v int NOT NULL DEFAULT 0,
+    label text GENERATED ALWAYS AS ('#' || state) STORED,
+    PRIMARY KEY (id, state)) PARTITION BY LIST (state);
+CREATE TABLE pgs_new PARTITION OF pgs FOR VALUES IN ('new');
+CREATE TABLE pgs_paid PARTITION OF pgs FOR VALUES IN ('paid');
+SELECT idem_guard('pgs', 'pg', 'state', 'v');
+INSERT INTO pgs (id, state) VALUES (1, 'new');
+SELECT idem_transition('pgs', ARRAY['1', 'new'], 'paid');
+SELECT tableoid::regclass, * FROM pgen ORDER BY id;
+SELECT tableoid::regclass, * FROM pgs ORDER BY id;
+DROP TABLE pm, pgen, pgs;
+DROP FUNCTION nothing_deleted();
+
 DROP TABLE pt_orders, pt_single, pt_mixed, mixed_2, pt_payments, cmp_direct, cmp_spi, cmp_part,
     cmp_part_spi, requests, answers;
 DROP FUNCTION nothing();

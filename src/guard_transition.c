@@ -44,6 +44,8 @@
 #include "miscadmin.h"
 #include "nodes/pg_list.h"
 #include "optimizer/optimizer.h"
+#include "rewrite/prs2lock.h"
+#include "rewrite/rewriteDefine.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
@@ -401,6 +403,40 @@ statement_snapshot(void)
 }
 
 /*
+ * idem_transition stands for an UPDATE of one row: a rule that does instead
+ * of the table's UPDATE something else (nothing, an INSERT, an UPDATE of
+ * another table), or does it only for some rows, leaves no transition to
+ * judge.  Such a rule, as it would fire in this session, is refused.
+ */
+static void
+refuse_instead_rules(Relation rel)
+{
+	RuleLock   *rules = rel->rd_rules;
+	int			i;
+
+	if (rules == NULL)
+		return;
+	for (i = 0; i < rules->numLocks; i++)
+	{
+		RewriteRule *rule = rules->rules[i];
+
+		if (rule->event != CMD_UPDATE || !rule->isInstead ||
+			rule->enabled == RULE_DISABLED)
+			continue;
+		if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA ?
+			rule->enabled == RULE_FIRES_ON_ORIGIN :
+			rule->enabled == RULE_FIRES_ON_REPLICA)
+			continue;
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idem_transition cannot move a row of table \"%s\"",
+						RelationGetRelationName(rel)),
+				 errdetail("A DO INSTEAD rule rewrites the UPDATE of the table."),
+				 errhint("Make the transition with an UPDATE, which the guard checks as well, or drop the rule.")));
+	}
+}
+
+/*
  * Run the UPDATE of a transition with the request made visible to the
  * trigger; returns the number of rows updated.
  */
@@ -418,6 +454,11 @@ run_request(GuardEntry *entry, Datum *values, TransitionRequest *req)
 											  statement_snapshot(),
 											  InvalidSnapshot, false, true, 0);
 
+		if (rc == SPI_OK_REWRITTEN)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("the UPDATE of a transition was rewritten by a rule"),
+					 errhint("Make the transition with an UPDATE, which the guard checks as well, or drop the rule.")));
 		if (rc != SPI_OK_UPDATE)
 			elog(ERROR, "SPI_execute_plan of the transition failed: %s",
 				 SPI_result_code_string(rc));
@@ -1326,6 +1367,7 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 		ereport(DEBUG1,
 				(errmsg_internal("idem_transition updates a row of \"%s\" through SPI",
 								 RelationGetRelationName(rel))));
+		refuse_instead_rules(rel);
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
 		guard_prepare_plans(entry, rel);

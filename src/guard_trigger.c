@@ -24,6 +24,7 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/objectaddress.h"
+#include "catalog/pg_am.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_extension.h"
@@ -33,6 +34,7 @@
 #include "catalog/pg_type.h"
 #include "catalog/pg_inherits.h"
 #include "catalog/partition.h"
+#include "storage/bufmgr.h"
 #include "storage/proc.h"
 #include "commands/event_trigger.h"
 #include "commands/extension.h"
@@ -120,7 +122,9 @@ guard_version_max(GuardEntry *entry)
 
 /*
  * May the current user read the column?  Column privileges are looked at
- * only when the table's own SELECT privilege is missing.
+ * only when the table's own SELECT privilege is missing.  Under row-level
+ * security, no: the row may be one the user cannot see, and PostgreSQL's
+ * own messages then show no value of it.
  */
 static bool
 column_readable(Relation rel, AttrNumber attnum)
@@ -128,6 +132,8 @@ column_readable(Relation rel, AttrNumber attnum)
 	Oid			relid = RelationGetRelid(rel);
 	Oid			userid = GetUserId();
 
+	if (check_enable_rls(relid, InvalidOid, true) == RLS_ENABLED)
+		return false;
 	return pg_class_aclcheck(relid, userid, ACL_SELECT) == ACLCHECK_OK ||
 		pg_attribute_aclcheck(relid, attnum, userid, ACL_SELECT) == ACLCHECK_OK;
 }
@@ -271,8 +277,14 @@ guard_request_matches(TransitionRequest *req, Relation rel, HeapTuple oldtup)
  * root, with the same values in every column (by name: partitions may lay
  * their columns out otherwise).  Any other call of a guard at that depth
  * forgets the note, so that a later DELETE and INSERT, or an INSERT into
- * another table, cannot pass for the move.  A BEFORE UPDATE trigger that
- * fires after the guard and changes the partition key is not seen (see the
+ * another table, cannot pass for the move.  The INSERT must also find the
+ * old row deleted by this transaction and marked as moved to another
+ * partition: an UPDATE that failed (its subtransaction rolled back) or was
+ * skipped (a BEFORE DELETE trigger of the partition returned NULL) leaves a
+ * note behind, which must not let a later INSERT of the same values pass.
+ * Stored generated columns are left out of the comparison: PostgreSQL
+ * computes them again after the guard.  A BEFORE UPDATE trigger that fires
+ * after the guard and changes the partition key is not seen (see the
  * README).
  */
 typedef struct PendingMove
@@ -282,6 +294,7 @@ typedef struct PendingMove
 	int			depth;
 	Oid			relid;			/* the partition the row leaves */
 	Oid			root;			/* the root of its partition tree */
+	ItemPointerData old_tid;	/* where the old row is in that partition */
 	HeapTuple	tuple;			/* in TopMemoryContext */
 } PendingMove;
 
@@ -337,7 +350,8 @@ leaves_partition(Relation rel, HeapTuple newtup)
 }
 
 static void
-note_update(GuardEntry *entry, Relation rel, HeapTuple newtup)
+note_update(GuardEntry *entry, Relation rel, HeapTuple oldtup,
+			HeapTuple newtup)
 {
 	Oid			root;
 
@@ -352,6 +366,7 @@ note_update(GuardEntry *entry, Relation rel, HeapTuple newtup)
 	pending_move.depth = guard_trigger_depth();
 	pending_move.relid = RelationGetRelid(rel);
 	pending_move.root = root;
+	pending_move.old_tid = oldtup->t_self;
 	pending_move.tuple = copy_tuple_in(newtup, TopMemoryContext);
 	pending_move.valid = true;
 }
@@ -364,6 +379,54 @@ copy_tuple_in(HeapTuple tuple, MemoryContext cxt)
 
 	MemoryContextSwitchTo(old);
 	return copy;
+}
+
+/*
+ * Whether the row version at tid of the partition "from" was deleted by this
+ * transaction (or a subtransaction of it still open) as the move of the row
+ * to another partition.  Not a heap: the note alone decides, as before.
+ */
+static bool
+row_moved_out(Relation from, ItemPointer tid)
+{
+	BlockNumber blkno = ItemPointerGetBlockNumber(tid);
+	OffsetNumber offnum = ItemPointerGetOffsetNumber(tid);
+	Buffer		buf;
+	Page		page;
+	bool		moved = false;
+
+	if (from->rd_rel->relam != HEAP_TABLE_AM_OID)
+		return true;
+	if (!ItemPointerIsValid(tid) ||
+		blkno >= RelationGetNumberOfBlocks(from))
+		return false;
+	buf = ReadBuffer(from, blkno);
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	page = BufferGetPage(buf);
+	if (offnum >= FirstOffsetNumber && offnum <= PageGetMaxOffsetNumber(page))
+	{
+		ItemId		lp = PageGetItemId(page, offnum);
+
+		if (ItemIdIsNormal(lp))
+		{
+			HeapTupleHeader htup = (HeapTupleHeader) PageGetItem(page, lp);
+			uint16		infomask = htup->t_infomask;
+
+			if (HeapTupleHeaderIndicatesMovedPartitions(htup) &&
+				!(infomask & HEAP_XMAX_INVALID) &&
+				!HEAP_XMAX_IS_LOCKED_ONLY(infomask))
+			{
+				TransactionId xmax = (infomask & HEAP_XMAX_IS_MULTI) ?
+					HeapTupleGetUpdateXid(htup) :
+					HeapTupleHeaderGetRawXmax(htup);
+
+				moved = TransactionIdIsValid(xmax) &&
+					TransactionIdIsCurrentTransactionId(xmax);
+			}
+		}
+	}
+	UnlockReleaseBuffer(buf);
+	return moved;
 }
 
 /*
@@ -403,7 +466,8 @@ insert_is_move(Relation rel, HeapTuple newtup)
 		bool		a_null;
 		bool		b_null;
 
-		if (att->attisdropped)
+		/* PostgreSQL computes these again after the guard */
+		if (att->attisdropped || att->attgenerated)
 			continue;
 		attnum = guard_column_attnum(from, NameStr(att->attname));
 		if (attnum == InvalidAttrNumber)
@@ -418,6 +482,8 @@ insert_is_move(Relation rel, HeapTuple newtup)
 			(!a_null && !datumIsEqual(a, b, att->attbyval, att->attlen)))
 			move = false;
 	}
+	if (move)
+		move = row_moved_out(from, &pending_move.old_tid);
 	RelationClose(from);
 	forget_move();
 	return move;
@@ -642,7 +708,7 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 
 	newtup = guard_update(rel, entry, oldtup, trigdata->tg_newtuple);
 	if (rel->rd_rel->relispartition)
-		note_update(entry, rel, newtup);
+		note_update(entry, rel, oldtup, newtup);
 	return PointerGetDatum(newtup);
 }
 
@@ -1084,8 +1150,9 @@ check_guards_after_ddl(Relation rel, Oid fn, bool created)
 }
 
 /*
- * idem._guard_ddl(): event trigger at the end of ALTER TABLE, CREATE INDEX
- * and CREATE TRIGGER.  A guard names its columns in its trigger's arguments
+ * idem._guard_ddl(): event trigger at the end of ALTER TABLE, CREATE INDEX,
+ * CREATE TABLE (a new partition of a guarded table, with its own keys) and
+ * CREATE TRIGGER.  A guard names its columns in its trigger's arguments
  * (which is what pg_dump keeps), so a command that renames or drops a
  * guarded column, changes the version column's type, drops its NOT NULL or
  * puts it in a key would leave a guard that fails every UPDATE of the table
