@@ -852,15 +852,23 @@ BEGIN
         RAISE EXCEPTION 'max_rows must be between 1 and 1000000'
             USING ERRCODE = '22023';
     END IF;
-    kind := 'claims';
-    purged := @extschema@.idem_purge(NULL, max_rows);
-    RETURN NEXT;
-    kind := 'tokens';
-    purged := @extschema@.idem_token_purge(max_rows);
-    RETURN NEXT;
-    kind := 'requests';
-    purged := @extschema@.idem_request_purge(max_rows);
-    RETURN NEXT;
+    FOREACH kind IN ARRAY ARRAY['claims', 'tokens', 'requests'] LOOP
+        BEGIN
+            purged := CASE kind
+                WHEN 'claims' THEN @extschema@.idem_purge(NULL, max_rows)
+                WHEN 'tokens' THEN @extschema@.idem_token_purge(max_rows)
+                ELSE @extschema@.idem_request_purge(max_rows) END;
+        EXCEPTION WHEN serialization_failure THEN
+            -- at REPEATABLE READ or SERIALIZABLE, a row changed since the
+            -- snapshot cannot be locked: this kind waits for the next round,
+            -- the others are purged
+            RAISE NOTICE 'expired % are not purged: a row changed since the snapshot of this % transaction',
+                kind, pg_catalog.upper(pg_catalog.current_setting('transaction_isolation'))
+                USING HINT = 'Run idem_maintenance() at READ COMMITTED.';
+            purged := 0;
+        END;
+        RETURN NEXT;
+    END LOOP;
     -- idle keys of the outbox, only when no sender is in flight; that purge
     -- needs READ COMMITTED, and the others must not fail for its sake
     kind := 'outbox_keys';

@@ -48,11 +48,16 @@ ALTER TABLE idem.outbox ADD CONSTRAINT outbox_pkey UNIQUE (aggregatetype);
 SELECT pg_temp.err($$SELECT idem_outbox_ack(ARRAY[gen_random_uuid()])$$);
 ROLLBACK;
 
--- a topic that is not text: the topic's settings are the defaults
+-- a topic that is not text, or a column added: refused, not taken for the
+-- defaults of every topic
 BEGIN;
 DELETE FROM idem.outbox_topics WHERE topic <> 'relations';
 ALTER TABLE idem.outbox_topics ALTER topic TYPE int USING 0;
-SELECT topic, key, attempt FROM idem_outbox_lease('relay') WHERE topic = 'relations';
+SELECT pg_temp.err($$SELECT topic, key, attempt FROM idem_outbox_lease('relay')$$);
+ROLLBACK;
+BEGIN;
+ALTER TABLE idem.outbox_topics ADD COLUMN note text;
+SELECT pg_temp.err($$SELECT topic, key, attempt FROM idem_outbox_lease('relay')$$);
 ROLLBACK;
 
 -- as they were

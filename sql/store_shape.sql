@@ -84,6 +84,25 @@ SELECT shape(:'noview' || $$ALTER TABLE idem.transitions ALTER COLUMN machine TY
 SELECT shape(:'noview' || $$ALTER TABLE idem.initial_states DROP CONSTRAINT initial_states_state_check; ALTER TABLE idem.initial_states ALTER COLUMN state TYPE integer USING length(state)$$,
              $$INSERT INTO shaped VALUES (2, 'new')$$);
 
+-- the request retention, read when a request is finished (its namespace's
+-- type changed crashed the server; an added column or a primary key on the
+-- other column made every namespace's retention the default, or XX000)
+SELECT idem_request_set_retention('shaped', '1 hour');
+SELECT status FROM idem_request_begin('shaped-req', 'f', 'shaped');
+SELECT shape($$DELETE FROM idem.request_retention WHERE ns <> 'shaped'; ALTER TABLE idem.request_retention ALTER COLUMN ns TYPE integer USING 7$$,
+             $$SELECT idem_request_finish('shaped-req', 200, NULL, 'shaped')$$);
+SELECT shape($$ALTER TABLE idem.request_retention ADD COLUMN note text$$,
+             $$SELECT idem_request_finish('shaped-req', 200, NULL, 'shaped')$$);
+SELECT shape($$DELETE FROM idem.request_retention WHERE ns <> 'shaped'; ALTER TABLE idem.request_retention DROP CONSTRAINT request_retention_pkey; ALTER TABLE idem.request_retention ADD PRIMARY KEY (retention)$$,
+             $$SELECT idem_request_finish('shaped-req', 200, NULL, 'shaped')$$);
+SELECT shape($$ALTER TABLE idem.request_retention DROP CONSTRAINT request_retention_pkey$$,
+             $$SELECT idem_request_finish('shaped-req', 200, NULL, 'shaped')$$);
+-- as it was: the namespace's hour
+SELECT idem_request_finish('shaped-req', 200, NULL, 'shaped');
+SELECT expires_at - finished_at AS retention FROM idem.requests WHERE key = 'shaped-req';
+DELETE FROM idem.requests WHERE key = 'shaped-req';
+DELETE FROM idem.request_retention WHERE ns = 'shaped';
+
 -- the server answered all along, and everything works again
 SELECT idem_claim('after'), idem_claim('before'), idem_claim_info('before') IS NOT NULL AS info;
 SELECT idem_token_status(:'tok', 's'), idem_token_consume(:'tok', 's');

@@ -8,6 +8,7 @@
 #include "postgres.h"
 
 #include "access/xlog.h"
+#include "catalog/pg_am.h"
 #include "catalog/pg_enum.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -16,6 +17,7 @@
 #include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/rel.h"
 #include "utils/syscache.h"
 
 #include "idem.h"
@@ -254,4 +256,29 @@ idem_check_columns(TupleDesc desc, const char *relname,
 							   col->name),
 					 errhint("Undo the change to the table.")));
 	}
+}
+
+/*
+ * An index is scanned with keys of the types of the columns it is expected
+ * on: one on other columns (an expression is column 0) would compare them
+ * with the wrong functions.
+ */
+void
+idem_check_index(Relation index, Relation rel, int nkeys,
+				 const AttrNumber *attnums)
+{
+	bool		ok;
+	int			i;
+
+	ok = index->rd_index->indrelid == RelationGetRelid(rel) &&
+		index->rd_rel->relam == BTREE_AM_OID &&
+		index->rd_index->indnkeyatts == nkeys;
+	for (i = 0; ok && i < nkeys; i++)
+		ok = index->rd_index->indkey.values[i] == attnums[i];
+	if (!ok)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("index \"%s.%s\" of the idem extension is not the one idem made",
+						IDEM_SCHEMA, RelationGetRelationName(index)),
+				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
 }

@@ -48,6 +48,8 @@ typedef struct IdemColumn
 
 extern void idem_check_columns(TupleDesc desc, const char *relname,
 							   const IdemColumn *cols, int ncols);
+extern void idem_check_index(Relation index, Relation rel, int nkeys,
+							 const AttrNumber *attnums);
 
 /*
  * store.c: the one interface through which a capability reaches a keyed

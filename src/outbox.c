@@ -243,31 +243,6 @@ typedef struct OutboxRels
 								 * InvalidBlockNumber */
 } OutboxRels;
 
-/*
- * An index is scanned with keys of the types of the columns it is expected
- * on: one on other columns (an expression is column 0) would compare them
- * with the wrong functions.
- */
-static void
-outbox_check_index(Relation index, Relation rel, int nkeys,
-				   const AttrNumber *attnums)
-{
-	bool		ok;
-	int			i;
-
-	ok = index->rd_index->indrelid == RelationGetRelid(rel) &&
-		index->rd_rel->relam == BTREE_AM_OID &&
-		index->rd_index->indnkeyatts == nkeys;
-	for (i = 0; ok && i < nkeys; i++)
-		ok = index->rd_index->indkey.values[i] == attnums[i];
-	if (!ok)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("index \"%s.%s\" of the idem extension is not the one idem made",
-						IDEM_SCHEMA, RelationGetRelationName(index)),
-				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
-}
-
 static void
 outbox_open(OutboxRels *r, LOCKMODE lockmode)
 {
@@ -328,8 +303,8 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 	{
 		idem_check_columns(RelationGetDescr(r->rel), OUTBOX_TABLE, columns,
 						   OB_NATTS);
-		outbox_check_index(r->pkey, r->rel, 1, pkey_cols);
-		outbox_check_index(r->key_seq, r->rel, 2, key_seq_cols);
+		idem_check_index(r->pkey, r->rel, 1, pkey_cols);
+		idem_check_index(r->key_seq, r->rel, 2, key_seq_cols);
 		outbox_checked = OidIsValid(outbox_relid);
 	}
 	r->slot = table_slot_create(r->rel, NULL);
@@ -462,6 +437,12 @@ outbox_topic(List **cache, text *topic)
 	TupleTableSlot *slot;
 	Snapshot	snap;
 	static const AttrNumber topic_cols[1] = {1};
+	static const IdemColumn topic_columns[OT_NATTS] = {
+		{"topic", TEXTOID, true, C_COLLATION_OID},
+		{"max_attempts", INT4OID, true, InvalidOid},
+		{"backoff_base", INTERVALOID, true, InvalidOid},
+		{"backoff_max", INTERVALOID, true, InvalidOid},
+	};
 
 	foreach(lc, *cache)
 	{
@@ -481,12 +462,10 @@ outbox_topic(List **cache, text *topic)
 	outbox_lookup_relids();
 	rel = table_open(outbox_topics_relid, AccessShareLock);
 	index = index_open(outbox_topics_pkey_oid, AccessShareLock);
-	outbox_check_index(index, rel, 1, topic_cols);
-	if (RelationGetDescr(rel)->natts == OT_NATTS &&
-		TupleDescAttr(RelationGetDescr(rel), 0)->atttypid == TEXTOID &&
-		TupleDescAttr(RelationGetDescr(rel), 1)->atttypid == INT4OID &&
-		TupleDescAttr(RelationGetDescr(rel), 2)->atttypid == INTERVALOID &&
-		TupleDescAttr(RelationGetDescr(rel), 3)->atttypid == INTERVALOID)
+	idem_check_index(index, rel, 1, topic_cols);
+	/* a table changed otherwise must not make every topic's settings go */
+	idem_check_columns(RelationGetDescr(rel), OUTBOX_TOPICS_TABLE,
+					   topic_columns, OT_NATTS);
 	{
 		snap = RegisterSnapshot(GetLatestSnapshot());
 		slot = table_slot_create(rel, NULL);
@@ -2000,6 +1979,18 @@ nack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	return true;
 }
 
+/* NULL elements (0) first, then the ids in the order of their bytes */
+static int
+ack_id_cmp(const void *a, const void *b)
+{
+	Datum		x = *(const Datum *) a;
+	Datum		y = *(const Datum *) b;
+
+	if (x == (Datum) 0 || y == (Datum) 0)
+		return (x != (Datum) 0) - (y != (Datum) 0);
+	return memcmp(DatumGetUUIDP(x)->data, DatumGetUUIDP(y)->data, UUID_LEN);
+}
+
 /*
  * idem_outbox_ack(ids) returns int
  *
@@ -2037,6 +2028,16 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	if (nelems == 0)
 		PG_RETURN_INT32(0);
 
+	/*
+	 * In the order of the ids: two acks of the same messages (a relay's late
+	 * ack, and the ack of the relay that leased them again) lock their rows
+	 * in one order, and cannot deadlock.
+	 */
+	for (i = 0; i < nelems; i++)
+		if (nulls[i])
+			elems[i] = (Datum) 0;
+	qsort(elems, nelems, sizeof(Datum), ack_id_cmp);
+
 	store = outbox_keys_open();
 	outbox_open(&r, RowExclusiveLock);
 	arg.now = GetCurrentTimestamp();
@@ -2049,7 +2050,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		text	   *key;
 
 		CHECK_FOR_INTERRUPTS();
-		if (nulls[i])
+		if (elems[i] == (Datum) 0)
 			continue;
 		arg.id = DatumGetUUIDP(elems[i]);
 		if (!outbox_recall_lease(arg.id, &msg_tid, &key_tid))

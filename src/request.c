@@ -689,15 +689,32 @@ request_retention(text *ns)
 	}
 	if (rel != NULL)
 	{
+		static const IdemColumn columns[2] = {
+			{"ns", TEXTOID, true, C_COLLATION_OID},
+			{"retention", INTERVALOID, true, InvalidOid},
+		};
+		static const AttrNumber key[1] = {1};
 		Oid			indexid = RelationGetPrimaryKeyIndex(rel);
 		TupleDesc	tupdesc = RelationGetDescr(rel);
 
-		if (OidIsValid(indexid) && tupdesc->natts == 2 &&
-			TupleDescAttr(tupdesc, 1)->atttypid == INTERVALOID)
+		/*
+		 * A table changed otherwise is refused, not read with the wrong
+		 * functions nor taken for one without rows.
+		 */
+		idem_check_columns(tupdesc, RETENTION_TABLE, columns, 2);
+		if (!OidIsValid(indexid))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("table \"%s.%s\" has no primary key",
+							IDEM_SCHEMA, RETENTION_TABLE),
+					 errhint("Undo the change to the table.")));
 		{
+			Relation	index = index_open(indexid, AccessShareLock);
 			ScanKeyData skey;
 			SysScanDesc scan;
 			HeapTuple	tup;
+
+			idem_check_index(index, rel, 1, key);
 
 			ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
 						PointerGetDatum(ns));
@@ -714,6 +731,7 @@ request_retention(text *ns)
 					memcpy(retention, DatumGetIntervalP(d), sizeof(Interval));
 			}
 			systable_endscan(scan);
+			index_close(index, AccessShareLock);
 		}
 		table_close(rel, AccessShareLock);
 	}
