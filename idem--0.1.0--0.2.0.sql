@@ -995,25 +995,46 @@ BEGIN
     IF idem_offset_reset."offset" OPERATOR(pg_catalog.<) 0 THEN
         RAISE EXCEPTION 'offset must not be negative' USING ERRCODE = '22023';
     END IF;
-    IF idem_offset_reset."offset" IS NULL THEN
-        DELETE FROM idem.offsets o
+    -- The row as it stands, locked; when there is none, an insertion that
+    -- conflicts waits for a row another transaction is inserting, and the
+    -- row is then read again (reading first would miss that row: the
+    -- reset would return NULL and overwrite it, or forget nothing).
+    LOOP
+        SELECT o."offset" INTO prev FROM idem.offsets o
          WHERE o.consumer OPERATOR(pg_catalog.=) idem_offset_reset.consumer
            AND o.stream OPERATOR(pg_catalog.=) idem_offset_reset.stream
            AND o.part OPERATOR(pg_catalog.=) idem_offset_reset.part
-        RETURNING o."offset" INTO prev;
-        RETURN prev;
-    END IF;
-    SELECT o."offset" INTO prev FROM idem.offsets o
-     WHERE o.consumer OPERATOR(pg_catalog.=) idem_offset_reset.consumer
-       AND o.stream OPERATOR(pg_catalog.=) idem_offset_reset.stream
-       AND o.part OPERATOR(pg_catalog.=) idem_offset_reset.part
-       FOR UPDATE;
-    INSERT INTO idem.offsets AS o (consumer, stream, part, "offset", updated_at)
-    VALUES (idem_offset_reset.consumer, idem_offset_reset.stream, idem_offset_reset.part,
-            idem_offset_reset."offset", pg_catalog.now())
-    ON CONFLICT (consumer, stream, part)
-    DO UPDATE SET "offset" = EXCLUDED."offset", updated_at = EXCLUDED.updated_at;
-    RETURN prev;
+           FOR UPDATE;
+        IF FOUND THEN
+            IF idem_offset_reset."offset" IS NULL THEN
+                DELETE FROM idem.offsets o
+                 WHERE o.consumer OPERATOR(pg_catalog.=) idem_offset_reset.consumer
+                   AND o.stream OPERATOR(pg_catalog.=) idem_offset_reset.stream
+                   AND o.part OPERATOR(pg_catalog.=) idem_offset_reset.part;
+            ELSE
+                UPDATE idem.offsets o
+                   SET "offset" = idem_offset_reset."offset", updated_at = pg_catalog.now()
+                 WHERE o.consumer OPERATOR(pg_catalog.=) idem_offset_reset.consumer
+                   AND o.stream OPERATOR(pg_catalog.=) idem_offset_reset.stream
+                   AND o.part OPERATOR(pg_catalog.=) idem_offset_reset.part;
+            END IF;
+            RETURN prev;
+        END IF;
+        INSERT INTO idem.offsets AS o (consumer, stream, part, "offset", updated_at)
+        VALUES (idem_offset_reset.consumer, idem_offset_reset.stream, idem_offset_reset.part,
+                COALESCE(idem_offset_reset."offset", 0), pg_catalog.now())
+        ON CONFLICT (consumer, stream, part) DO NOTHING;
+        IF FOUND THEN
+            -- there was none: forgetting leaves none
+            IF idem_offset_reset."offset" IS NULL THEN
+                DELETE FROM idem.offsets o
+                 WHERE o.consumer OPERATOR(pg_catalog.=) idem_offset_reset.consumer
+                   AND o.stream OPERATOR(pg_catalog.=) idem_offset_reset.stream
+                   AND o.part OPERATOR(pg_catalog.=) idem_offset_reset.part;
+            END IF;
+            RETURN NULL;
+        END IF;
+    END LOOP;
 END;
 $$;
 COMMENT ON FUNCTION idem_offset_reset(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int8) IS

@@ -127,3 +127,6 @@ SELECT idem_claim('ce_w7');
 -- uncommitted, and the statement rolls them back
 SELECT pg_temp.err($$SELECT idem_claim('ce_w9'), idem_claim(NULL)$$);
 SELECT idem_claim_info('ce_w9') IS NULL AS w9_free;
+
+-- more ids than one batch takes (NULLs count: the array is refused whole)
+SELECT idem_claim_batch(array_fill(NULL::text, ARRAY[10000001]));

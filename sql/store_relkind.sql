@@ -108,11 +108,15 @@ ROLLBACK;
 SELECT idem_guard('sr_orders', 'sr', 'status');
 SELECT idem_transition('sr_orders', '1', 'paid');
 
--- a label of one of idem's result types renamed: 55000, not an internal error
+-- a label of one of idem's result types renamed: 55000, not an internal error,
+-- also in a session that knew the labels before (and forgets them)
+SELECT idem_try_claim('sr_enum_before');
 BEGIN;
 ALTER TYPE idem_claim_result RENAME VALUE 'claimed' TO 'won';
 SELECT err($$SELECT idem_try_claim('sr_enum')$$);
 ROLLBACK;
+SELECT idem_try_claim('sr_enum'), idem_try_claim('sr_enum');
+SELECT idem_release('sr_enum'), idem_release('sr_enum_before');
 
 -- a request retention written by hand past what a timestamp can hold: the
 -- request is kept for ever, not refused at its finish

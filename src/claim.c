@@ -21,6 +21,12 @@
 
 #include "idem.h"
 
+/*
+ * The most ids one idem_claim_batch call takes: it sorts them, and answers
+ * for each, in memory (about 40 bytes an id).
+ */
+#define CLAIM_MAX_BATCH		10000000
+
 #define CLAIMS_TABLE	"claims"
 #define CLAIMS_NATTS	3
 
@@ -196,6 +202,15 @@ idem_claim_batch(PG_FUNCTION_ARGS)
 				 errmsg("msg_ids must be a one-dimensional array"),
 				 errdetail("The array given has %d dimensions.", ARR_NDIM(arr))));
 
+	/* what one call can sort and answer in memory */
+	if (ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr)) > CLAIM_MAX_BATCH)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("too many msg_ids in one batch"),
+				 errdetail("The array has %d elements; the limit is %d.",
+						   ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr)),
+						   CLAIM_MAX_BATCH),
+				 errhint("Claim the ids in several batches.")));
 	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT,
 					  &elems, &nulls, &n);
 	for (i = 0; i < n; i++)

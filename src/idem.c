@@ -137,6 +137,9 @@ idem_enum_label_oid(FunctionCallInfo fcinfo, int index,
 {
 	Oid			typoid = get_fn_expr_rettype(fcinfo->flinfo);
 
+	/* a call through the fast-path protocol has no expression */
+	if (!OidIsValid(typoid))
+		typoid = get_func_rettype(fcinfo->flinfo->fn_oid);
 	if (!OidIsValid(typoid))
 		elog(ERROR, "could not determine the result type of an idem function");
 	return idem_enum_type_label_oid(typoid, index, labels, nlabels);
@@ -162,7 +165,9 @@ idem_enum_type_label_oid(Oid typoid, int index, const char *const *labels,
 
 	if (!enum_cache_registered)
 	{
+		/* a label renamed changes pg_enum only */
 		CacheRegisterSyscacheCallback(TYPEOID, enum_cache_callback, (Datum) 0);
+		CacheRegisterSyscacheCallback(ENUMOID, enum_cache_callback, (Datum) 0);
 		enum_cache_registered = true;
 	}
 	/* look up into a local entry: the lookups may reset the cache */

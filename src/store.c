@@ -335,6 +335,46 @@ store_build_indexes(StoreCacheEntry *e, Relation rel)
 }
 
 /*
+ * The indexes a conflicting key is looked for in: the unique index of the
+ * key, and every other unique index that is the same (REINDEX CONCURRENTLY
+ * builds its copy beside it, and PostgreSQL maintains both for a while).
+ * An insertion that finds its key in an index that is not among them fails
+ * with a unique violation instead of reporting the conflict.
+ */
+static List *
+store_arbiters(IdemStore *store)
+{
+	List	   *arbiters = list_make1_oid(RelationGetRelid(store->index));
+	int2vector *key = &store->index->rd_index->indkey;
+	int			nkeys = store->index->rd_index->indnkeyatts;
+	int			i;
+	int			j;
+
+	if (!store->indexes_open)
+		return arbiters;
+	for (i = 0; i < store->rri->ri_NumIndices; i++)
+	{
+		Relation	irel = store->rri->ri_IndexRelationDescs[i];
+		IndexInfo  *ii = store->rri->ri_IndexRelationInfo[i];
+		bool		same;
+
+		if (irel == store->index || !ii->ii_Unique || !ii->ii_ReadyForInserts ||
+			irel->rd_rel->relam != BTREE_AM_OID ||
+			ii->ii_Expressions != NIL || ii->ii_Predicate != NIL ||
+			ii->ii_NumIndexKeyAttrs != nkeys)
+			continue;
+		same = true;
+		for (j = 0; same && j < nkeys; j++)
+			same = ii->ii_IndexAttrNumbers[j] == key->values[j] &&
+				irel->rd_opfamily[j] == store->index->rd_opfamily[j] &&
+				irel->rd_indcollation[j] == store->index->rd_indcollation[j];
+		if (same)
+			arbiters = lappend_oid(arbiters, RelationGetRelid(irel));
+	}
+	return arbiters;
+}
+
+/*
  * Open every index of the store's table for insertion, as ExecOpenIndices
  * does, but with the IndexInfo kept by the cache when it can be.
  */
@@ -701,7 +741,7 @@ store_open_direct(IdemStore *store, StoreCacheEntry *e, Relation rel,
 			memcpy(e->collation, store->collation, sizeof(e->collation));
 		}
 	}
-	store->arbiters = list_make1_oid(indexid);
+	store->arbiters = store_arbiters(store);
 	store->probe_slot = table_slot_create(rel, NULL);
 	store->heap = (rel->rd_tableam == GetHeapamTableAmRoutine() &&
 				   TTS_IS_BUFFERTUPLE(store->probe_slot));
