@@ -75,13 +75,27 @@ DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_type t
                     WHERE t.typname OPERATOR(pg_catalog.=) 'idem_request_status'
-                      AND t.typnamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace) THEN
+                      AND t.typnamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace
+                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                                   WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_type'::pg_catalog.regclass
+                                     AND d.objid OPERATOR(pg_catalog.=) t.oid
+                                     AND d.deptype OPERATOR(pg_catalog.=) 'e'
+                                     AND d.refobjid OPERATOR(pg_catalog.=)
+                                         (SELECT x.oid FROM pg_catalog.pg_extension x
+                                           WHERE x.extname OPERATOR(pg_catalog.=) 'idem'))) THEN
         CREATE TYPE @extschema@.idem_request_status AS ENUM
             ('new', 'replay', 'mismatch', 'in_flight', 'resume');
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_type t
                     WHERE t.typname OPERATOR(pg_catalog.=) 'idem_request'
-                      AND t.typnamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace) THEN
+                      AND t.typnamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace
+                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                                   WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_type'::pg_catalog.regclass
+                                     AND d.objid OPERATOR(pg_catalog.=) t.oid
+                                     AND d.deptype OPERATOR(pg_catalog.=) 'e'
+                                     AND d.refobjid OPERATOR(pg_catalog.=)
+                                         (SELECT x.oid FROM pg_catalog.pg_extension x
+                                           WHERE x.extname OPERATOR(pg_catalog.=) 'idem'))) THEN
         CREATE TYPE @extschema@.idem_request AS (
             status          @extschema@.idem_request_status,
             response_code   pg_catalog.int4,
@@ -230,7 +244,14 @@ REVOKE ALL ON FUNCTION idem._guard_ddl() FROM PUBLIC;
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger e
-                    WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_ddl') THEN
+                    WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_ddl'
+                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                                   WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_event_trigger'::pg_catalog.regclass
+                                     AND d.objid OPERATOR(pg_catalog.=) e.oid
+                                     AND d.deptype OPERATOR(pg_catalog.=) 'e'
+                                     AND d.refobjid OPERATOR(pg_catalog.=)
+                                         (SELECT x.oid FROM pg_catalog.pg_extension x
+                                           WHERE x.extname OPERATOR(pg_catalog.=) 'idem'))) THEN
         CREATE EVENT TRIGGER idem_guard_ddl ON ddl_command_end
             WHEN TAG IN ('ALTER TABLE', 'CREATE INDEX', 'CREATE TABLE', 'CREATE TRIGGER')
             EXECUTE FUNCTION idem._guard_ddl();
@@ -276,8 +297,19 @@ COMMENT ON TABLE idem.token_key IS
 -- a few index pages, not the namespace.  claimed_at is the claiming
 -- transaction's start, so new entries go to the right end of their
 -- namespace.  On a large idem.claims, create it beforehand with
--- CREATE INDEX CONCURRENTLY idem.claims_ns_claimed_at_idx ON idem.claims (ns, claimed_at):
--- the update then leaves it as it is.
+-- CREATE INDEX CONCURRENTLY claims_ns_claimed_at_idx ON idem.claims (ns, claimed_at):
+-- the update then leaves it as it is, unless that build was interrupted
+-- (the index is then invalid, and built again here).
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                WHERE i.indexrelid OPERATOR(pg_catalog.=)
+                      pg_catalog.to_regclass('idem.claims_ns_claimed_at_idx')
+                  AND NOT (i.indisvalid AND i.indisready)) THEN
+        DROP INDEX idem.claims_ns_claimed_at_idx;
+    END IF;
+END;
+$$;
 CREATE INDEX IF NOT EXISTS claims_ns_claimed_at_idx ON idem.claims (ns, claimed_at);
 
 -- A retention is at most 100 years, and one that no timestamp can be taken
@@ -536,7 +568,14 @@ DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_type t
                     WHERE t.typname OPERATOR(pg_catalog.=) 'idem_outbox_message'
-                      AND t.typnamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace) THEN
+                      AND t.typnamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace
+                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                                   WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_type'::pg_catalog.regclass
+                                     AND d.objid OPERATOR(pg_catalog.=) t.oid
+                                     AND d.deptype OPERATOR(pg_catalog.=) 'e'
+                                     AND d.refobjid OPERATOR(pg_catalog.=)
+                                         (SELECT x.oid FROM pg_catalog.pg_extension x
+                                           WHERE x.extname OPERATOR(pg_catalog.=) 'idem'))) THEN
         CREATE TYPE @extschema@.idem_outbox_message AS (
             id          pg_catalog.uuid,
             topic       pg_catalog.text,
@@ -710,7 +749,6 @@ COMMENT ON FUNCTION idem_outbox_stats() IS
 -- At most max_rows key rows go per call: the lock, which holds senders and
 -- relays back, is held for a bounded time; call it again while it returns
 -- max_rows.
-DROP FUNCTION IF EXISTS idem_outbox_purge(pg_catalog.interval);
 CREATE OR REPLACE FUNCTION idem_outbox_purge(lock_wait pg_catalog.interval DEFAULT '1 second',
                                              max_rows pg_catalog.int4 DEFAULT 10000)
 RETURNS pg_catalog.int8
@@ -933,7 +971,14 @@ DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_type t
                     WHERE t.typname OPERATOR(pg_catalog.=) 'idem_seq_result'
-                      AND t.typnamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace) THEN
+                      AND t.typnamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace
+                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                                   WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_type'::pg_catalog.regclass
+                                     AND d.objid OPERATOR(pg_catalog.=) t.oid
+                                     AND d.deptype OPERATOR(pg_catalog.=) 'e'
+                                     AND d.refobjid OPERATOR(pg_catalog.=)
+                                         (SELECT x.oid FROM pg_catalog.pg_extension x
+                                           WHERE x.extname OPERATOR(pg_catalog.=) 'idem'))) THEN
         CREATE TYPE @extschema@.idem_seq_result AS ENUM ('accepted', 'duplicate', 'too_old');
     END IF;
 END;
@@ -1072,9 +1117,10 @@ ALTER TABLE idem.claims SET (autovacuum_vacuum_scale_factor = 0.02);
 
 -- ==== BEGIN guard for real schemas ====
 -- State names are limited to 63 bytes, as machine names are: idem_allow and
--- idem_disallow say so, and the table refuses longer ones written by hand
--- (NOT VALID: a longer state written before 0.2.0 stays, and is never a
--- state a row can reach through the guard's checks of new rows).
+-- idem_disallow say so.  idem.transitions itself does not refuse a longer
+-- one: 0.1.0 took them, the guard works with states of any length, and a
+-- check on the table would make the dump of such a database fail to
+-- restore (the restore's COPY of the table is checked).
 CREATE OR REPLACE FUNCTION idem._check_transition(machine pg_catalog.text,
                                                   from_state pg_catalog.text,
                                                   to_state pg_catalog.text)
@@ -1120,17 +1166,6 @@ COMMENT ON FUNCTION idem._check_transition(pg_catalog.text, pg_catalog.text, pg_
     'check the arguments of idem_allow and idem_disallow';
 REVOKE ALL ON FUNCTION idem._check_transition(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c
-                    WHERE c.conrelid OPERATOR(pg_catalog.=) 'idem.transitions'::pg_catalog.regclass
-                      AND c.conname OPERATOR(pg_catalog.=) 'transitions_state_check') THEN
-        ALTER TABLE idem.transitions ADD CONSTRAINT transitions_state_check
-            CHECK (pg_catalog.octet_length(from_state) OPERATOR(pg_catalog.<=) 63
-                   AND pg_catalog.octet_length(to_state) OPERATOR(pg_catalog.<=) 63) NOT VALID;
-    END IF;
-END;
-$$;
 
 -- Initial states: when a machine has any, a new row of a table it guards
 -- (INSERT, COPY) must start in one of them.
@@ -1273,21 +1308,49 @@ GRANT SELECT ON idem_machines TO pg_monitor;
 
 -- Guards made by 0.1.0 are BEFORE UPDATE triggers: they would check no
 -- INSERT once their machine has initial states.  Each becomes what
--- idem_guard makes now, with its name, arguments, comment and whether it is
--- enabled (on the table and on each partition, for a trigger cloned on
--- partitions); a second run finds none left.  The check of guard DDL lets
--- idem's scripts remake them even where it would refuse a new guard.
+-- idem_guard makes now, with its name, arguments, and whether it is enabled
+-- and its comment (on the table and on each partition, for a trigger cloned
+-- on partitions); a second run finds none left.  The check of guard DDL lets
+-- idem's scripts remake them even where it would refuse a new guard.  One
+-- made by hand with a WHEN condition or for some columns only is left as it
+-- is (it cannot be an INSERT trigger, and idem refuses it where it fires).
 DO $$
 DECLARE
     g record;
     s record;
 BEGIN
+    -- guards this update leaves as they are, that fail where they fire and
+    -- that a restore of a dump refuses (as CREATE TRIGGER refuses them now)
+    FOR g IN
+        SELECT t.tgname, t.tgrelid::pg_catalog.regclass AS tbl,
+               t.tgqual IS NOT NULL
+               OR pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) OPERATOR(pg_catalog.>) 0 AS shape,
+               EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                        WHERE a.attrelid OPERATOR(pg_catalog.=) t.tgrelid
+                          AND t.tgnargs OPERATOR(pg_catalog.>=) 3
+                          AND a.attname OPERATOR(pg_catalog.=)
+                              pg_catalog.split_part(pg_catalog.encode(t.tgargs, 'escape'), '\000', 3)
+                          AND NOT a.attnotnull) AS nullable
+          FROM pg_catalog.pg_trigger t
+         WHERE t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_guard_trigger()'::pg_catalog.regprocedure
+           AND t.tgparentid OPERATOR(pg_catalog.=) 0
+    LOOP
+        IF g.shape THEN
+            RAISE WARNING 'guard "%" of table % is left as it is', g.tgname, g.tbl
+                USING DETAIL = 'It has a WHEN condition or a column list: it fails where it fires (39P01), and a restore of a dump refuses it.',
+                      HINT = 'Drop it and guard the table with idem_guard().';
+        ELSIF g.nullable THEN
+            RAISE WARNING 'the version column of guard "%" of table % is nullable', g.tgname, g.tbl
+                USING DETAIL = 'Every UPDATE of the table fails (55000) while the guard is enabled, and a restore of a dump refuses the guard.',
+                      HINT = 'Make the column NOT NULL.';
+        END IF;
+    END LOOP;
     FOR g IN
         SELECT t.tgname, t.tgrelid::pg_catalog.regclass AS tbl,
                pg_catalog.pg_get_triggerdef(t.oid) AS def,
-               pg_catalog.obj_description(t.oid, 'pg_trigger') AS note,
                (SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(p.relid::pg_catalog.regclass::pg_catalog.text,
-                                                                         k.tgenabled::pg_catalog.text)
+                                                                         k.tgenabled::pg_catalog.text,
+                                                                         pg_catalog.obj_description(k.oid, 'pg_trigger'))
                                             ORDER BY p.level, p.relid)
                   FROM (SELECT t.tgrelid AS relid, 0 AS level
                         UNION ALL
@@ -1299,13 +1362,16 @@ BEGIN
          WHERE t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_guard_trigger()'::pg_catalog.regprocedure
            AND (t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.&) 4) OPERATOR(pg_catalog.=) 0
            AND t.tgparentid OPERATOR(pg_catalog.=) 0
+           AND t.tgqual IS NULL
+           AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) OPERATOR(pg_catalog.=) 0
     LOOP
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', g.tgname, g.tbl);
         EXECUTE pg_catalog.regexp_replace(g.def,
                     '^(CREATE TRIGGER ("([^"]|"")*"|[^ ]+)) BEFORE UPDATE ON ',
                     '\1 BEFORE INSERT OR UPDATE ON ');
         -- the table first: its ALTER reaches its partitions
-        FOR s IN SELECT e OPERATOR(pg_catalog.->>) 0 AS rel, e OPERATOR(pg_catalog.->>) 1 AS enabled
+        FOR s IN SELECT e OPERATOR(pg_catalog.->>) 0 AS rel, e OPERATOR(pg_catalog.->>) 1 AS enabled,
+                        e OPERATOR(pg_catalog.->>) 2 AS note
                    FROM pg_catalog.jsonb_array_elements(g.states) WITH ORDINALITY AS a(e, n)
                   ORDER BY a.n
         LOOP
@@ -1313,10 +1379,10 @@ BEGIN
                         CASE s.enabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA'
                                        WHEN 'A' THEN 'ENABLE ALWAYS' ELSE 'ENABLE' END,
                         g.tgname);
+            IF s.note IS NOT NULL THEN
+                EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', g.tgname, s.rel, s.note);
+            END IF;
         END LOOP;
-        IF g.note IS NOT NULL THEN
-            EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', g.tgname, g.tbl, g.note);
-        END IF;
     END LOOP;
 END;
 $$;
@@ -1402,3 +1468,29 @@ COMMENT ON FUNCTION idem_distribute() IS
     'on a Citus coordinator: distributes idem''s keyed tables (colocated) and routes their functions to the node of the key; returns what is distributed; repeatable';
 REVOKE ALL ON FUNCTION idem_distribute() FROM PUBLIC;
 -- ==== END scale-out on Citus ====
+
+-- ==== BEGIN privileges granted before the update ====
+-- A GRANT or REVOKE in an update script records the object's whole ACL as
+-- its initial privileges (pg_init_privs), which pg_dump leaves out of a
+-- dump: what an administrator granted on an object of 0.1.0 (EXECUTE on
+-- idem_release to an operators' role, say) would be lost by a dump and
+-- restore.  The initial privileges keep only what idem grants: the owner's,
+-- PUBLIC's and pg_monitor's.
+UPDATE pg_catalog.pg_init_privs ip
+   SET initprivs = ARRAY(SELECT a.item
+                           FROM pg_catalog.unnest(ip.initprivs) WITH ORDINALITY AS a(item, n)
+                          WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.aclexplode(ARRAY[a.item]) AS x
+                                             WHERE x.grantee OPERATOR(pg_catalog.<>) x.grantor
+                                               AND x.grantee OPERATOR(pg_catalog.<>) 0
+                                               AND x.grantee OPERATOR(pg_catalog.<>)
+                                                   'pg_monitor'::pg_catalog.regrole)
+                          ORDER BY a.n)
+ WHERE ip.privtype OPERATOR(pg_catalog.=) 'e'
+   AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+               WHERE d.classid OPERATOR(pg_catalog.=) ip.classoid
+                 AND d.objid OPERATOR(pg_catalog.=) ip.objoid
+                 AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+                 AND d.deptype OPERATOR(pg_catalog.=) 'e'
+                 AND e.extname OPERATOR(pg_catalog.=) 'idem');
+-- ==== END privileges granted before the update ====

@@ -75,9 +75,9 @@ SELECT shape($$ALTER TABLE idem.tokens ALTER COLUMN digest TYPE text USING encod
 -- transitions and initial states, read by the guard (the view idem_machines
 -- and the checks of the states' length read them too: they go first)
 \set noview 'ALTER EXTENSION idem DROP VIEW idem_machines; DROP VIEW idem_machines; '
-SELECT shape(:'noview' || $$ALTER TABLE idem.transitions DROP CONSTRAINT transitions_state_check; ALTER TABLE idem.transitions ALTER COLUMN to_state TYPE integer USING length(to_state)$$,
+SELECT shape(:'noview' || $$ALTER TABLE idem.transitions ALTER COLUMN to_state TYPE integer USING length(to_state)$$,
              $$UPDATE shaped SET status = 'paid'$$);
-SELECT shape(:'noview' || $$ALTER TABLE idem.transitions DROP CONSTRAINT transitions_state_check; ALTER TABLE idem.transitions ALTER COLUMN from_state TYPE integer USING length(from_state)$$,
+SELECT shape(:'noview' || $$ALTER TABLE idem.transitions ALTER COLUMN from_state TYPE integer USING length(from_state)$$,
              $$SELECT idem_transition('shaped', '1', 'paid')$$);
 SELECT shape(:'noview' || $$ALTER TABLE idem.transitions ALTER COLUMN machine TYPE varchar$$,
              $$SELECT idem_transition('shaped', '1', 'paid')$$);

@@ -106,10 +106,13 @@ idem_worker_init(void)
 /*
  * One transaction of maintenance: idem_maintenance(batch), which purges at
  * most a batch of each kind.  Returns the largest number purged of one kind,
- * or -1 when the extension is not installed, -2 when the round failed.
+ * or -1 when the extension is not installed, -2 when the round failed, -3
+ * when the extension is at a version without idem_maintenance() (0.1.0,
+ * between the installation of a new library and ALTER EXTENSION UPDATE;
+ * its version is then in *version).
  */
 static int64
-worker_round(void)
+worker_round(char *version, size_t versionlen)
 {
 	volatile int64 most = 0;
 	MemoryContext cxt = CurrentMemoryContext;
@@ -122,7 +125,9 @@ worker_round(void)
 	PG_TRY();
 	{
 		SPI_connect();
-		if (SPI_execute("SELECT pg_catalog.quote_ident(n.nspname) "
+		if (SPI_execute("SELECT pg_catalog.quote_ident(n.nspname), e.extversion, "
+						"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) "
+						"OPERATOR(pg_catalog.||) '.idem_maintenance(pg_catalog.int4)') IS NOT NULL "
 						"FROM pg_catalog.pg_extension e "
 						"JOIN pg_catalog.pg_namespace n "
 						"ON n.oid OPERATOR(pg_catalog.=) e.extnamespace "
@@ -131,6 +136,13 @@ worker_round(void)
 			elog(ERROR, "could not look for extension \"idem\"");
 		if (SPI_processed == 0)
 			most = -1;
+		else if (strcmp(SPI_getvalue(SPI_tuptable->vals[0],
+									 SPI_tuptable->tupdesc, 3), "t") != 0)
+		{
+			strlcpy(version, SPI_getvalue(SPI_tuptable->vals[0],
+										  SPI_tuptable->tupdesc, 2), versionlen);
+			most = -3;
+		}
 		else
 		{
 			char	   *schema = SPI_getvalue(SPI_tuptable->vals[0],
@@ -176,7 +188,8 @@ worker_round(void)
 void
 idem_maintenance_main(Datum main_arg)
 {
-	bool		missing_logged = false;
+	int64		logged = 0;		/* the state last logged: -1 or -3 */
+	char		version[64] = "";
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -223,7 +236,7 @@ idem_maintenance_main(Datum main_arg)
 			long		worked;
 
 			CHECK_FOR_INTERRUPTS();
-			most = worker_round();
+			most = worker_round(version, sizeof(version));
 			if (most < worker_batch ||
 				TimestampDifferenceExceeds(start, GetCurrentTimestamp(),
 										   worker_interval * 1000))
@@ -246,16 +259,24 @@ idem_maintenance_main(Datum main_arg)
 				ProcessConfigFile(PGC_SIGHUP);
 			}
 		}
-		if (most == -1 && !missing_logged)
+		if (most == -1 && logged != -1)
 		{
 			ereport(LOG,
 					(errmsg("idem maintenance worker: extension \"idem\" is not installed in database \"%s\"",
 							worker_database),
 					 errhint("Create it there, or set idem.database to the database that has it.")));
-			missing_logged = true;
+			logged = -1;
 		}
-		else if (most != -1)
-			missing_logged = false;
+		else if (most == -3 && logged != -3)
+		{
+			ereport(LOG,
+					(errmsg("idem maintenance worker: extension \"idem\" in database \"%s\" is at version %s, which has no idem_maintenance()",
+							worker_database, version),
+					 errhint("Run ALTER EXTENSION idem UPDATE there.")));
+			logged = -3;
+		}
+		else if (most >= 0)
+			logged = 0;
 
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,

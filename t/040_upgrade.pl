@@ -78,6 +78,25 @@ CREATE TRIGGER pguard BEFORE UPDATE ON plegacy FOR EACH ROW
 ALTER TABLE plegacy_2 DISABLE TRIGGER pguard;
 SELECT idem_set_retention('huge', '10000 years');
 SELECT idem_claim('h-1', 'huge');
+-- what an administrator granted under 0.1.0
+CREATE ROLE upgrade_ops;
+GRANT EXECUTE ON FUNCTION idem_release(text, text), idem_purge(text, int) TO upgrade_ops;
+-- a state longer than 0.2.0 allows (0.1.0 took it)
+SELECT idem_allow('long', repeat('x', 70), 'y');
+-- guards made by hand with a WHEN condition, and for some columns only
+CREATE TABLE whenguard (id int PRIMARY KEY, status text NOT NULL, v bigint NOT NULL DEFAULT 0);
+CREATE TRIGGER whenguard_g BEFORE UPDATE ON whenguard FOR EACH ROW
+    WHEN (old.status IS DISTINCT FROM new.status)
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'v');
+CREATE TABLE colguard (id int PRIMARY KEY, status text NOT NULL, v bigint NOT NULL DEFAULT 0);
+CREATE TRIGGER colguard_g BEFORE UPDATE OF status ON colguard FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'v');
+-- a comment on a partition's clone of a guard
+COMMENT ON TRIGGER pguard ON plegacy_1 IS 'the partition''s own';
+-- the index 0.2.0 adds, made beforehand by a CREATE INDEX CONCURRENTLY that
+-- was interrupted (it stays invalid)
+CREATE INDEX claims_ns_claimed_at_idx ON idem.claims (ns, claimed_at);
+UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'idem.claims_ns_claimed_at_idx'::regclass;
 });
 # 0.1.0 made the token key from two UUIDs: 12 of its bits are fixed
 my $uuid_shaped = q{
@@ -90,9 +109,51 @@ SELECT (SELECT count(*) FROM idem.claims), (SELECT count(*) FROM idem.tokens),
        (SELECT count(*) FROM idem.transitions), (SELECT string_agg(n.ns || ' ' || n.retention, ',') FROM idem.namespaces n),
        (SELECT string_agg(id || ' ' || status || ' ' || version, ',' ORDER BY id) FROM orders)});
 
-$node->safe_psql('up', 'ALTER EXTENSION idem UPDATE');
+my ($up_rc, $up_out, $up_err) = $node->psql('up', 'ALTER EXTENSION idem UPDATE');
+is($up_rc, 0, 'ALTER EXTENSION idem UPDATE succeeds') or diag $up_err;
+like($up_err, qr/WARNING:  guard "whenguard_g" of table whenguard is left as it is/,
+	'it warns of a guard with a WHEN condition, which it leaves');
+like($up_err, qr/WARNING:  guard "colguard_g" of table colguard is left as it is/,
+	'and of one of some columns');
+like($up_err, qr/WARNING:  the version column of guard "legacy_guard" of table legacy is nullable/,
+	'and of one whose version column lost its NOT NULL');
 is($node->safe_psql('up', "SELECT extversion FROM pg_extension WHERE extname = 'idem'"),
 	$default, "ALTER EXTENSION idem UPDATE reaches $default");
+
+# (b) what 0.1.0 had, kept
+like($node->safe_psql('up', q{SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'whenguard_g'}),
+	qr/BEFORE UPDATE ON public\.whenguard FOR EACH ROW WHEN/, 'a guard with a WHEN condition is left as it was');
+like($node->safe_psql('up', q{SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'colguard_g'}),
+	qr/BEFORE UPDATE OF status ON public\.colguard/, 'and so is a guard of some columns');
+is($node->safe_psql('up', q{SELECT obj_description(oid, 'pg_trigger') FROM pg_trigger
+                             WHERE tgname = 'pguard' AND tgrelid = 'plegacy_1'::regclass}),
+	"the partition's own", "a partition's comment on its guard is kept");
+is($node->safe_psql('up', q{SELECT indisvalid AND indisready FROM pg_index
+                             WHERE indexrelid = 'idem.claims_ns_claimed_at_idx'::regclass}),
+	't', 'an index left invalid by an interrupted build is built again');
+my ($dump, $dump_err);
+IPC::Run::run([ 'pg_dump', '-s', '-d', $node->connstr('up') ], '>', \$dump, '2>', \$dump_err)
+  or diag $dump_err;
+like($dump, qr/GRANT ALL ON FUNCTION public\.idem_release\([^)]*\) TO upgrade_ops;/,
+	'a dump keeps a grant made under 0.1.0 on a function the update revoked from PUBLIC');
+like($dump, qr/GRANT ALL ON FUNCTION public\.idem_purge\([^)]*\) TO upgrade_ops;/,
+	'and one on a function it left alone');
+# a dump of the updated database restores, the long state with it (guards
+# made by hand that cannot work are refused by a restore, as when they are
+# made: they go first)
+$node->safe_psql('up', 'DROP TABLE whenguard, colguard; ALTER TABLE legacy ALTER COLUMN v SET NOT NULL');
+$node->safe_psql('postgres', 'CREATE DATABASE restored');
+$node->command_ok([ 'pg_dump', '-Fc', '-f', "$PostgreSQL::Test::Utils::tmp_check/up.dump", '-d', $node->connstr('up') ],
+	'the updated database is dumped');
+$node->command_ok([ 'pg_restore', '--exit-on-error', '-d', $node->connstr('restored'),
+		"$PostgreSQL::Test::Utils::tmp_check/up.dump" ], 'and restores');
+is($node->safe_psql('restored', q{SELECT count(*) FROM idem.transitions}),
+	$node->safe_psql('up', q{SELECT count(*) FROM idem.transitions}), 'every transition, the long state too');
+
+# what the administrator granted is the administrator's: the comparison
+# with a fresh install is made without it
+$node->safe_psql('up', q{
+REVOKE EXECUTE ON FUNCTION idem_release(text, text), idem_purge(text, int) FROM upgrade_ops});
 
 # (a) the same objects as a fresh install
 my $fresh = describe('fresh');
@@ -112,7 +173,7 @@ is($node->safe_psql('up', q{
 SELECT string_agg(format('%s %s %s %s %s', tgrelid::regclass, tgname, tgenabled, (tgtype & 4) <> 0,
                          coalesce(obj_description(oid, 'pg_trigger'), '-')), ',' ORDER BY tgrelid::regclass::text)
   FROM pg_trigger WHERE tgname IN ('legacy_guard', 'pguard')}),
-	'legacy legacy_guard D t kept across the update,plegacy pguard O t -,plegacy_1 pguard O t -,plegacy_2 pguard D t -',
+	"legacy legacy_guard D t kept across the update,plegacy pguard O t -,plegacy_1 pguard O t the partition's own,plegacy_2 pguard D t -",
 	'guards made by hand keep their state and comment');
 
 # a retention stored before the update that no timestamp can subtract does
@@ -197,6 +258,12 @@ DROP FUNCTION idem_token_purge(integer);
 });
 like(difference(describe('broken'), $fresh), qr/^missing: member function idem_token_purge/m,
 	'the comparison finds an object missing from the upgrade');
+
+# A type of the user's own with the name of one of idem's is not adopted
+$node->safe_psql('postgres', 'CREATE DATABASE clash');
+$node->safe_psql('clash', q{CREATE TYPE idem_request AS (a int)});
+($rc, $out, $err) = $node->psql('clash', 'CREATE EXTENSION idem');
+like($err, qr/type "idem_request" already exists/, "CREATE EXTENSION refuses to take a user's type for its own");
 
 $node->stop;
 done_testing();

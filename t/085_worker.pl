@@ -37,6 +37,18 @@ sub poll
 	return 0;
 }
 
+sub poll_node
+{
+	my ($n, $db, $sql, $want) = @_;
+	for (my $i = 0; $i < 10 * $PostgreSQL::Test::Utils::timeout_default; $i++)
+	{
+		my ($ret, $out) = $n->psql($db, $sql);
+		return 1 if $ret == 0 && $out eq $want;
+		usleep(100_000);
+	}
+	return 0;
+}
+
 sub worker_pid
 {
 	return $node->safe_psql('postgres',
@@ -132,6 +144,27 @@ is(sqlstate_of($node, 'postgres', 'SELECT * FROM idem_maintenance(0)'), '22023',
 # stopping: the worker ends with the server
 $node->stop('fast');
 like(slurp_file($node->logfile), qr/idem maintenance worker started/, 'the worker logged its start');
+
+# a database whose idem is still at 0.1.0 (a new library installed, the
+# update not run yet): logged once, with what to do, no error every round
+my $old = idem_node('worker_old', "shared_preload_libraries = 'idem'",
+	"idem.maintenance_interval = '1s'");
+$old->safe_psql('postgres', 'CREATE DATABASE old');
+$old->safe_psql('old', q{CREATE EXTENSION idem VERSION '0.1.0'});
+$old->safe_psql('postgres', q{ALTER SYSTEM SET idem.database = 'old'});
+$old->restart;
+ok(wait_for_log($old, qr/extension "idem" in database "old" is at version 0\.1\.0, which has no idem_maintenance\(\)/, 0),
+	'a worker whose database is at 0.1.0 says so');
+sleep(3);
+my $old_log = slurp_file($old->logfile);
+is(scalar(() = $old_log =~ /is at version 0\.1\.0/g), 1, 'once, not every round');
+unlike($old_log, qr/ERROR:.*idem_maintenance/, 'and fails no round');
+$old->safe_psql('old', q{
+ALTER EXTENSION idem UPDATE;
+INSERT INTO idem.claims SELECT 'default', 'up-' || i, now() - interval '30 days' FROM generate_series(1, 20) i});
+ok(poll_node($old, 'old', q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'up-%'}, '0'),
+	'once updated, the worker purges there');
+$old->stop;
 
 # off switch
 my $off = idem_node('worker_off', "shared_preload_libraries = 'idem'", 'idem.maintenance = off');
