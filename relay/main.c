@@ -68,6 +68,8 @@ typedef struct Route
 
 static Route *routes;
 static int	nroutes;
+/* the route of routes[] that sinks_ready found down, or -1 */
+static int	sink_down = -1;
 
 /* ---- Counts ---- */
 
@@ -227,6 +229,31 @@ on_sighup(int signo)
 		/* the pipe is full: the loop wakes up anyway */
 	}
 	errno = save;
+}
+
+/*
+ * Standard input, output and error that the relay was started without are
+ * opened on /dev/null before anything takes their numbers: the wake pipe
+ * on descriptor 1 would receive what the stdout sink writes, and the relay
+ * would acknowledge messages that nobody read.  Standard output is opened
+ * for reading only, so that the stdout sink's writes fail as they would on
+ * a closed descriptor.
+ */
+static void
+open_standard_fds(void)
+{
+	int			fd;
+
+	for (fd = 0; fd <= 2; fd++)
+	{
+		int			got;
+
+		if (fcntl(fd, F_GETFD) != -1 || errno != EBADF)
+			continue;
+		got = open("/dev/null", fd == 2 ? O_WRONLY : O_RDONLY);
+		if (got != fd)
+			exit(EXIT_RELAY_SINK);
+	}
 }
 
 static void
@@ -1012,6 +1039,10 @@ apply_config(const Config *cfg)
 	v = config_get(cfg, "name");
 	if (v != NULL && *v == '\0')
 		config_error("name must not be empty (%s)", config_origin(cfg, "name"));
+	/* as idem_outbox_lease and idem_outbox_nack take it */
+	if (v != NULL && strlen(v) > RELAY_MAX_NAME_LEN)
+		config_error("name must be at most %d bytes long (%s)", RELAY_MAX_NAME_LEN,
+					 config_origin(cfg, "name"));
 	if (v != NULL)
 		settings.name = xstrdup(v);
 	else
@@ -1185,13 +1216,16 @@ reload_config(void)
 	reload_jmp = NULL;
 
 	/* the name stays: the leases in hand are in it */
-	if (strcmp(settings.name, old.name) != 0)
+	if (config_get(&newcfg, "name") != NULL && strcmp(settings.name, old.name) != 0)
 		relay_log(LOG_WARNING, "the name cannot change while the relay runs: still \"%s\"", old.name);
 	free(settings.name);
 	settings.name = old.name;
 	settings.once = old.once;
 	dbname_changed = (old.dbname == NULL) != (settings.dbname == NULL) ||
 		(old.dbname != NULL && strcmp(old.dbname, settings.dbname) != 0);
+
+	/* routes[] is made anew: an index into the old one means nothing */
+	sink_down = -1;
 
 	/* the old sinks go, and the configuration they were made from */
 	{
@@ -1230,7 +1264,6 @@ reload_config(void)
 static int
 sinks_ready(void)
 {
-	static int	down = -1;		/* the route that was down, or -1 */
 	int			i;
 
 	for (i = 0; i < nroutes; i++)
@@ -1250,11 +1283,11 @@ sinks_ready(void)
 			log_counts(1);
 			exit(EXIT_RELAY_SINK);
 		}
-		if (down != i)
+		if (sink_down != i)
 			relay_log(LOG_WARNING, "sink %s%s%s is down: leasing nothing until it is back",
 					  routes[i].type->name, routes[i].topic ? " of topic " : "",
 					  routes[i].topic ? routes[i].topic : "");
-		down = i;
+		sink_down = i;
 		/* at least a little, at most a poll interval: a signal ends it */
 		if (retry_ms < 10)
 			retry_ms = 10;
@@ -1263,9 +1296,9 @@ sinks_ready(void)
 		wait_until(now_ms() + retry_ms, 0);
 		return 0;
 	}
-	if (down >= 0)
-		relay_log(LOG_INFO, "sink %s is back: leasing again", routes[down].type->name);
-	down = -1;
+	if (sink_down >= 0)
+		relay_log(LOG_INFO, "sink %s is back: leasing again", routes[sink_down].type->name);
+	sink_down = -1;
 	return 1;
 }
 
@@ -1317,6 +1350,7 @@ main(int argc, char **argv)
 	int			announced = 0;
 	int			exit_code = EXIT_RELAY_OK;
 
+	open_standard_fds();
 	while ((c = getopt_long(argc, argv, "d:c:n:b:l:p:t:s:vVh", options, NULL)) != -1)
 	{
 		const char *key = NULL;

@@ -28,6 +28,9 @@
 #define EXIT_RELAY_QUERY		3	/* --exit-on-error: a statement failed */
 #define EXIT_RELAY_SINK			4	/* a sink cannot start or go on */
 
+/* the longest name idem_outbox_lease takes */
+#define RELAY_MAX_NAME_LEN		255
+
 /* The longest wait idem_outbox_nack accepts: one day. */
 #define RELAY_MAX_RETRY_AFTER_MS (24L * 3600 * 1000)
 

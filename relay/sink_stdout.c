@@ -9,6 +9,8 @@
  * A write that fails (the reader of the pipe went away) stops the relay.
  */
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,7 @@ typedef struct StdoutSink
 {
 	Sink		base;
 	StrBuf		line;
+	long		timeout_ms;		/* the longest the write of one line may take */
 } StdoutSink;
 
 static const char *const stdout_settings[] = {NULL};
@@ -31,20 +34,47 @@ stdout_init(const SinkSettings *ss, char *err, size_t errlen)
 
 	s->base.type = &sink_stdout_type;
 	sb_init(&s->line);
+	s->timeout_ms = ss->timeout_ms;
 	return &s->base;
 }
 
-/* write(2) all of buf; false with errno set */
+/*
+ * write(2) all of buf by deadline_ms; false with errno set.  A reader that
+ * stops reading must not hold the relay past the sink's timeout, nor past a
+ * second signal: the descriptor is polled (a tenth of a second at a time)
+ * before each write of at most PIPE_BUF bytes, which a pipe that polls
+ * writable takes without blocking.
+ */
 static int
-write_all(int fd, const char *buf, size_t len)
+write_all(int fd, const char *buf, size_t len, int64_t deadline_ms,
+		  volatile sig_atomic_t *stop_now)
 {
 	while (len > 0)
 	{
-		ssize_t		n = write(fd, buf, len);
+		struct pollfd pfd = {.fd = fd,.events = POLLOUT};
+		int64_t		left = deadline_ms - now_ms();
+		ssize_t		n;
+		int			r;
 
+		if (*stop_now || left <= 0)
+		{
+			errno = ETIMEDOUT;
+			return 0;
+		}
+		r = poll(&pfd, 1, (int) (left < 100 ? left : 100));
+		if (r < 0 && errno != EINTR)
+			return 0;
+		if (r <= 0)
+			continue;
+		if ((pfd.revents & (POLLERR | POLLNVAL)) && !(pfd.revents & POLLOUT))
+		{
+			errno = EPIPE;
+			return 0;
+		}
+		n = write(fd, buf, len < PIPE_BUF ? len : PIPE_BUF);
 		if (n < 0)
 		{
-			if (errno == EINTR)
+			if (errno == EINTR || errno == EAGAIN)
 				continue;
 			return 0;
 		}
@@ -87,18 +117,24 @@ stdout_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 		sb_printf(l, ", \"attempt\": %d, \"created_at\": ", m->attempt);
 		sb_json_string(l, m->created_at);
 		sb_puts(l, "}\n");
-		if (!write_all(STDOUT_FILENO, l->data, l->len))
+		if (!write_all(STDOUT_FILENO, l->data, l->len, now_ms() + s->timeout_ms,
+					   ctl->stop_now))
 		{
 			int			e = errno;
 
 			/* this one and the rest: the relay stops */
-			snprintf(out[i].error, sizeof(out[i].error),
-					 "could not write to standard output: %s", strerror(e));
+			if (e == ETIMEDOUT)
+				snprintf(out[i].error, sizeof(out[i].error),
+						 "could not write to standard output: %s",
+						 *ctl->stop_now ? "stopped" : "the reader took nothing within the timeout");
+			else
+				snprintf(out[i].error, sizeof(out[i].error),
+						 "could not write to standard output: %s", strerror(e));
 			out[i].kind = OUTCOME_RETRY;
 			out[i].retry_after_ms = 0;
+			relay_log(LOG_ERROR, "%s", out[i].error);
 			for (i++; i < n; i++)
 				out[i].kind = OUTCOME_UNSENT;
-			relay_log(LOG_ERROR, "could not write to standard output: %s", strerror(e));
 			return -1;
 		}
 		out[i].kind = OUTCOME_DELIVERED;

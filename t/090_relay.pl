@@ -622,6 +622,63 @@ like($err, qr/sink rabbitmq is down: exiting \(--once\)/, 'and says why');
 is(sql(q{SELECT count(*) FROM idem.outbox_keys WHERE topic = 'down' AND attempts = 0}), 3,
 	'nothing leased either');
 
+# A reload that leaves out the sink that was down: the relay forgets it (it
+# kept its place in the old list of sinks, past the end of the new one)
+my $downconf = "$tmp/down.conf";
+write_conf($downconf, "sink = stdout\ntopic.a.sink = stdout\ntopic.b.sink = stdout\n"
+	  . "topic.down.sink = rabbitmq\nrabbitmq.url = amqp://127.0.0.1:$closed_port\n"
+	  . "reconnect_max = 100ms\npoll = 50ms\nlog_interval = 0\n");
+# (started without a name, unlike start_relay's relays)
+$r = { out => "$tmp/down.out", err => "$tmp/down.err" };
+$r->{h} = IPC::Run::start([ $relay, '--config', $downconf ], '>', $r->{out}, '2>', $r->{err},
+	init => relay_env());
+ok(wait_for('the sink down', sub { slurp_file($r->{err}) =~ /sink rabbitmq of topic down is down/ }),
+	'a relay with a sink down');
+write_conf($downconf, "sink = stdout\npoll = 50ms\nlog_interval = 0\n");
+$r->{h}->signal('HUP');
+ok(wait_for('the reload', sub { slurp_file($r->{err}) =~ /configuration reloaded/ }), 'reloaded without it');
+ok(wait_for('the messages', sub { scalar(() = slurp_file($r->{out}) =~ /"topic": "down"/g) == 3 }),
+	'the messages of that topic go to standard output now');
+unlike(slurp_file($r->{err}), qr/is back: leasing again/, 'no sink of the old list is said to be back');
+unlike(slurp_file($r->{err}), qr/the name cannot change/,
+	'a reload of a file that names no relay does not warn of a new name');
+is(stop_relay($r, 'TERM'), 0, 'exit code 0');
+
+# Started with standard output (and input) closed: nothing is delivered, or
+# acknowledged (the relay's own pipe took descriptor 1, and read the lines)
+send_msg('closed', 'c', { n => $_ }) for 1 .. 2;
+{
+	my ($cout, $cerr) = ('', '');
+	IPC::Run::run([ 'sh', '-c', 'exec "$0" --once --log-interval 0 <&- >&-', $relay ],
+		'2>', \$cerr, init => relay_env(),
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	is($? >> 8, 4, 'a relay started with standard output closed stops with exit code 4');
+	like($cerr, qr/could not write to standard output/, 'and says why');
+}
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'closed'}), 2, 'no message was acknowledged');
+sql(q{SELECT idem_outbox_ack(array_agg(id)) FROM idem.outbox WHERE aggregatetype = 'closed'});
+($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0');
+
+# A reader that stops reading: the relay gives the line up after its timeout,
+# and a second SIGTERM does not wait for it
+sql(q{SELECT idem_outbox_send('slow', 'k' || i, jsonb_build_object('pad', repeat('x', 2000))) FROM generate_series(1, 100) i});
+{
+	my $slow_err = "$tmp/slow.err";
+	my $h = IPC::Run::start([ 'sh', '-c', 'exec "$0" --name slow --lease 4s --timeout 1s --log-interval 0 | sleep 60', $relay ],
+		'2>', $slow_err, init => relay_env());
+	ok(wait_for('the stuck write', sub { slurp_file($slow_err) =~ /could not write to standard output: the reader took nothing/ }),
+		'a line that the reader does not take within the timeout is given up');
+	$h->kill_kill;
+}
+is(sql(q{SELECT count(*) > 0 FROM idem.outbox WHERE aggregatetype = 'slow'}), 't',
+	'and what the reader did not take is not acknowledged');
+($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0');
+
+# A name longer than idem_outbox_lease takes is a configuration error
+($rc, $out, $err) = run_relay({}, '--once', '--name', 'n' x 256);
+is($rc, 1, 'a name over 255 bytes: exit code 1');
+like($err, qr/name must be at most 255 bytes long/, 'and says why');
+
 $receiver->kill_kill;
 $node->stop;
 done_testing();
