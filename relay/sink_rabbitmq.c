@@ -40,13 +40,26 @@
  * amqp://guest:guest@localhost:5672, the virtual host "/"; a path names
  * the virtual host, %2f for "/"), exchange, routing_key, mandatory
  * (true or false, default true).  The connection is made again after a
- * backoff that doubles from 250 ms up to the relay's reconnect_max.
+ * backoff that doubles from 250 ms up to the relay's reconnect_max, and
+ * keeps growing until a message is confirmed: a broker that takes
+ * connections but no messages (a resource alarm blocks publishers) is not
+ * given a batch, and an attempt of each of its messages, every 250 ms.
+ *
+ * librabbitmq sends a frame with no time limit, and a broker under a
+ * resource alarm stops reading: amqp_basic_publish would wait for as long
+ * as the alarm lasts, past the lease and deaf to signals.  While a message
+ * is sent, a timer looks every 100 ms whether its timeout has passed or
+ * the relay must stop, and then shuts the socket down: the send fails, and
+ * the connection is dropped as when the broker goes away.
  */
+#include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
 #include <amqp.h>
@@ -57,6 +70,61 @@
 
 #define RMQ_CHANNEL 1
 #define RMQ_BACKOFF_MIN_MS 250
+
+/* The send the timer watches: its socket (or -1), until when, and why stop. */
+static volatile sig_atomic_t watch_fd = -1;
+static volatile sig_atomic_t watch_fired = 0;
+static int64_t watch_until_ms;
+static volatile sig_atomic_t *watch_stop;
+
+static void
+rmq_watchdog(int signo)
+{
+	int			save = errno;
+	int			fd = watch_fd;
+
+	if (fd >= 0 && (*watch_stop || now_ms() >= watch_until_ms))
+	{
+		watch_fired = 1;
+		shutdown(fd, SHUT_RDWR);
+	}
+	errno = save;
+}
+
+/* Watch the sends on the socket fd until until_ms, or until *stop is set. */
+static void
+watch_start(int fd, int64_t until_ms, volatile sig_atomic_t *stop)
+{
+	static int	installed = 0;
+	struct itimerval it = {{0, 100000}, {0, 100000}};
+
+	if (!installed)
+	{
+		struct sigaction sa;
+
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_handler = rmq_watchdog;
+		sigemptyset(&sa.sa_mask);
+		/* what the tick interrupts goes on: only the shutdown ends a send */
+		sa.sa_flags = SA_RESTART;
+		sigaction(SIGALRM, &sa, NULL);
+		installed = 1;
+	}
+	watch_until_ms = until_ms;
+	watch_stop = stop;
+	watch_fired = 0;
+	watch_fd = fd;
+	setitimer(ITIMER_REAL, &it, NULL);
+}
+
+static void
+watch_end(void)
+{
+	struct itimerval it = {{0, 0}, {0, 0}};
+
+	setitimer(ITIMER_REAL, &it, NULL);
+	watch_fd = -1;
+}
 
 /* AMQP's short strings (exchange, routing key) hold at most this many bytes */
 #define RMQ_SHORTSTR_MAX	255
@@ -215,7 +283,7 @@ rmq_connect(RabbitSink *s)
 		relay_log(LOG_INFO, "rabbitmq: connected to %s again", s->url);
 	else
 		relay_log(LOG_DEBUG, "rabbitmq: connected to %s", s->url);
-	s->failures = 0;
+	/* failures count on until a message is confirmed (see above) */
 	s->last_error[0] = '\0';
 	return 1;
 }
@@ -521,6 +589,7 @@ await_confirms(RabbitSink *s, const RelayMessage *msgs, int n, const uint64_t *t
 					amqp_basic_ack_t *a = frame.payload.method.decoded;
 
 					confirm(n, tags, returned, out, a->delivery_tag, a->multiple, 1);
+					s->failures = 0;
 					break;
 				}
 			case AMQP_BASIC_NACK_METHOD:
@@ -628,7 +697,9 @@ rabbitmq_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 
 		if (*ctl->stop_now || now_ms() >= ctl->deadline_ms)
 			break;
+		watch_start(amqp_get_sockfd(s->conn), now_ms() + s->timeout_ms, ctl->stop_now);
 		rc = publish_one(s, &msgs[i], &rk);
+		watch_end();
 		if (rc == RMQ_KEY_TOO_LONG)
 		{
 			/* nothing was sent: refused for good, the batch goes on */
@@ -645,8 +716,14 @@ rabbitmq_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 
 			/* this one may or may not have left: retried, as the others */
 			tags[i] = s->next_tag++;
-			snprintf(e, sizeof(e), "rabbitmq: could not publish to %s: %s", s->url,
-					 amqp_error_string2(rc));
+			if (watch_fired && *ctl->stop_now)
+				snprintf(e, sizeof(e), "rabbitmq: interrupted by shutdown while publishing to %s", s->url);
+			else if (watch_fired)
+				snprintf(e, sizeof(e), "rabbitmq: %s took no message within %ld ms (a resource alarm?)",
+						 s->url, s->timeout_ms);
+			else
+				snprintf(e, sizeof(e), "rabbitmq: could not publish to %s: %s", s->url,
+						 amqp_error_string2(rc));
 			retry_pending(n, tags, out, e, -1);
 			rmq_fail(s, "%s", e);
 			npending = 0;

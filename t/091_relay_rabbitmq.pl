@@ -335,6 +335,48 @@ like(sql(q{SELECT last_error FROM idem.outbox_keys WHERE topic = 'longkey' AND d
 	qr/^permanent: rabbitmq: the routing key is 300 bytes long/, 'the one with the long key is dead at once');
 unlike(slurp_file("$tmp/relay-lk.err"), qr/rabbitmq: could not publish/, 'the connection was not given up');
 
+########################################################################
+# A broker that stops reading: a memory alarm blocks publishers
+########################################################################
+
+# librabbitmq sends with no time limit: the relay gives a send up after its
+# timeout, and a second SIGTERM ends it at once.  Reconnections back off
+# further and further while nothing is confirmed, so that a broker that takes
+# connections but no messages does not make them spend their attempts every
+# 250 ms.
+sql(q{SELECT idem_outbox_configure('alarm', 10, '10 milliseconds', '10 milliseconds')});
+sql(q{SELECT count(idem_outbox_send('alarm', 'a' || i, jsonb_build_object('pad', repeat('x', 200000))))
+        FROM generate_series(1, 100) i});
+my ($arc) = rabbitmqctl('set_vm_memory_high_watermark', 'absolute', '10MB');
+is($arc, 0, 'a memory alarm is raised');
+# batches of 100 messages of 200 kB: more than the socket's buffers take
+my $ra = IPC::Run::start([ $relay, '--name', 'relay-alarm', @relay_args, '--set', 'rabbitmq.mandatory=false',
+		'--batch', '100', '--reconnect-max', '30s' ],
+	'>', "$tmp/relay-alarm.out", '2>', "$tmp/relay-alarm.err",
+	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; },
+	IPC::Run::timeout(120));
+ok(wait_for('a send given up', sub { slurp_file("$tmp/relay-alarm.err") =~ /took no message within 1000 ms/ }),
+	'a publish the broker does not read is given up after the timeout');
+# 250 ms, 500 ms, 1 s, ... between the attempts (without the growing
+# backoff, a lease every 1.25 s: 10 attempts within 12 s, and dead)
+sleep(11);
+is(sql(q{SELECT count(*) FROM idem.outbox_keys WHERE topic = 'alarm' AND (dead OR attempts > 7)}), 0,
+	'the messages did not spend their attempts meanwhile');
+my $t0 = time;
+$ra->signal('TERM');
+$ra->signal('TERM');
+$ra->finish;
+ok(time - $t0 < 10, 'SIGTERM, twice, stops the relay at once');
+($arc) = rabbitmqctl('set_vm_memory_high_watermark', '0.4');
+is($arc, 0, 'the alarm is cleared');
+my $rb = IPC::Run::run([ $relay, '--name', 'relay-alarm2', @relay_args, '--once', '--set', 'rabbitmq.mandatory=false' ],
+	'>', "$tmp/relay-alarm2.out", '2>', "$tmp/relay-alarm2.err",
+	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; },
+	IPC::Run::timeout(120));
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'alarm'}), 0,
+	'once the alarm is over, every message is delivered')
+  or diag(slurp_file("$tmp/relay-alarm2.err"));
+
 rabbitmqctl('shutdown');
 $broker->finish;
 
