@@ -65,3 +65,10 @@ SELECT topic, key, attempt FROM idem_outbox_lease('relay') WHERE topic = 'relati
 SELECT idem_outbox_ack(array_agg(id)) AS acked FROM idem.outbox WHERE aggregatetype = 'relations';
 DELETE FROM idem.outbox_topics WHERE topic = 'relations';
 DELETE FROM idem.outbox_keys WHERE topic = 'relations';
+
+-- key_hash is the same on every machine (FNV-1a over bytes, not words in the
+-- machine's order): a dump restored elsewhere finds its keys.  The values
+-- are those of a byte-by-byte computation.
+SELECT idem._outbox_key_hash('orders', '4711') = -4442275746889381727 AS same_everywhere,
+       idem._outbox_key_hash('t', 'é') = -2507858991602339648 AS utf8_bytes,
+       idem._outbox_key_hash('ab', 'c') <> idem._outbox_key_hash('a', 'bc') AS split_matters;

@@ -825,16 +825,42 @@ outbox_sent(text *topic)
  * ---- Messages ----
  */
 
-/* The hash of (topic, key) that idem.outbox's key_hash holds. */
+/*
+ * The hash of (topic, key) that idem.outbox's key_hash holds: 64-bit FNV-1a
+ * over the topic's length and bytes, then the key's bytes.  It is the same
+ * on every machine (hash_any_extended reads words in the machine's byte
+ * order): a dump restored on a server of the other byte order keeps the
+ * hashes its messages were stored with.
+ */
+#define FNV64_OFFSET	UINT64CONST(0xcbf29ce484222325)
+#define FNV64_PRIME		UINT64CONST(0x100000001b3)
+
+static inline uint64
+fnv64_bytes(uint64 h, const unsigned char *p, size_t len)
+{
+	while (len-- > 0)
+	{
+		h ^= *p++;
+		h *= FNV64_PRIME;
+	}
+	return h;
+}
+
 static int64
 outbox_key_hash(text *topic, text *key)
 {
+	uint32		tlen = VARSIZE_ANY_EXHDR(topic);
+	unsigned char lenbytes[4];
 	uint64		h;
 
-	h = DatumGetUInt64(hash_any_extended((unsigned char *) VARDATA_ANY(topic),
-										 VARSIZE_ANY_EXHDR(topic), 0));
-	h = DatumGetUInt64(hash_any_extended((unsigned char *) VARDATA_ANY(key),
-										 VARSIZE_ANY_EXHDR(key), h));
+	lenbytes[0] = (unsigned char) tlen;
+	lenbytes[1] = (unsigned char) (tlen >> 8);
+	lenbytes[2] = (unsigned char) (tlen >> 16);
+	lenbytes[3] = (unsigned char) (tlen >> 24);
+	h = fnv64_bytes(FNV64_OFFSET, lenbytes, sizeof(lenbytes));
+	h = fnv64_bytes(h, (const unsigned char *) VARDATA_ANY(topic), tlen);
+	h = fnv64_bytes(h, (const unsigned char *) VARDATA_ANY(key),
+					VARSIZE_ANY_EXHDR(key));
 	return (int64) h;
 }
 
