@@ -74,8 +74,9 @@
 /* The send the timer watches: its socket (or -1), until when, and why stop. */
 static volatile sig_atomic_t watch_fd = -1;
 static volatile sig_atomic_t watch_fired = 0;
-static int64_t watch_until_ms;
-static volatile sig_atomic_t *watch_stop;
+/* volatile: written before watch_fd, and read by the handler once it is set */
+static volatile int64_t watch_until_ms;
+static volatile sig_atomic_t *volatile watch_stop;
 
 static void
 rmq_watchdog(int signo)
