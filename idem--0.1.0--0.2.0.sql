@@ -1323,21 +1323,25 @@ BEGIN
     -- that a restore of a dump refuses (as CREATE TRIGGER refuses them now)
     FOR g IN
         SELECT t.tgname, t.tgrelid::pg_catalog.regclass AS tbl,
-               t.tgqual IS NOT NULL
+               t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.<>) 19    -- BEFORE UPDATE FOR EACH ROW
+               OR t.tgqual IS NOT NULL
                OR pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) OPERATOR(pg_catalog.>) 0 AS shape,
                EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
                         WHERE a.attrelid OPERATOR(pg_catalog.=) t.tgrelid
                           AND t.tgnargs OPERATOR(pg_catalog.>=) 3
-                          AND a.attname OPERATOR(pg_catalog.=)
+                          AND pg_catalog.encode(pg_catalog.convert_to(a.attname::pg_catalog.text,
+                                                                      pg_catalog.getdatabaseencoding()), 'escape')
+                              OPERATOR(pg_catalog.=)
                               pg_catalog.split_part(pg_catalog.encode(t.tgargs, 'escape'), '\000', 3)
                           AND NOT a.attnotnull) AS nullable
           FROM pg_catalog.pg_trigger t
          WHERE t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_guard_trigger()'::pg_catalog.regprocedure
            AND t.tgparentid OPERATOR(pg_catalog.=) 0
+           AND (t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.&) 4) OPERATOR(pg_catalog.=) 0
     LOOP
         IF g.shape THEN
             RAISE WARNING 'guard "%" of table % is left as it is', g.tgname, g.tbl
-                USING DETAIL = 'It has a WHEN condition or a column list: it fails where it fires (39P01), and a restore of a dump refuses it.',
+                USING DETAIL = 'It is not BEFORE UPDATE FOR EACH ROW, or has a WHEN condition or a column list: it fails where it fires (39P01), and a restore of a dump refuses it.',
                       HINT = 'Drop it and guard the table with idem_guard().';
         ELSIF g.nullable THEN
             RAISE WARNING 'the version column of guard "%" of table % is nullable', g.tgname, g.tbl
@@ -1362,6 +1366,7 @@ BEGIN
          WHERE t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_guard_trigger()'::pg_catalog.regprocedure
            AND (t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.&) 4) OPERATOR(pg_catalog.=) 0
            AND t.tgparentid OPERATOR(pg_catalog.=) 0
+           AND t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.=) 19
            AND t.tgqual IS NULL
            AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) OPERATOR(pg_catalog.=) 0
     LOOP

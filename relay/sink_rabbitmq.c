@@ -123,8 +123,9 @@ watch_end(void)
 {
 	struct itimerval it = {{0, 0}, {0, 0}};
 
-	setitimer(ITIMER_REAL, &it, NULL);
+	/* first: a tick between the two must not shut down a send that ended */
 	watch_fd = -1;
+	setitimer(ITIMER_REAL, &it, NULL);
 }
 
 /* AMQP's short strings (exchange, routing key) hold at most this many bytes */
@@ -147,6 +148,7 @@ typedef struct RabbitSink
 	amqp_connection_state_t conn;	/* NULL: not connected */
 	uint64_t	next_tag;		/* the delivery tag of the next publish */
 	int			failures;		/* connections failed in a row */
+	int64_t		connected_ms;	/* when the connection was made, or 0 */
 	int64_t		next_connect_ms;	/* no attempt before */
 	char		last_error[OUTCOME_ERROR_LEN];
 } RabbitSink;
@@ -180,6 +182,10 @@ rmq_fail(RabbitSink *s, const char *fmt,...)
 	vsnprintf(s->last_error, sizeof(s->last_error), fmt, ap);
 	va_end(ap);
 	rmq_drop(s);
+	/* a connection that lasted (closed while idle, say) starts the backoff over */
+	if (s->connected_ms > 0 && now_ms() - s->connected_ms >= s->reconnect_max_ms)
+		s->failures = 0;
+	s->connected_ms = 0;
 	s->failures++;
 	for (i = 1; i < s->failures && wait < s->reconnect_max_ms; i++)
 		wait *= 2;
@@ -285,6 +291,7 @@ rmq_connect(RabbitSink *s)
 	else
 		relay_log(LOG_DEBUG, "rabbitmq: connected to %s", s->url);
 	/* failures count on until a message is confirmed (see above) */
+	s->connected_ms = now_ms();
 	s->last_error[0] = '\0';
 	return 1;
 }

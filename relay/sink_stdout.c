@@ -39,16 +39,19 @@ stdout_init(const SinkSettings *ss, char *err, size_t errlen)
 }
 
 /*
- * write(2) all of buf by deadline_ms; false with errno set.  A reader that
- * stops reading must not hold the relay past the sink's timeout, nor past a
+ * write(2) all of buf; false with errno set.  A reader that stops reading
+ * (takes nothing for timeout_ms) must not hold the relay, nor must it past a
  * second signal: the descriptor is polled (a tenth of a second at a time)
  * before each write of at most PIPE_BUF bytes, which a pipe that polls
- * writable takes without blocking.
+ * writable takes without blocking.  A slow reader that keeps reading is
+ * waited for.
  */
 static int
-write_all(int fd, const char *buf, size_t len, int64_t deadline_ms,
+write_all(int fd, const char *buf, size_t len, long timeout_ms,
 		  volatile sig_atomic_t *stop_now)
 {
+	int64_t		deadline_ms = now_ms() + timeout_ms;
+
 	while (len > 0)
 	{
 		struct pollfd pfd = {.fd = fd,.events = POLLOUT};
@@ -80,6 +83,7 @@ write_all(int fd, const char *buf, size_t len, int64_t deadline_ms,
 		}
 		buf += n;
 		len -= (size_t) n;
+		deadline_ms = now_ms() + timeout_ms;
 	}
 	return 1;
 }
@@ -117,8 +121,7 @@ stdout_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 		sb_printf(l, ", \"attempt\": %d, \"created_at\": ", m->attempt);
 		sb_json_string(l, m->created_at);
 		sb_puts(l, "}\n");
-		if (!write_all(STDOUT_FILENO, l->data, l->len, now_ms() + s->timeout_ms,
-					   ctl->stop_now))
+		if (!write_all(STDOUT_FILENO, l->data, l->len, s->timeout_ms, ctl->stop_now))
 		{
 			int			e = errno;
 

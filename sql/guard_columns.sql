@@ -103,8 +103,23 @@ SELECT err($$UPDATE rl SET version = 7$$);
 RESET ROLE;
 -- the owner, whom the policies do not bind, is told
 SELECT err($$UPDATE rl SET status = 'new'$$);
+-- policies on a partitioned table hide the rows of its partitions, also from
+-- a role granted SELECT on a partition itself
+CREATE TABLE prl (id int PRIMARY KEY, status text NOT NULL, version int NOT NULL DEFAULT 0)
+    PARTITION BY RANGE (id);
+CREATE TABLE prl_1 PARTITION OF prl FOR VALUES FROM (0) TO (100);
+SELECT idem_guard('prl', 'gc', 'status', 'version');
+INSERT INTO prl VALUES (1, 'shipped', 41);
+ALTER TABLE prl ENABLE ROW LEVEL SECURITY;
+CREATE POLICY upd ON prl FOR UPDATE USING (true) WITH CHECK (true);
+GRANT SELECT, UPDATE ON prl TO regress_idem_gc;
+GRANT SELECT ON prl_1 TO regress_idem_gc;
+SET ROLE regress_idem_gc;
+SELECT count(*) FROM prl;
+SELECT err($$UPDATE prl SET status = 'new'$$);
+RESET ROLE;
 
-DROP TABLE gc, gc_nover, rl;
+DROP TABLE gc, gc_nover, rl, prl;
 DROP ROLE regress_idem_gc;
 DELETE FROM idem.transitions;
 DROP FUNCTION err(text);

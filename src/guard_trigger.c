@@ -121,10 +121,39 @@ guard_version_max(GuardEntry *entry)
 }
 
 /*
+ * Whether row-level security applies to the user on the table or, for a
+ * partition, on a table it is a partition of (where policies usually are):
+ * the row may be one the user cannot see, and PostgreSQL's own messages then
+ * show no value of it.
+ */
+static bool
+rows_hidden(Relation rel)
+{
+	List	   *ancestors;
+	ListCell   *lc;
+	bool		hidden = false;
+
+	if (check_enable_rls(RelationGetRelid(rel), InvalidOid, true) == RLS_ENABLED)
+		return true;
+	if (!rel->rd_rel->relispartition)
+		return false;
+	ancestors = get_partition_ancestors(RelationGetRelid(rel));
+	foreach(lc, ancestors)
+	{
+		if (check_enable_rls(lfirst_oid(lc), InvalidOid, true) == RLS_ENABLED)
+		{
+			hidden = true;
+			break;
+		}
+	}
+	list_free(ancestors);
+	return hidden;
+}
+
+/*
  * May the current user read the column?  Column privileges are looked at
- * only when the table's own SELECT privilege is missing.  Under row-level
- * security, no: the row may be one the user cannot see, and PostgreSQL's
- * own messages then show no value of it.
+ * only when the table's own SELECT privilege is missing; under row-level
+ * security, no.
  */
 static bool
 column_readable(Relation rel, AttrNumber attnum)
@@ -132,7 +161,7 @@ column_readable(Relation rel, AttrNumber attnum)
 	Oid			relid = RelationGetRelid(rel);
 	Oid			userid = GetUserId();
 
-	if (check_enable_rls(relid, InvalidOid, true) == RLS_ENABLED)
+	if (rows_hidden(rel))
 		return false;
 	return pg_class_aclcheck(relid, userid, ACL_SELECT) == ACLCHECK_OK ||
 		pg_attribute_aclcheck(relid, attnum, userid, ACL_SELECT) == ACLCHECK_OK;
@@ -152,7 +181,7 @@ key_sentence(Relation rel, HeapTuple tuple)
 	char	   *desc;
 	int			i;
 
-	if (!OidIsValid(pkoid))
+	if (!OidIsValid(pkoid) || rows_hidden(rel))
 		return "";
 	index = index_open(pkoid, AccessShareLock);
 	for (i = 0; i < IndexRelationGetNumberOfKeyAttributes(index); i++)

@@ -138,7 +138,7 @@ idem_enum_label_oid(FunctionCallInfo fcinfo, int index,
 	Oid			typoid = get_fn_expr_rettype(fcinfo->flinfo);
 
 	/* a call through the fast-path protocol has no expression */
-	if (!OidIsValid(typoid))
+	if (!OidIsValid(typoid) && fcinfo->flinfo != NULL)
 		typoid = get_func_rettype(fcinfo->flinfo->fn_oid);
 	if (!OidIsValid(typoid))
 		elog(ERROR, "could not determine the result type of an idem function");

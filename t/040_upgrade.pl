@@ -91,6 +91,9 @@ CREATE TRIGGER whenguard_g BEFORE UPDATE ON whenguard FOR EACH ROW
 CREATE TABLE colguard (id int PRIMARY KEY, status text NOT NULL, v bigint NOT NULL DEFAULT 0);
 CREATE TRIGGER colguard_g BEFORE UPDATE OF status ON colguard FOR EACH ROW
     EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'v');
+CREATE TABLE aftguard (id int PRIMARY KEY, status text NOT NULL, v bigint NOT NULL DEFAULT 0);
+CREATE TRIGGER aftguard_g AFTER UPDATE ON aftguard FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'v');
 -- a comment on a partition's clone of a guard
 COMMENT ON TRIGGER pguard ON plegacy_1 IS 'the partition''s own';
 -- the index 0.2.0 adds, made beforehand by a CREATE INDEX CONCURRENTLY that
@@ -115,6 +118,8 @@ like($up_err, qr/WARNING:  guard "whenguard_g" of table whenguard is left as it 
 	'it warns of a guard with a WHEN condition, which it leaves');
 like($up_err, qr/WARNING:  guard "colguard_g" of table colguard is left as it is/,
 	'and of one of some columns');
+like($up_err, qr/WARNING:  guard "aftguard_g" of table aftguard is left as it is/,
+	'and of one that is not BEFORE UPDATE');
 like($up_err, qr/WARNING:  the version column of guard "legacy_guard" of table legacy is nullable/,
 	'and of one whose version column lost its NOT NULL');
 is($node->safe_psql('up', "SELECT extversion FROM pg_extension WHERE extname = 'idem'"),
@@ -140,10 +145,11 @@ like($dump, qr/GRANT ALL ON FUNCTION public\.idem_purge\([^)]*\) TO upgrade_ops;
 	'and one on a function it left alone');
 # a dump of the updated database restores, the long state with it (guards
 # made by hand that cannot work are refused by a restore, as when they are
-# made: they go first)
-$node->safe_psql('up', 'DROP TABLE whenguard, colguard; ALTER TABLE legacy ALTER COLUMN v SET NOT NULL');
+# made: they are left out)
+$node->safe_psql('up', 'ALTER TABLE legacy ALTER COLUMN v SET NOT NULL');
 $node->safe_psql('postgres', 'CREATE DATABASE restored');
-$node->command_ok([ 'pg_dump', '-Fc', '-f', "$PostgreSQL::Test::Utils::tmp_check/up.dump", '-d', $node->connstr('up') ],
+$node->command_ok([ 'pg_dump', '-Fc', '-f', "$PostgreSQL::Test::Utils::tmp_check/up.dump",
+		'-T', 'whenguard', '-T', 'colguard', '-T', 'aftguard', '-d', $node->connstr('up') ],
 	'the updated database is dumped');
 $node->command_ok([ 'pg_restore', '--exit-on-error', '-d', $node->connstr('restored'),
 		"$PostgreSQL::Test::Utils::tmp_check/up.dump" ], 'and restores');

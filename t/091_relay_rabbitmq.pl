@@ -362,11 +362,26 @@ ok(wait_for('a send given up', sub { slurp_file("$tmp/relay-alarm.err") =~ /took
 sleep(11);
 is(sql(q{SELECT count(*) FROM idem.outbox_keys WHERE topic = 'alarm' AND (dead OR attempts > 7)}), 0,
 	'the messages did not spend their attempts meanwhile');
-my $t0 = time;
 $ra->signal('TERM');
 $ra->signal('TERM');
 $ra->finish;
-ok(time - $t0 < 10, 'SIGTERM, twice, stops the relay at once');
+# with a timeout of 30 s, only the second signal can end the send at once
+my $rc30 = IPC::Run::start([ $relay, '--name', 'relay-alarm30', @relay_args, '--set', 'rabbitmq.mandatory=false',
+		'--batch', '100', '--timeout', '30s', '--lease', '70s' ],
+	'>', "$tmp/relay-alarm30.out", '2>', "$tmp/relay-alarm30.err",
+	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; },
+	IPC::Run::timeout(120));
+ok(wait_for('a batch leased', sub { sql(q{SELECT count(*) FROM idem.outbox_keys
+                                            WHERE topic = 'alarm' AND leased_by = 'relay-alarm30'}) > 0 }),
+	'a relay with a timeout of 30 s leases a batch');
+sleep(2);
+my $t0 = time;
+$rc30->signal('TERM');
+sleep(1);
+$rc30->signal('TERM');
+$rc30->finish;
+ok(time - $t0 < 6, 'a second SIGTERM ends its blocked send at once');
+like(slurp_file("$tmp/relay-alarm30.err"), qr/interrupted by shutdown while publishing/, 'and says so');
 ($arc) = rabbitmqctl('set_vm_memory_high_watermark', '0.4');
 is($arc, 0, 'the alarm is cleared');
 my $rb = IPC::Run::run([ $relay, '--name', 'relay-alarm2', @relay_args, '--once', '--set', 'rabbitmq.mandatory=false' ],
