@@ -463,8 +463,8 @@ prepare(const char *name, const char *sql, int *failure)
 static int
 db_connect(void)
 {
-	const char *keys[6];
-	const char *vals[6];
+	const char *keys[10];
+	const char *vals[10];
 	int			k = 0;
 	PGresult   *res;
 	int			failure = 0;
@@ -476,6 +476,21 @@ db_connect(void)
 		keys[k] = "connect_timeout";
 		vals[k++] = "10";
 	}
+
+	/*
+	 * Over TCP, a server that is gone (a network partition, a crashed host)
+	 * must not hold a call for the kernel's two hours of keepalive: a dead
+	 * peer is found within about a minute.  The connection string may say
+	 * otherwise.
+	 */
+	keys[k] = "keepalives_idle";
+	vals[k++] = "30";
+	keys[k] = "keepalives_interval";
+	vals[k++] = "10";
+	keys[k] = "keepalives_count";
+	vals[k++] = "3";
+	keys[k] = "tcp_user_timeout";
+	vals[k++] = "60000";
 	keys[k] = "dbname";
 	vals[k++] = settings.dbname;
 	keys[k] = "fallback_application_name";
