@@ -12,8 +12,10 @@
  * and those of the settings header.<Name>.  The answer decides:
  *
  *	2xx					delivered
- *	429, 5xx			retried, after Retry-After (seconds or an HTTP date)
+ *	408, 425, 429, 5xx	retried, after Retry-After (seconds or an HTTP date)
  *						when the answer has one, else the topic's backoff
+ *						(408 Request Timeout and 425 Too Early say to try
+ *						again, as 429 does)
  *	other 4xx			refused for good (the message goes dead)
  *	1xx, 3xx			retried (redirections are not followed: the URL is
  *						the configuration's, not the message's)
@@ -328,7 +330,7 @@ post_one(WebhookSink *s, const RelayMessage *m, Outcome *out)
 	printable_copy(excerpt, sizeof(excerpt), s->body, s->body_len);
 	if (status >= 200 && status < 300)
 		out->kind = OUTCOME_DELIVERED;
-	else if (status == 429 || status >= 500)
+	else if (status == 408 || status == 425 || status == 429 || status >= 500)
 	{
 		out->kind = OUTCOME_RETRY;
 		out->retry_after_ms = s->retry_after_ms;

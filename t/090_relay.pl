@@ -335,6 +335,7 @@ $hook{ok3} = send_msg('hooks', 'ok', { n => 3 });
 $hook{enc} = send_msg('hooks', "caf\x{e9} /1", { n => 4 }, undef, "t\x{fc}p\n2");
 $hook{r500} = send_msg('hooks', 'r500', { reply => [ '500 ra=0', '200' ] });
 $hook{r429} = send_msg('hooks', 'r429', { reply => [ '429', '200' ] });
+$hook{r408} = send_msg('hooks', 'r408', { reply => [ '408', '200' ] });
 $hook{r503s} = send_msg('hooks', 'r503s', { reply => ['503 ra=3600'] });
 $hook{r503d} = send_msg('hooks', 'r503d', { reply => ['503 date=+7200'] });
 $hook{r400} = send_msg('hooks', 'r400', { reply => ['400'] });
@@ -368,14 +369,14 @@ ok( wait_for('the webhook deliveries', sub {
 	'the relay delivered what it could');
 is(stop_relay($r, 'TERM'), 0, 'webhook relay stopped with exit code 0');
 $rerr = slurp_file($r->{err});
-is(final_counts($rerr), 'leased 13, delivered 7, retried 4, dead 2, errors 0',
-	'final counts: 7 delivered, 500 and 429 and two 503 retried, 400 and 404 refused');
+is(final_counts($rerr), 'leased 15, delivered 8, retried 5, dead 2, errors 0',
+	'final counts: 8 delivered, 500, 429, 408 and two 503 retried, 400 and 404 refused');
 
 my $got = received();
 my %by_key;
 push @{ $by_key{ $_->{idempotency_key} } }, $_ for @$got;
-is(join(',', map { scalar @{ $by_key{ $hook{$_} } // [] } } qw(ok1 ok2 ok3 enc r500 r429 r503s r503d r400 v1)),
-	'1,1,1,1,2,2,1,1,1,1', 'requests per message: one each, two for the retried 500 and 429');
+is(join(',', map { scalar @{ $by_key{ $hook{$_} } // [] } } qw(ok1 ok2 ok3 enc r500 r429 r408 r503s r503d r400 v1)),
+	'1,1,1,1,2,2,2,1,1,1,1', 'requests per message: one each, two for the retried 500, 429 and 408');
 ok(!exists $by_key{ $hook{r400b} }, 'the message behind the refused one is held back');
 ok(!exists $by_key{ $hook{audit} }, 'the audit topic went elsewhere');
 like(slurp_file($r->{out}), qr/"id": "$hook{audit}", "topic": "audit"/, 'to stdout, by its topic route');
