@@ -1137,7 +1137,7 @@ idem_unguard(PG_FUNCTION_ARGS)
  * and is refused as such.
  */
 static void
-check_guards_after_ddl(Relation rel, Oid fn, bool created)
+check_guards_after_ddl(Relation rel, Oid fn, bool created, bool new_table)
 {
 	TriggerDesc *td = rel->trigdesc;
 	Trigger    *found = NULL;
@@ -1163,6 +1163,8 @@ check_guards_after_ddl(Relation rel, Oid fn, bool created)
 							RelationGetRelationName(rel)),
 					 errdetail("The guard \"%s\" would fail with: %s.",
 							   trigger->tgname, problem.message),
+					 new_table ?
+					 errhint("Create the partition without that key: the guard of its partitioned table guards it.") :
 					 errhint("Remove the guard with idem_unguard() first, make the change, and guard the table again with idem_guard(), in one transaction.")));
 		}
 		if (found != NULL)
@@ -1199,6 +1201,7 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 	uint64		i;
 	Oid		   *relids;
 	bool	   *created;
+	bool	   *new_table;
 	Oid			fn;
 
 	if (!CALLED_AS_EVENT_TRIGGER(fcinfo))
@@ -1223,7 +1226,8 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 					  "       WHERE t.oid OPERATOR(pg_catalog.=) c.objid) "
 					  "ELSE COALESCE((SELECT i.indrelid FROM pg_catalog.pg_index i "
 					  "                WHERE i.indexrelid OPERATOR(pg_catalog.=) c.objid), c.objid) END, "
-					  "c.command_tag OPERATOR(pg_catalog.=) 'CREATE TRIGGER' "
+					  "c.command_tag OPERATOR(pg_catalog.=) 'CREATE TRIGGER', "
+					  "c.command_tag OPERATOR(pg_catalog.=) 'CREATE TABLE' "
 					  "FROM pg_catalog.pg_event_trigger_ddl_commands() c "
 					  "WHERE c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass "
 					  "   OR c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_trigger'::pg_catalog.regclass",
@@ -1234,6 +1238,7 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 	n = SPI_processed;
 	relids = SPI_palloc(Max(n, 1) * sizeof(Oid));
 	created = SPI_palloc(Max(n, 1) * sizeof(bool));
+	new_table = SPI_palloc(Max(n, 1) * sizeof(bool));
 	for (i = 0; i < n; i++)
 	{
 		bool		isnull;
@@ -1245,6 +1250,9 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2,
 						  &isnull);
 		created[i] = !isnull && DatumGetBool(d);
+		d = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 3,
+						  &isnull);
+		new_table[i] = !isnull && DatumGetBool(d);
 	}
 	SPI_finish();
 
@@ -1270,7 +1278,7 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 
 			if (rel == NULL)
 				continue;
-			check_guards_after_ddl(rel, fn, created[i]);
+			check_guards_after_ddl(rel, fn, created[i], new_table[i]);
 			relation_close(rel, AccessShareLock);
 		}
 		list_free(rels);
