@@ -294,9 +294,23 @@ post_one(WebhookSink *s, const RelayMessage *m, Outcome *out)
 	h = curl_slist_append(h, sb.data);
 	if (m->headers)
 	{
-		/* jsonb's text has no line breaks: they are escaped in strings */
+		const char *p;
+
+		/*
+		 * jsonb's text has no line breaks or other control characters:
+		 * they are escaped in strings.  DEL, which JSON leaves as it is, is
+		 * not allowed in an HTTP header value: it is escaped too (it can
+		 * only be inside a string).
+		 */
 		sb_reset(&sb);
-		sb_printf(&sb, "X-Idem-Headers: %s", m->headers);
+		sb_puts(&sb, "X-Idem-Headers: ");
+		for (p = m->headers; *p; p++)
+		{
+			if (*p == '\x7f')
+				sb_puts(&sb, "\\u007f");
+			else
+				sb_putc(&sb, *p);
+		}
 		h = curl_slist_append(h, sb.data);
 	}
 	sb_free(&sb);

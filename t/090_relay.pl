@@ -330,7 +330,7 @@ sql(q{SELECT idem_outbox_configure('hooks', 5, '50 milliseconds', '100 milliseco
 
 my %hook;
 $hook{ok1} = send_msg('hooks', 'ok', { n => 1 }, { trace => 'abc' }, 'hook.ok');
-$hook{ok2} = send_msg('hooks', 'ok', { n => 2 });
+$hook{ok2} = send_msg('hooks', 'ok', { n => 2 }, { trace => "a\x{7f}b" });
 $hook{ok3} = send_msg('hooks', 'ok', { n => 3 });
 $hook{enc} = send_msg('hooks', "caf\x{e9} /1", { n => 4 }, undef, "t\x{fc}p\n2");
 $hook{r500} = send_msg('hooks', 'r500', { reply => [ '500 ra=0', '200' ] });
@@ -387,6 +387,8 @@ is($ok1->{idempotency_key}, $hook{ok1}, 'Idempotency-Key: the message id');
 is_deeply([ $ok1->{topic}, $ok1->{key}, $ok1->{type}, $ok1->{attempt} ],
 	[ 'hooks', 'ok', 'hook.ok', '1' ], 'X-Idem-Topic, X-Idem-Key, X-Idem-Type, X-Idem-Attempt');
 is($ok1->{headers}, '{"trace": "abc"}', 'X-Idem-Headers: the message headers');
+is($by_key{ $hook{ok2} }[0]{headers}, '{"trace": "a\\u007fb"}',
+	'a DEL, which no header value may hold, escaped in the JSON');
 is_deeply($ok1->{body}, { n => 1 }, 'the body is the payload');
 is($ok1->{authorization}, 'Bearer t0ken', 'a header of the configuration');
 is($ok1->{path}, '/hooks', 'to the URL for every topic');
