@@ -185,3 +185,27 @@ SELECT count(*) FILTER (WHERE expires_at IS NULL) > 0 AS in_flight_rows,
        pg_get_indexdef('idem.requests_expires_at_idx'::regclass) LIKE '%WHERE (expires_at IS NOT NULL)' AS partial
   FROM idem.requests;
 SELECT pg_temp.row('b2');
+
+-- leases and retentions count from the call that sets them, not from the
+-- start of its transaction: a transaction longer than the lease must not
+-- commit a lease already over, nor one longer than the retention a response
+-- that is never replayed
+BEGIN;
+SELECT pg_sleep(0.1);
+SELECT status FROM idem_request_begin('t1', 'fp', lease => '1 minute');
+SELECT lease_until > now() + interval '1 minute' AS lease_from_begin FROM idem.requests WHERE key = 't1';
+SELECT pg_sleep(0.1);
+SELECT (SELECT lease_until FROM idem.requests WHERE key = 't1') AS before \gset
+SELECT idem_request_checkpoint('t1', 'step-1');
+SELECT lease_until > :'before' AS lease_renewed FROM idem.requests WHERE key = 't1';
+SELECT idem_request_finish('t1', 201);
+SELECT finished_at > now() AS finished_at_the_call, expires_at - finished_at AS retention
+  FROM idem.requests WHERE key = 't1';
+COMMIT;
+SELECT idem_request_set_retention('brief', '1 second');
+BEGIN;
+SELECT status FROM idem_request_begin('t2', 'fp', 'brief');
+SELECT pg_sleep(1.1);
+SELECT idem_request_finish('t2', 201, '{"id": 2}', 'brief');
+SELECT expires_at > clock_timestamp() AS replayed_after_commit FROM idem.requests WHERE key = 't2';
+COMMIT;

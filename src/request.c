@@ -25,7 +25,13 @@
  * after its namespace's request retention.  Finishing with cache = false
  * releases the key instead: the next begin starts anew.
  *
- * Time is the start of the caller's transaction, as now() in SQL.
+ * Leases and retentions are counted on the clock, from the call that sets
+ * them (a begin, a checkpoint, a finish): counted from the start of the
+ * caller's transaction, a transaction longer than the lease would commit a
+ * lease already over, and one longer than the retention a response never
+ * replayed.  Whether a finished request has expired is judged at the start
+ * of the caller's transaction, as now() in SQL and as the purge judges it;
+ * whether a lease has run out, on the clock.
  *
  *-------------------------------------------------------------------------
  */
@@ -271,7 +277,8 @@ typedef struct BeginState
 {
 	text	   *fingerprint;
 	Interval   *lease;
-	TimestampTz now;
+	TimestampTz now;			/* the transaction's start: expiry */
+	TimestampTz clock;			/* the time of the call: leases */
 	RequestStatus status;
 	/* what the caller is answered, in the caller's memory */
 	Datum		out[OUT_NATTS];
@@ -321,7 +328,7 @@ begin_take(BeginState *st, Datum *values, bool *isnull)
 	isnull[RQ_OWNER_STARTED] = false;
 	values[RQ_LEASE] = IntervalPGetDatum(st->lease);
 	isnull[RQ_LEASE] = false;
-	values[RQ_LEASE_UNTIL] = TimestampTzGetDatum(plus_interval(st->now, st->lease));
+	values[RQ_LEASE_UNTIL] = TimestampTzGetDatum(plus_interval(st->clock, st->lease));
 	isnull[RQ_LEASE_UNTIL] = false;
 }
 
@@ -393,7 +400,7 @@ begin_decide(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 	/* unfinished: ours, alive elsewhere, or abandoned */
 	if (!request_owned_by_me(values, isnull) &&
 		!isnull[RQ_LEASE_UNTIL] &&
-		DatumGetTimestampTz(values[RQ_LEASE_UNTIL]) > st->now &&
+		DatumGetTimestampTz(values[RQ_LEASE_UNTIL]) > st->clock &&
 		!isnull[RQ_OWNER_STARTED] &&
 		request_owner_alive(DatumGetInt32(values[RQ_OWNER_PID]),
 							DatumGetTimestampTz(values[RQ_OWNER_STARTED])))
@@ -466,6 +473,7 @@ idem_request_begin(PG_FUNCTION_ARGS)
 	st.fingerprint = fingerprint;
 	st.lease = lease;
 	st.now = GetCurrentTransactionStartTimestamp();
+	st.clock = GetCurrentTimestamp();
 
 	store = requests_open("idem_request_begin()");
 	for (tries = 0;; tries++)
@@ -524,7 +532,7 @@ idem_request_begin(PG_FUNCTION_ARGS)
 
 typedef struct OwnerChange
 {
-	TimestampTz now;
+	TimestampTz now;			/* the time of the call */
 	RequestRefusal refusal;
 	/* checkpoint */
 	bool		checkpoint;
@@ -607,8 +615,7 @@ owner_change_apply(const char *fname, text *ns, text *key, OwnerChange *ch)
 	IdemStoreUpdateResult u;
 	const char *detail = NULL;
 
-	ch->now = GetCurrentTransactionStartTimestamp();
-	if (!ch->checkpoint && ch->expires_at == 0)
+	if (!ch->checkpoint && !ch->cache)
 		ch->expires_at = ch->now;
 	u = idem_store_update(store, PointerGetDatum(ns), PointerGetDatum(key),
 						  owner_change, ch);
@@ -654,6 +661,7 @@ idem_request_checkpoint(PG_FUNCTION_ARGS)
 	OwnerChange ch;
 
 	memset(&ch, 0, sizeof(ch));
+	ch.now = GetCurrentTimestamp();
 	ch.checkpoint = true;
 	ch.recovery_point = PointerGetDatum(point);
 	ch.recovery_data_null = PG_ARGISNULL(2);
@@ -769,14 +777,14 @@ idem_request_finish(PG_FUNCTION_ARGS)
 				 errmsg("cache must not be null")));
 
 	memset(&ch, 0, sizeof(ch));
+	ch.now = GetCurrentTimestamp();
 	ch.cache = PG_GETARG_BOOL(4);
 	ch.response_code = code;
 	ch.response_body_null = PG_ARGISNULL(2);
 	if (!ch.response_body_null)
 		ch.response_body = PointerGetDatum(PG_GETARG_JSONB_P(2));
 	if (ch.cache)
-		ch.expires_at = plus_interval(GetCurrentTransactionStartTimestamp(),
-									  request_retention(ns));
+		ch.expires_at = plus_interval(ch.now, request_retention(ns));
 	owner_change_apply("idem_request_finish()", ns, key, &ch);
 	if (ch.cache)
 		idem_stat_count_text(IDEM_KIND_REQUEST, ns, IDEM_REQUEST_FINISHED, 1);
