@@ -157,8 +157,13 @@ BEGIN
             USING ERRCODE = '22004',
                   HINT = 'Give how long finished requests are replayed, such as ''24 hours''.';
     END IF;
+    -- one year is 12 months, or 366 days (an interval compares a month as
+    -- 30 days, so that '365 days' is more than '1 year' to it)
     IF retention OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval
-       OR retention OPERATOR(pg_catalog.>) '1 year'::pg_catalog.interval THEN
+       OR retention OPERATOR(pg_catalog.>) '366 days'::pg_catalog.interval
+       OR (pg_catalog.date_part('year', retention) OPERATOR(pg_catalog.<>) 0
+           OR pg_catalog.date_part('month', retention) OPERATOR(pg_catalog.<>) 0)
+          AND retention OPERATOR(pg_catalog.>) '1 year'::pg_catalog.interval THEN
         RAISE EXCEPTION 'retention must be positive and at most one year'
             USING ERRCODE = '22023',
                   DETAIL = pg_catalog.format('The retention given was %s.', retention),

@@ -129,6 +129,14 @@ SELECT idem_request_finish('r1', 200, NULL, 'short');
 SELECT expires_at - finished_at AS retention FROM idem.requests WHERE ns = 'short' AND key = 'r1';
 SELECT pg_temp.err($$SELECT idem_request_set_retention('short', '0')$$);
 SELECT pg_temp.err($$SELECT idem_request_set_retention('short', '2 years')$$);
+-- one year is 12 months or 366 days: an interval compares a month as 30 days
+SELECT pg_temp.err($$SELECT idem_request_set_retention('year', '1 year')$$) AS one_year,
+       pg_temp.err($$SELECT idem_request_set_retention('year', '365 days')$$) AS days_365,
+       pg_temp.err($$SELECT idem_request_set_retention('year', '8784 hours')$$) AS hours_8784,
+       pg_temp.err($$SELECT idem_request_set_retention('year', '11 months 5 days')$$) AS months_and_days;
+SELECT pg_temp.err($$SELECT idem_request_set_retention('year', '367 days')$$);
+SELECT pg_temp.err($$SELECT idem_request_set_retention('year', '1 year 1 day')$$);
+SELECT pg_temp.err($$SELECT idem_request_set_retention('year', '8784:00:01')$$);
 SELECT pg_temp.err($$SELECT idem_request_set_retention('short', NULL)$$);
 SELECT pg_temp.err($$SELECT idem_request_set_retention(NULL, '1 day')$$);
 
