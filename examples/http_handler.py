@@ -15,6 +15,11 @@ Python's standard library (http.server) and psycopg2 only.  Two resources:
                        mismatch     422: the key was used with another body
                        in_flight    409: the first attempt is still running
                        (no key)     400
+                       (a body that is not a JSON object of an integer
+                       amount and a string currency, or that jsonb cannot
+                       hold, such as a \u0000 in a string) 400
+                       (a database error) 500: nothing was committed, the
+                       client may retry with the same key
 
                      A business write that fails rolls the whole transaction
                      back, the request key with it: a retry runs anew.
@@ -80,6 +85,10 @@ def dumps(obj):
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
+def reject_constant(name):
+    raise ValueError("%s is not JSON" % name)
+
+
 def connect():
     conn = psycopg2.connect(args.dsn, application_name="http_handler")
     return conn
@@ -100,10 +109,14 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def read_json(self):
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = 0
         raw = self.rfile.read(length) if length > 0 else b""
         try:
-            body = json.loads(raw)
+            # UTF-8 only, as PostgreSQL reads it; NaN and Infinity are not JSON
+            body = json.loads(raw.decode("utf-8"), parse_constant=reject_constant)
         except ValueError:
             return None, raw
         return (body if isinstance(body, dict) else None), raw
@@ -134,50 +147,71 @@ class Handler(BaseHTTPRequestHandler):
             return self.answer(400, {"error": "the Idempotency-Key header is missing"})
         if body is None:
             return self.answer(400, {"error": "the body is not a JSON object"})
-        conn = connect()
+        # the types the response promises: an amount stored as it was given
+        # (100.5 would be rounded into the integer column), a currency as text
+        amount, currency = body.get("amount"), body.get("currency")
+        if not isinstance(amount, int) or isinstance(amount, bool):
+            return self.answer(400, {"error": "invalid payment: the amount must be an integer"})
+        if not isinstance(currency, str):
+            return self.answer(400, {"error": "invalid payment: the currency must be a string"})
+        conn = None
         try:
-            cur = conn.cursor()
-            # the fingerprint of the body as JSON: key order and spaces do not matter
-            try:
-                cur.execute(
-                    "SELECT status, response_code, response_body"
-                    "  FROM idem_request_begin(%s, idem_request_fingerprint(%s::jsonb), %s)",
-                    (key, raw.decode(), NAMESPACE))
-            except psycopg2.DataError as e:
-                # a key that is too long (22001) or otherwise malformed (22023)
-                conn.rollback()
-                return self.answer(400, {"error": "invalid Idempotency-Key: %s" % e.diag.message_primary})
-            status, code, stored = cur.fetchone()
-            if status == "replay":
-                conn.rollback()
-                return self.answer(code, stored)
-            if status == "mismatch":
-                conn.rollback()
-                return self.answer(422, {"error": "this Idempotency-Key was used with another request"})
-            if status == "in_flight":
-                conn.rollback()
-                return self.answer(409, {"error": "a request with this Idempotency-Key is in progress"})
-            # new or resume: this transaction owns the key
-            hold = self.headers.get("X-Test-Hold")
-            if args.test_hooks and hold:
-                cur.execute("SELECT pg_advisory_xact_lock(%s)", (int(hold),))
-            try:
-                cur.execute("INSERT INTO payments (request_key, amount, currency) VALUES (%s, %s, %s)"
-                            " RETURNING id",
-                            (key, body.get("amount"), body.get("currency")))
-            except (psycopg2.errors.CheckViolation, psycopg2.errors.NotNullViolation,
-                    psycopg2.errors.InvalidTextRepresentation, psycopg2.errors.DatatypeMismatch) as e:
-                # the key goes with the rollback: the client may fix the body and retry with it
-                conn.rollback()
-                return self.answer(400, {"error": "invalid payment: %s" % e.diag.message_primary})
-            payment = cur.fetchone()[0]
-            response = {"payment": payment, "amount": body["amount"], "currency": body["currency"]}
-            cur.execute("SELECT idem_request_finish(%s, 201, %s::jsonb, %s)",
-                        (key, dumps(response), NAMESPACE))
-            conn.commit()
-            return self.answer(201, response)
+            conn = connect()
+            return self.run_payment(conn, key, body, raw)
+        except psycopg2.Error as e:
+            # nothing was committed (the connection is closed below): the
+            # client may retry with the same key
+            sys.stderr.write("http_handler: %s\n" % e)
+            return self.answer(500, {"error": "the payment could not be made, retry it"})
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
+
+    def run_payment(self, conn, key, body, raw):
+        cur = conn.cursor()
+        # the fingerprint of the body as JSON: key order and spaces do not matter
+        try:
+            cur.execute(
+                "SELECT status, response_code, response_body"
+                "  FROM idem_request_begin(%s, idem_request_fingerprint(%s::jsonb), %s)",
+                (key, raw.decode(), NAMESPACE))
+        except psycopg2.DataError as e:
+            conn.rollback()
+            # a key that is too long (22001) or otherwise malformed (22023)
+            if e.pgcode in ("22001", "22023"):
+                return self.answer(400, {"error": "invalid Idempotency-Key: %s" % e.diag.message_primary})
+            # a body that is JSON but not jsonb: a \u0000 or a lone surrogate in a string
+            return self.answer(400, {"error": "the body cannot be stored: %s" % e.diag.message_primary})
+        status, code, stored = cur.fetchone()
+        if status == "replay":
+            conn.rollback()
+            return self.answer(code, stored)
+        if status == "mismatch":
+            conn.rollback()
+            return self.answer(422, {"error": "this Idempotency-Key was used with another request"})
+        if status == "in_flight":
+            conn.rollback()
+            return self.answer(409, {"error": "a request with this Idempotency-Key is in progress"})
+        # new or resume: this transaction owns the key
+        hold = self.headers.get("X-Test-Hold")
+        if args.test_hooks and hold:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (int(hold),))
+        try:
+            cur.execute("INSERT INTO payments (request_key, amount, currency) VALUES (%s, %s, %s)"
+                        " RETURNING id",
+                        (key, body.get("amount"), body.get("currency")))
+        except (psycopg2.errors.CheckViolation, psycopg2.errors.NotNullViolation,
+                psycopg2.errors.InvalidTextRepresentation, psycopg2.errors.DatatypeMismatch,
+                psycopg2.errors.NumericValueOutOfRange) as e:
+            # the key goes with the rollback: the client may fix the body and retry with it
+            conn.rollback()
+            return self.answer(400, {"error": "invalid payment: %s" % e.diag.message_primary})
+        payment = cur.fetchone()[0]
+        response = {"payment": payment, "amount": body["amount"], "currency": body["currency"]}
+        cur.execute("SELECT idem_request_finish(%s, 201, %s::jsonb, %s)",
+                    (key, dumps(response), NAMESPACE))
+        conn.commit()
+        return self.answer(201, response)
 
     def post_order(self):
         body, _ = self.read_json()

@@ -11,7 +11,10 @@
 #   request without a key is 400; a retry while the first attempt is still
 #   in flight (held on an advisory lock the test owns) is 409, and once the
 #   first one finished, its answer; a business write that fails rolls the
-#   key back with it, and the key can be used again;
+#   key back with it, and the key can be used again; a body the business
+#   table cannot take as the answer would state it (an amount that is not an
+#   integer or out of range, a currency that is not a string), or that is not
+#   JSON (NaN) or not jsonb (a \u0000), is a 400 that blames the body;
 # - POST /orders with a form's single-use token (idem_token_consume in the
 #   business transaction): the first submission is 201, the same token
 #   again 409, a token never issued 400; one order written.
@@ -117,6 +120,29 @@ is(sql(q{SELECT count(*) FROM idem.requests WHERE key = 'pay-2'}), 0,
 	'the request key went with the rolled back transaction');
 ($st, $body) = curl('POST', '/payments', '{"amount": 5, "currency": "EUR"}', 'Idempotency-Key: pay-2');
 is($st, 201, 'the same key with a corrected body runs anew: 201 (not 422)');
+
+# Bodies the business table cannot take as the response states them: each
+# is a 400 that blames the body (not the key), and nothing is written.
+($st, $body) = curl('POST', '/payments', '{"amount": 100.5, "currency": "EUR"}', 'Idempotency-Key: bad-1');
+is($st, 400, 'an amount that is not an integer: 400 (it was rounded into the table, and answered unrounded)');
+($st, $body) = curl('POST', '/payments', '{"amount": 1, "currency": 5}', 'Idempotency-Key: bad-2');
+is($st, 400, 'a currency that is not a string: 400');
+($st, $body) = curl('POST', '/payments', '{"amount": {"v": 1}, "currency": "EUR"}', 'Idempotency-Key: bad-3');
+is($st, 400, 'an amount that is an object: 400 (there was no answer)');
+($st, $body) = curl('POST', '/payments', '{"amount": 100000000000000000000, "currency": "EUR"}',
+	'Idempotency-Key: bad-4');
+is($st, 400, 'an amount out of the range of the column: 400 (there was no answer)');
+($st, $body) = curl('POST', '/payments', '{"amount": NaN, "currency": "EUR"}', 'Idempotency-Key: bad-5');
+is($st, 400, 'NaN, which is not JSON: 400');
+unlike($body, qr/Idempotency-Key/, 'blaming the body, not the key');
+($st, $body) = curl('POST', '/payments', '{"amount": 1, "currency": "EU\\u0000R"}', 'Idempotency-Key: bad-6');
+is($st, 400, 'a string that jsonb cannot hold: 400');
+unlike($body, qr/Idempotency-Key/, 'blaming the body, not the key');
+($st, $body) = curl('POST', '/payments', '{"amount": 1, "currency": "EUR"}', 'Idempotency-Key: bad-7',
+	'Content-Length: many');
+is($st, 400, 'a Content-Length that is not a number: 400 (there was no answer)');
+is(sql(q{SELECT count(*) FROM payments WHERE request_key LIKE 'bad-%'}), 0, 'no payment written');
+is(sql(q{SELECT count(*) FROM idem.requests WHERE key LIKE 'bad-%'}), 0, 'no request key kept');
 
 # In flight: the first attempt waits for an advisory lock the test holds,
 # inside its transaction, after its begin.
