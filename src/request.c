@@ -231,11 +231,15 @@ plus_interval(TimestampTz t, Interval *span)
  * recognised by its pid and start time; another by its pid in the process
  * array and, since pids are reused, by the start time its backend status
  * shows.  The backend status is read afresh: a snapshot taken earlier in the
- * transaction could show a session that has left since.
+ * transaction could show a session that has left since.  The snapshot read
+ * here is dropped again, so that the caller's next look at pg_stat_activity
+ * in this transaction reads the sessions as they are then, not as they were
+ * at this call.
  */
 static bool
 request_owner_alive(int32 pid, TimestampTz started)
 {
+	bool		alive = false;	/* not found: a new session with a reused pid */
 	int			n;
 	int			i;
 
@@ -250,10 +254,13 @@ request_owner_alive(int32 pid, TimestampTz started)
 		LocalPgBackendStatus *local = pgstat_fetch_stat_local_beentry(i);
 
 		if (local != NULL && local->backendStatus.st_procpid == pid)
-			return local->backendStatus.st_proc_start_timestamp == started;
+		{
+			alive = (local->backendStatus.st_proc_start_timestamp == started);
+			break;
+		}
 	}
-	/* started after the status was read: a new session with a reused pid */
-	return false;
+	pgstat_clear_backend_activity_snapshot();
+	return alive;
 }
 
 static bool
