@@ -49,6 +49,26 @@ SELECT ns, operations, counters->>'claimed' AS claimed FROM idem_stats WHERE kin
 SELECT c.total_bytes - t.total_bytes < 100000 AS top_memory_bounded
   FROM pg_backend_memory_contexts c, top_mem t WHERE c.name = 'TopMemoryContext';
 
+-- a prepared transaction is counted by COMMIT PREPARED, never when ROLLBACK
+-- PREPARED rolls it back; one whose counts do not fit in its slot (more than
+-- 8 namespaces) is counted when it is prepared
+BEGIN;
+SELECT idem_claim('p1', 'x2pc'), idem_claim('p1', 'x2pc');
+PREPARE TRANSACTION 'idem-stats-rolled-back';
+BEGIN;
+SELECT idem_claim('p2', 'x2pc');
+PREPARE TRANSACTION 'idem-stats-committed';
+SELECT ns, counters FROM idem_stats WHERE kind = 'claim' AND ns = 'x2pc';
+ROLLBACK PREPARED 'idem-stats-rolled-back';
+SELECT ns, counters FROM idem_stats WHERE kind = 'claim' AND ns = 'x2pc';
+COMMIT PREPARED 'idem-stats-committed';
+SELECT ns, counters FROM idem_stats WHERE kind = 'claim' AND ns = 'x2pc';
+BEGIN;
+SELECT count(idem_claim('p3', 'x2pc-' || i)) FROM generate_series(1, 9) i;
+PREPARE TRANSACTION 'idem-stats-many';
+SELECT count(*) FROM idem_stats WHERE kind = 'claim' AND ns LIKE 'x2pc-%';
+ROLLBACK PREPARED 'idem-stats-many';
+
 -- tokens: issued, consumed, and refused by reason
 CREATE TEMP TABLE tok AS SELECT idem_token_issue('st-tokens', '1 hour') AS t;
 SELECT idem_token_consume(t, 'st-tokens'), idem_token_consume(t, 'st-tokens') FROM tok;

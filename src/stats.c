@@ -13,8 +13,9 @@
  * Work that rolls back is not counted.  A backend keeps what its transaction
  * did in a local list, tagged with the subtransaction level; a subtransaction
  * that aborts drops its part, and the list is added to shared memory when
- * the transaction commits (or is prepared: a prepared transaction is counted
- * then, whether it is later committed or rolled back).
+ * the transaction commits.  A prepared transaction's list is parked in
+ * shared memory under its GID and added by COMMIT PREPARED, dropped by
+ * ROLLBACK PREPARED (see "Prepared transactions" below).
  *
  * The number of entries is bounded by idem.max_namespaces.  When the table is
  * full, the counts of a new namespace go to the namespace "*" of its kind,
@@ -34,6 +35,7 @@
  */
 #include "postgres.h"
 
+#include "access/twophase.h"
 #include "access/xact.h"
 #include "funcapi.h"
 #include "lib/stringinfo.h"
@@ -42,6 +44,7 @@
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+#include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
@@ -137,6 +140,44 @@ static StatsShared *stats_shared = NULL;
 static HTAB *stats_hash = NULL;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+static ProcessUtility_hook_type prev_ProcessUtility_hook = NULL;
+
+/*
+ * ---- Prepared transactions ----
+ *
+ * The counts of a prepared transaction wait in a slot of shared memory,
+ * named by its database and GID, until COMMIT PREPARED adds them or
+ * ROLLBACK PREPARED drops them: a prepared transaction may still roll back.
+ * There is a slot per max_prepared_transactions, each with room for
+ * STATS_PREPARED_ITEMS kinds and namespaces; a transaction whose counts do
+ * not fit, or that finds no free slot, is counted when it is prepared, as
+ * is one prepared while the GID could not be learnt.  The slots live as
+ * long as shared memory: a transaction still prepared when the server
+ * stops is not counted when it is committed after the restart.
+ */
+#define STATS_PREPARED_ITEMS	8
+
+typedef struct PreparedItem
+{
+	int32		kind;
+	char		ns[STATS_NS_LEN];
+	int64		counts[IDEM_STAT_MAX_OUTCOMES];
+} PreparedItem;
+
+typedef struct PreparedSlot
+{
+	Oid			dbid;			/* InvalidOid: free */
+	char		gid[GIDSIZE];
+	int			nitems;
+	PreparedItem items[STATS_PREPARED_ITEMS];
+} PreparedSlot;
+
+static PreparedSlot *stats_prepared = NULL;	/* under stats_shared->lock */
+static int	stats_nprepared = 0;
+
+/* The GID of the PREPARE TRANSACTION this backend is running, if any. */
+static char stats_prepare_gid[GIDSIZE];
+static bool stats_prepare_gid_set = false;
 
 /*
  * What this backend's transaction counted, not yet in shared memory.  One
@@ -192,8 +233,9 @@ stats_memsize(void)
 {
 	long		n = stats_maxentries();
 
-	return add_size(MAXALIGN(sizeof(StatsShared)),
-					hash_estimate_size(n, sizeof(StatsEntry)));
+	return add_size(add_size(MAXALIGN(sizeof(StatsShared)),
+							 hash_estimate_size(n, sizeof(StatsEntry))),
+					mul_size(Max(max_prepared_xacts, 0), sizeof(PreparedSlot)));
 }
 
 static void
@@ -227,8 +269,23 @@ stats_shmem_startup(void)
 	info.entrysize = sizeof(StatsEntry);
 	stats_hash = ShmemInitHash("idem_stats hash", n, n, &info,
 							   HASH_ELEM | HASH_BLOBS);
+	stats_nprepared = Max(max_prepared_xacts, 0);
+	if (stats_nprepared > 0)
+	{
+		stats_prepared = ShmemInitStruct("idem_stats prepared",
+										 mul_size(stats_nprepared,
+												  sizeof(PreparedSlot)),
+										 &found);
+		if (!found)
+			memset(stats_prepared, 0, stats_nprepared * sizeof(PreparedSlot));
+	}
 	LWLockRelease(AddinShmemInitLock);
 }
+
+static void stats_utility(PlannedStmt *pstmt, const char *queryString,
+						  bool readOnlyTree, ProcessUtilityContext context,
+						  ParamListInfo params, QueryEnvironment *queryEnv,
+						  DestReceiver *dest, QueryCompletion *qc);
 
 void
 idem_stats_init(void)
@@ -268,6 +325,8 @@ idem_stats_init(void)
 	shmem_request_hook = stats_shmem_request;
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = stats_shmem_startup;
+	prev_ProcessUtility_hook = ProcessUtility_hook;
+	ProcessUtility_hook = stats_utility;
 }
 
 /*
@@ -275,6 +334,7 @@ idem_stats_init(void)
  */
 
 static void stats_flush(void);
+static bool stats_park_prepared(void);
 
 /* Most transactions count a few namespaces: a larger list is not kept. */
 #define STATS_PENDING_KEEP	64
@@ -298,13 +358,21 @@ stats_xact_callback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
-		case XACT_EVENT_PREPARE:
 			stats_flush();
 			stats_pending_reset();
+			stats_prepare_gid_set = false;
+			break;
+		case XACT_EVENT_PREPARE:
+			/* counted when committed, if it can wait in shared memory */
+			if (!stats_park_prepared())
+				stats_flush();
+			stats_pending_reset();
+			stats_prepare_gid_set = false;
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			stats_pending_reset();
+			stats_prepare_gid_set = false;
 			break;
 		default:
 			break;
@@ -558,44 +626,183 @@ stats_remember_entry(int32 kind, const char *ns, StatsEntry *entry)
 	l->entry = entry;
 }
 
+/* Add the counts of a kind and namespace of this database to shared memory. */
+static void
+stats_add(int32 kind, const char *ns, const int64 *counts)
+{
+	StatsKey	key;
+	StatsEntry *entry;
+	int			j;
+
+	entry = stats_local_entry(kind, ns);
+	if (entry == NULL)
+	{
+		memset(&key, 0, sizeof(key));
+		key.dbid = MyDatabaseId;
+		key.kind = kind;
+		strlcpy(key.ns, ns, STATS_NS_LEN);
+		entry = stats_entry(&key, true);
+		if (entry != NULL)
+			stats_remember_entry(kind, ns, entry);
+		else
+		{
+			/* full: the namespace "*" of the kind */
+			memset(key.ns, 0, sizeof(key.ns));
+			strlcpy(key.ns, STATS_OVERFLOW_NS, STATS_NS_LEN);
+			entry = stats_entry(&key, true);
+			if (entry == NULL)
+				return;			/* out of shared memory: not counted */
+		}
+	}
+	for (j = 0; j < kinds[kind].noutcomes; j++)
+		if (counts[j] != 0)
+			pg_atomic_fetch_add_u64(&entry->counters[j], counts[j]);
+	stats_check_rate(entry);
+}
+
 /* Add the transaction's counts to shared memory. */
 static void
 stats_flush(void)
 {
 	int			i;
+
+	for (i = 0; i < npending; i++)
+		stats_add(pending[i].kind, pending[i].ns, pending[i].counts);
+}
+
+/*
+ * Park the counts of the transaction being prepared in a slot named by its
+ * GID.  False when they were not parked: they are to be counted now.
+ */
+static bool
+stats_park_prepared(void)
+{
+	PreparedSlot *slot = NULL;
+	int			i;
 	int			j;
 
+	if (npending == 0)
+		return true;
+	if (!stats_prepare_gid_set || stats_prepared == NULL)
+		return false;
+
+	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < stats_nprepared; i++)
+	{
+		PreparedSlot *s = &stats_prepared[i];
+
+		/* a slot left by a transaction of this GID that is gone */
+		if (s->dbid == MyDatabaseId &&
+			strcmp(s->gid, stats_prepare_gid) == 0)
+		{
+			slot = s;
+			break;
+		}
+		if (slot == NULL && s->dbid == InvalidOid)
+			slot = s;
+	}
+	if (slot == NULL)
+	{
+		LWLockRelease(stats_shared->lock);
+		return false;
+	}
+	slot->dbid = InvalidOid;
+	slot->nitems = 0;
 	for (i = 0; i < npending; i++)
 	{
 		PendingEntry *p = &pending[i];
-		StatsKey	key;
-		StatsEntry *entry;
+		PreparedItem *item = NULL;
 
-		entry = stats_local_entry(p->kind, p->ns);
-		if (entry == NULL)
+		for (j = 0; j < slot->nitems; j++)
+			if (slot->items[j].kind == p->kind &&
+				strcmp(slot->items[j].ns, p->ns) == 0)
+				item = &slot->items[j];
+		if (item == NULL)
 		{
-			memset(&key, 0, sizeof(key));
-			key.dbid = MyDatabaseId;
-			key.kind = p->kind;
-			strlcpy(key.ns, p->ns, STATS_NS_LEN);
-			entry = stats_entry(&key, true);
-			if (entry != NULL)
-				stats_remember_entry(p->kind, p->ns, entry);
-			else
+			if (slot->nitems == STATS_PREPARED_ITEMS)
 			{
-				/* full: the namespace "*" of the kind */
-				memset(key.ns, 0, sizeof(key.ns));
-				strlcpy(key.ns, STATS_OVERFLOW_NS, STATS_NS_LEN);
-				entry = stats_entry(&key, true);
-				if (entry == NULL)
-					continue;	/* out of shared memory: not counted */
+				/* too many to park: the slot stays free */
+				LWLockRelease(stats_shared->lock);
+				return false;
 			}
+			item = &slot->items[slot->nitems++];
+			memset(item, 0, sizeof(PreparedItem));
+			item->kind = p->kind;
+			strlcpy(item->ns, p->ns, STATS_NS_LEN);
 		}
-		for (j = 0; j < kinds[p->kind].noutcomes; j++)
-			if (p->counts[j] != 0)
-				pg_atomic_fetch_add_u64(&entry->counters[j], p->counts[j]);
-		stats_check_rate(entry);
+		for (j = 0; j < IDEM_STAT_MAX_OUTCOMES; j++)
+			item->counts[j] += p->counts[j];
 	}
+	strlcpy(slot->gid, stats_prepare_gid, GIDSIZE);
+	slot->dbid = MyDatabaseId;
+	LWLockRelease(stats_shared->lock);
+	return true;
+}
+
+/*
+ * The prepared transaction gid of this database was committed (its counts
+ * are added) or rolled back (they are dropped).
+ */
+static void
+stats_finish_prepared(const char *gid, bool committed)
+{
+	PreparedItem items[STATS_PREPARED_ITEMS];
+	int			nitems = 0;
+	int			i;
+
+	if (stats_prepared == NULL)
+		return;
+	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < stats_nprepared; i++)
+	{
+		PreparedSlot *s = &stats_prepared[i];
+
+		if (s->dbid == MyDatabaseId && strcmp(s->gid, gid) == 0)
+		{
+			nitems = s->nitems;
+			memcpy(items, s->items, nitems * sizeof(PreparedItem));
+			s->dbid = InvalidOid;
+			s->nitems = 0;
+			break;
+		}
+	}
+	LWLockRelease(stats_shared->lock);
+	if (committed)
+		for (i = 0; i < nitems; i++)
+			stats_add(items[i].kind, items[i].ns, items[i].counts);
+}
+
+/*
+ * PREPARE TRANSACTION names the transaction that the callback then parks;
+ * COMMIT PREPARED and ROLLBACK PREPARED have finished the prepared
+ * transaction once the statement returns.
+ */
+static void
+stats_utility(PlannedStmt *pstmt, const char *queryString,
+			  bool readOnlyTree, ProcessUtilityContext context,
+			  ParamListInfo params, QueryEnvironment *queryEnv,
+			  DestReceiver *dest, QueryCompletion *qc)
+{
+	TransactionStmt *stmt = NULL;
+
+	if (IsA(pstmt->utilityStmt, TransactionStmt))
+		stmt = (TransactionStmt *) pstmt->utilityStmt;
+	if (stmt != NULL && stmt->kind == TRANS_STMT_PREPARE && stmt->gid != NULL)
+	{
+		strlcpy(stats_prepare_gid, stmt->gid, GIDSIZE);
+		stats_prepare_gid_set = true;
+	}
+	if (prev_ProcessUtility_hook)
+		prev_ProcessUtility_hook(pstmt, queryString, readOnlyTree, context,
+								 params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+	if (stmt != NULL && stmt->gid != NULL &&
+		(stmt->kind == TRANS_STMT_COMMIT_PREPARED ||
+		 stmt->kind == TRANS_STMT_ROLLBACK_PREPARED))
+		stats_finish_prepared(stmt->gid,
+							  stmt->kind == TRANS_STMT_COMMIT_PREPARED);
 }
 
 /*
