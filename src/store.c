@@ -89,6 +89,8 @@ struct IdemStore
 	Oid			collation[STORE_MAX_KEYS];
 	struct StoreCacheEntry *entry;	/* counted as a user of it */
 	bool		sql;			/* distributed: every call goes through SQL */
+	bool		xact_snapshot;	/* updates judge against the transaction's
+								 * snapshot: idem_store_require_snapshot */
 };
 
 /*
@@ -1383,6 +1385,44 @@ store_fetch_version(IdemStore *store, ItemPointer tid, ScanKey skeys,
 }
 
 /*
+ * Whether the transaction's snapshot sees the row version in slot (a buffer
+ * tuple the probe found), or this transaction (or one of its
+ * subtransactions) made it: a version of the current command is one of ours
+ * that the snapshot's command counter does not reach yet.
+ */
+static bool
+store_version_in_snapshot(IdemStore *store, TupleTableSlot *slot)
+{
+	if (table_tuple_satisfies_snapshot(store->rel, slot,
+									   GetTransactionSnapshot()))
+		return true;
+	if (TTS_IS_BUFFERTUPLE(slot))
+	{
+		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
+
+		return TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data));
+	}
+	return false;
+}
+
+/*
+ * Make the updates of this store judge under REPEATABLE READ and
+ * SERIALIZABLE as UPDATE does where it matters: an update that fn accepts
+ * of a row version the transaction's snapshot does not see (one a
+ * transaction committed after the snapshot was taken, also one this call
+ * waited for) fails with 40001 instead of being made, since what the
+ * caller then does would rest on a snapshot without that version's
+ * effects.  A version that fn declines is still answered as it stands (a
+ * replay is a replay, whatever the snapshot).  The path through SQL fails
+ * such calls already (store_sql_check_snapshot).
+ */
+void
+idem_store_require_snapshot(IdemStore *store)
+{
+	store->xact_snapshot = true;
+}
+
+/*
  * Find the row (ns, key) and update it when fn says so: the semantics of
  * UPDATE ... WHERE ns = $1 AND key = $2 AND <fn> in READ COMMITTED, where the
  * latest version of the row is the one judged, whatever the snapshot.  An
@@ -1417,6 +1457,7 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 		bool		update_indexes = false;
 		ProbeResult found = PROBE_ABSENT;
 		bool		probed = false;
+		bool		in_snapshot;
 
 		/*
 		 * A version the caller says was the latest is taken without a probe
@@ -1452,6 +1493,13 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 			return found == PROBE_ABSENT ? IDEM_UPDATE_ABSENT : IDEM_UPDATE_BUSY;
 		}
 
+		/*
+		 * Whether the transaction's snapshot sees the version judged, asked
+		 * while the probe still holds it (see idem_store_require_snapshot).
+		 */
+		in_snapshot = !store->xact_snapshot || !IsolationUsesXactSnapshot() ||
+			store_version_in_snapshot(store, store->probe_slot);
+
 		/* a private copy of the row, so that no buffer pin is kept */
 		ExecCopySlot(slot, store->probe_slot);
 		ExecMaterializeSlot(slot);
@@ -1464,6 +1512,13 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 			ExecClearTuple(slot);
 			return IDEM_UPDATE_DECLINED;
 		}
+		if (!in_snapshot)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent update"),
+					 errdetail("The row of this key in table \"%s.%s\" was changed by a transaction that committed after this transaction's snapshot was taken.",
+							   IDEM_SCHEMA, RelationGetRelationName(store->rel)),
+					 errhint("The transaction might succeed if retried.")));
 
 		/*
 		 * The row may have been inserted by this very command (an issue and a
