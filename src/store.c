@@ -1733,7 +1733,27 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 	 * version as it stands, and so may miss a row that moves meanwhile.
 	 */
 	if (IsInParallelMode())
+	{
 		snap = SnapshotSelf;
+
+		/*
+		 * Only a read through an MVCC snapshot takes the predicate locks of
+		 * SERIALIZABLE (and sees the conflicts with writers in progress):
+		 * without them a parallel query's read would let a write skew
+		 * commit that the same read outside parallel mode fails.  The
+		 * query's snapshot (the transaction's) reads the key once more for
+		 * them; its answer is not used.
+		 */
+		if (IsolationIsSerializable() && ActiveSnapshotSet())
+		{
+			scan = index_beginscan(store->rel, store->index,
+								   GetActiveSnapshot(), store->nkeys, 0);
+			index_rescan(scan, skeys, store->nkeys, NULL, 0);
+			(void) index_getnext_slot(scan, ForwardScanDirection, slot);
+			ExecClearTuple(slot);
+			index_endscan(scan);
+		}
+	}
 	else
 	{
 		CommandCounterIncrement();
