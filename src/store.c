@@ -1022,11 +1022,13 @@ store_fetch_hint(IdemStore *store, Snapshot snapshot, ScanKey skeys,
  * Look for the row (ns, key) in the unique index with a dirty snapshot, so
  * that uncommitted rows of other transactions are seen too.  A speculative
  * insertion in progress is always waited for: it is decided in moments.  A
- * transaction in progress is waited for only with IDEM_WAIT.  On
+ * transaction in progress is waited for only with IDEM_WAIT, under oper
+ * (what the wait's error context says the caller was doing).  On
  * PROBE_EXISTS and PROBE_IN_FLIGHT_DELETE the row is left in probe_slot.
  */
 static ProbeResult
-store_probe(IdemStore *store, const Datum *keys, IdemStoreWait wait)
+store_probe(IdemStore *store, const Datum *keys, IdemStoreWait wait,
+			XLTW_Oper oper)
 {
 	ScanKeyData skeys[STORE_MAX_KEYS];
 	TupleTableSlot *slot = store->probe_slot;
@@ -1095,7 +1097,7 @@ store_probe(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 		if (dirty->speculativeToken)
 			SpeculativeInsertionWait(dirty->xmin, dirty->speculativeToken);
 		else
-			XactLockTableWait(xwait, store->rel, &tid, XLTW_InsertIndex);
+			XactLockTableWait(xwait, store->rel, &tid, oper);
 	}
 }
 
@@ -1167,7 +1169,7 @@ store_insert_direct(IdemStore *store, Datum *values, bool *isnull,
 
 		if (precheck)
 		{
-			found = store_probe(store, values, wait);
+			found = store_probe(store, values, wait, XLTW_InsertIndex);
 			ExecClearTuple(store->probe_slot);
 			if (found != PROBE_ABSENT)
 			{
@@ -1248,7 +1250,8 @@ idem_store_lookup(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait,
 	if (unlikely(store->sql))
 		return store_sql_lookup(store, store_key_pair(store, pair, ns, key),
 								wait, values, isnull);
-	found = store_probe(store, store_key_pair(store, pair, ns, key), wait);
+	found = store_probe(store, store_key_pair(store, pair, ns, key), wait,
+						XLTW_InsertIndexUnique);
 	if (found == PROBE_ABSENT)
 		return IDEM_STORE_ABSENT;
 	if (found == PROBE_IN_FLIGHT_INSERT)
@@ -1282,7 +1285,7 @@ idem_store_delete(IdemStore *store, Datum ns, Datum key)
 		Datum		pair[STORE_NKEYS];
 
 		if (store_probe(store, store_key_pair(store, pair, ns, key),
-						IDEM_WAIT) != PROBE_EXISTS)
+						IDEM_WAIT, XLTW_Delete) != PROBE_EXISTS)
 		{
 			ExecClearTuple(store->probe_slot);
 			return false;
@@ -1485,7 +1488,7 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 			latest = NULL;
 		}
 		if (!probed)
-			found = store_probe(store, keys, wait);
+			found = store_probe(store, keys, wait, XLTW_Update);
 
 		if (found != PROBE_EXISTS)
 		{
@@ -2148,7 +2151,7 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 	probe->nkeys = store->nkeys;
 	store_open_direct(probe, NULL, shard, indexid, AccessShareLock,
 					  RelationGetRelationName(shard));
-	found = store_probe(probe, keys, IDEM_NOWAIT);
+	found = store_probe(probe, keys, IDEM_NOWAIT, XLTW_InsertIndexUnique);
 	if (found == PROBE_IN_FLIGHT_INSERT || found == PROBE_IN_FLIGHT_DELETE)
 	{
 		TransactionId xid = found == PROBE_IN_FLIGHT_INSERT ?
@@ -2171,7 +2174,7 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 		if (wait == IDEM_WAIT)
 		{
 			ExecClearTuple(probe->probe_slot);
-			found = store_probe(probe, keys, IDEM_WAIT);
+			found = store_probe(probe, keys, IDEM_WAIT, XLTW_InsertIndexUnique);
 		}
 	}
 	if (IsolationUsesXactSnapshot())
