@@ -1519,7 +1519,7 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 					 errmsg("could not serialize access due to concurrent update"),
-					 errdetail("The row of this key in table \"%s.%s\" was changed by a transaction that committed after this transaction's snapshot was taken.",
+					 errdetail("The row of this key in table \"%s.%s\" was written by a transaction that committed after this transaction's snapshot was taken.",
 							   IDEM_SCHEMA, RelationGetRelationName(store->rel)),
 					 errhint("The transaction might succeed if retried.")));
 
