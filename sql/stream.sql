@@ -263,6 +263,45 @@ SELECT idem_seq_accept('max', 9223372036854775807) AS a,
        idem_seq_accept('max', 9223372036854775807 - 64) AS too_old,
        idem_seq_accept('max', 0) AS zero_too_old;
 
+-- a prepared transaction holds its offset and its producer's row: the
+-- others wait for it (here until lock_timeout, 55P03, whose context says
+-- the row was being updated), see what it leaves when it is committed, and
+-- store their own when it is rolled back
+CREATE FUNCTION pg_temp.wait_err(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    st text;
+    ctx text;
+BEGIN
+    EXECUTE q;
+    RETURN 'no wait';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, ctx = PG_EXCEPTION_CONTEXT;
+    RETURN st || ': ' || regexp_replace(split_part(ctx, E'\n', 1), '\(\d+,\d+\)', '(b,o)');
+END;
+$$;
+SELECT idem_offset_advance('c', 'prep', 0, 10) AS stored, idem_seq_accept('prep', 10) AS accepted;
+BEGIN;
+SELECT idem_offset_advance('c', 'prep', 0, 11) AS prepared_offset,
+       idem_seq_accept('prep', 11) AS prepared_seq,
+       idem_offset_advance('c', 'prep', 1, 1) AS prepared_first;
+PREPARE TRANSACTION 'idem_stream_pt';
+SELECT idem_offset_get('c', 'prep', 0) AS committed_only, idem_offset_get('c', 'prep', 1) AS none;
+SET lock_timeout = '10ms';
+SELECT pg_temp.wait_err($$SELECT idem_offset_advance('c', 'prep', 0, 12)$$) AS advance,
+       pg_temp.wait_err($$SELECT idem_offset_advance('c', 'prep', 1, 2)$$) AS first,
+       pg_temp.wait_err($$SELECT idem_seq_accept('prep', 12)$$) AS seq;
+RESET lock_timeout;
+COMMIT PREPARED 'idem_stream_pt';
+SELECT idem_offset_advance('c', 'prep', 0, 11) AS replay, idem_seq_accept('prep', 11) AS dup,
+       idem_offset_advance('c', 'prep', 1, 1) AS replay_first;
+BEGIN;
+SELECT idem_offset_advance('c', 'prep', 0, 12) AS prepared_offset, idem_seq_accept('prep', 12) AS prepared_seq;
+PREPARE TRANSACTION 'idem_stream_pt';
+ROLLBACK PREPARED 'idem_stream_pt';
+SELECT idem_offset_advance('c', 'prep', 0, 12) AS applied, idem_seq_accept('prep', 12) AS accepted;
+SELECT count(*) AS prepared_left FROM pg_prepared_xacts;
+DELETE FROM idem.offsets WHERE stream = 'prep';
+
 -- idem's tables altered by hand: refused with 55000, never misread
 BEGIN;
 ALTER TABLE idem.producer_seqs RENAME COLUMN seen TO bits;

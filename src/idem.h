@@ -120,6 +120,7 @@ extern IdemStoreUpdateResult idem_store_update_at(IdemStore *store,
 												  IdemStoreUpdateFn fn,
 												  void *arg);
 extern ItemPointerData idem_store_updated_tid(IdemStore *store);
+extern void idem_store_require_snapshot(IdemStore *store);
 extern IdemStoreUpdateResult idem_store_try_update(IdemStore *store,
 												   Datum ns, Datum key,
 												   IdemStoreUpdateFn fn,

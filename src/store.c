@@ -89,6 +89,8 @@ struct IdemStore
 	Oid			collation[STORE_MAX_KEYS];
 	struct StoreCacheEntry *entry;	/* counted as a user of it */
 	bool		sql;			/* distributed: every call goes through SQL */
+	bool		xact_snapshot;	/* updates judge against the transaction's
+								 * snapshot: idem_store_require_snapshot */
 };
 
 /*
@@ -1020,11 +1022,13 @@ store_fetch_hint(IdemStore *store, Snapshot snapshot, ScanKey skeys,
  * Look for the row (ns, key) in the unique index with a dirty snapshot, so
  * that uncommitted rows of other transactions are seen too.  A speculative
  * insertion in progress is always waited for: it is decided in moments.  A
- * transaction in progress is waited for only with IDEM_WAIT.  On
+ * transaction in progress is waited for only with IDEM_WAIT, under oper
+ * (what the wait's error context says the caller was doing).  On
  * PROBE_EXISTS and PROBE_IN_FLIGHT_DELETE the row is left in probe_slot.
  */
 static ProbeResult
-store_probe(IdemStore *store, const Datum *keys, IdemStoreWait wait)
+store_probe(IdemStore *store, const Datum *keys, IdemStoreWait wait,
+			XLTW_Oper oper)
 {
 	ScanKeyData skeys[STORE_MAX_KEYS];
 	TupleTableSlot *slot = store->probe_slot;
@@ -1093,7 +1097,7 @@ store_probe(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 		if (dirty->speculativeToken)
 			SpeculativeInsertionWait(dirty->xmin, dirty->speculativeToken);
 		else
-			XactLockTableWait(xwait, store->rel, &tid, XLTW_InsertIndex);
+			XactLockTableWait(xwait, store->rel, &tid, oper);
 	}
 }
 
@@ -1165,7 +1169,7 @@ store_insert_direct(IdemStore *store, Datum *values, bool *isnull,
 
 		if (precheck)
 		{
-			found = store_probe(store, values, wait);
+			found = store_probe(store, values, wait, XLTW_InsertIndex);
 			ExecClearTuple(store->probe_slot);
 			if (found != PROBE_ABSENT)
 			{
@@ -1246,7 +1250,8 @@ idem_store_lookup(IdemStore *store, Datum ns, Datum key, IdemStoreWait wait,
 	if (unlikely(store->sql))
 		return store_sql_lookup(store, store_key_pair(store, pair, ns, key),
 								wait, values, isnull);
-	found = store_probe(store, store_key_pair(store, pair, ns, key), wait);
+	found = store_probe(store, store_key_pair(store, pair, ns, key), wait,
+						XLTW_InsertIndexUnique);
 	if (found == PROBE_ABSENT)
 		return IDEM_STORE_ABSENT;
 	if (found == PROBE_IN_FLIGHT_INSERT)
@@ -1280,7 +1285,7 @@ idem_store_delete(IdemStore *store, Datum ns, Datum key)
 		Datum		pair[STORE_NKEYS];
 
 		if (store_probe(store, store_key_pair(store, pair, ns, key),
-						IDEM_WAIT) != PROBE_EXISTS)
+						IDEM_WAIT, XLTW_Delete) != PROBE_EXISTS)
 		{
 			ExecClearTuple(store->probe_slot);
 			return false;
@@ -1383,6 +1388,44 @@ store_fetch_version(IdemStore *store, ItemPointer tid, ScanKey skeys,
 }
 
 /*
+ * Whether the transaction's snapshot sees the row version in slot (a buffer
+ * tuple the probe found), or this transaction (or one of its
+ * subtransactions) made it: a version of the current command is one of ours
+ * that the snapshot's command counter does not reach yet.
+ */
+static bool
+store_version_in_snapshot(IdemStore *store, TupleTableSlot *slot)
+{
+	if (table_tuple_satisfies_snapshot(store->rel, slot,
+									   GetTransactionSnapshot()))
+		return true;
+	if (TTS_IS_BUFFERTUPLE(slot))
+	{
+		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
+
+		return TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data));
+	}
+	return false;
+}
+
+/*
+ * Make the updates of this store judge under REPEATABLE READ and
+ * SERIALIZABLE as UPDATE does where it matters: an update that fn accepts
+ * of a row version the transaction's snapshot does not see (one a
+ * transaction committed after the snapshot was taken, also one this call
+ * waited for) fails with 40001 instead of being made, since what the
+ * caller then does would rest on a snapshot without that version's
+ * effects.  A version that fn declines is still answered as it stands (a
+ * replay is a replay, whatever the snapshot).  The path through SQL fails
+ * such calls already (store_sql_check_snapshot).
+ */
+void
+idem_store_require_snapshot(IdemStore *store)
+{
+	store->xact_snapshot = true;
+}
+
+/*
  * Find the row (ns, key) and update it when fn says so: the semantics of
  * UPDATE ... WHERE ns = $1 AND key = $2 AND <fn> in READ COMMITTED, where the
  * latest version of the row is the one judged, whatever the snapshot.  An
@@ -1417,6 +1460,7 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 		bool		update_indexes = false;
 		ProbeResult found = PROBE_ABSENT;
 		bool		probed = false;
+		bool		in_snapshot;
 
 		/*
 		 * A version the caller says was the latest is taken without a probe
@@ -1444,13 +1488,20 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 			latest = NULL;
 		}
 		if (!probed)
-			found = store_probe(store, keys, wait);
+			found = store_probe(store, keys, wait, XLTW_Update);
 
 		if (found != PROBE_EXISTS)
 		{
 			ExecClearTuple(store->probe_slot);
 			return found == PROBE_ABSENT ? IDEM_UPDATE_ABSENT : IDEM_UPDATE_BUSY;
 		}
+
+		/*
+		 * Whether the transaction's snapshot sees the version judged, asked
+		 * while the probe still holds it (see idem_store_require_snapshot).
+		 */
+		in_snapshot = !store->xact_snapshot || !IsolationUsesXactSnapshot() ||
+			store_version_in_snapshot(store, store->probe_slot);
 
 		/* a private copy of the row, so that no buffer pin is kept */
 		ExecCopySlot(slot, store->probe_slot);
@@ -1464,6 +1515,13 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 			ExecClearTuple(slot);
 			return IDEM_UPDATE_DECLINED;
 		}
+		if (!in_snapshot)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent update"),
+					 errdetail("The row of this key in table \"%s.%s\" was written by a transaction that committed after this transaction's snapshot was taken.",
+							   IDEM_SCHEMA, RelationGetRelationName(store->rel)),
+					 errhint("The transaction might succeed if retried.")));
 
 		/*
 		 * The row may have been inserted by this very command (an issue and a
@@ -1678,7 +1736,27 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 	 * version as it stands, and so may miss a row that moves meanwhile.
 	 */
 	if (IsInParallelMode())
+	{
 		snap = SnapshotSelf;
+
+		/*
+		 * Only a read through an MVCC snapshot takes the predicate locks of
+		 * SERIALIZABLE (and sees the conflicts with writers in progress):
+		 * without them a parallel query's read would let a write skew
+		 * commit that the same read outside parallel mode fails.  The
+		 * query's snapshot (the transaction's) reads the key once more for
+		 * them; its answer is not used.
+		 */
+		if (IsolationIsSerializable() && ActiveSnapshotSet())
+		{
+			scan = index_beginscan(store->rel, store->index,
+								   GetActiveSnapshot(), store->nkeys, 0);
+			index_rescan(scan, skeys, store->nkeys, NULL, 0);
+			(void) index_getnext_slot(scan, ForwardScanDirection, slot);
+			ExecClearTuple(slot);
+			index_endscan(scan);
+		}
+	}
 	else
 	{
 		CommandCounterIncrement();
@@ -2073,7 +2151,7 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 	probe->nkeys = store->nkeys;
 	store_open_direct(probe, NULL, shard, indexid, AccessShareLock,
 					  RelationGetRelationName(shard));
-	found = store_probe(probe, keys, IDEM_NOWAIT);
+	found = store_probe(probe, keys, IDEM_NOWAIT, XLTW_InsertIndexUnique);
 	if (found == PROBE_IN_FLIGHT_INSERT || found == PROBE_IN_FLIGHT_DELETE)
 	{
 		TransactionId xid = found == PROBE_IN_FLIGHT_INSERT ?
@@ -2096,7 +2174,7 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 		if (wait == IDEM_WAIT)
 		{
 			ExecClearTuple(probe->probe_slot);
-			found = store_probe(probe, keys, IDEM_WAIT);
+			found = store_probe(probe, keys, IDEM_WAIT, XLTW_InsertIndexUnique);
 		}
 	}
 	if (IsolationUsesXactSnapshot())

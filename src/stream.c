@@ -23,6 +23,14 @@
  * inserted with ON CONFLICT semantics, and a concurrent inserter of the same
  * row is waited for and its row judged once it has committed.
  *
+ * Under REPEATABLE READ and SERIALIZABLE the latest version is still the one
+ * judged, so that a replay is false whatever the snapshot; but an offset is
+ * never stored on top of one the caller's snapshot does not see
+ * (idem_store_require_snapshot): the caller would apply the message on a
+ * snapshot without the effects of the one before it.  That is 40001, as
+ * for INSERT ... ON CONFLICT DO UPDATE.  A producer's numbers carry no such
+ * order, and are judged as claims are.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -194,6 +202,8 @@ idem_offset_advance(PG_FUNCTION_ARGS)
 	keys[OFFSETS_PART] = Int32GetDatum(part);
 
 	store = offsets_open(RowExclusiveLock);
+	/* message n + 1 is applied on a snapshot that has message n's effects */
+	idem_store_require_snapshot(store);
 	for (;;)
 	{
 		IdemStoreUpdateResult u;

@@ -152,6 +152,38 @@ my @kinds = (
 		],
 	},
 	{
+		name => 'ordered streams',
+		# Offsets of two partitions, and a producer with a window of 16
+		# whose bitmap has numbers 3, 5 and 20 (17 and 18 not seen yet).
+		setup => q{
+			SELECT idem_offset_advance('bk-c', 'orders', 0, 41),
+			       idem_offset_advance('bk-c', 'orders', 7, 9223372036854775807);
+			SELECT string_agg(idem_seq_accept('bk-p', s, 16)::text, ',' ORDER BY o)
+			  FROM unnest(ARRAY[3, 5, 20]) WITH ORDINALITY AS u(s, o);},
+		setup_out => "t|t\naccepted,accepted,accepted",
+		check     => q{
+			SELECT consumer, stream, part, "offset" FROM idem.offsets
+			 WHERE consumer = 'bk-c' ORDER BY part;
+			SELECT producer, "window", high, seen FROM idem.producer_seqs
+			 WHERE producer = 'bk-p'},
+		probes => [
+			[
+				q{SELECT idem_offset_get('bk-c', 'orders', 0),
+				         idem_offset_advance('bk-c', 'orders', 0, 41),
+				         idem_offset_advance('bk-c', 'orders', 7, 9223372036854775807),
+				         idem_offset_advance('bk-c', 'orders', 0, 42)},
+				'41|f|f|t',
+				'a stored offset is a replay, the next one is applied'
+			],
+			[
+				q{SELECT idem_seq_accept('bk-p', 5, 16), idem_seq_accept('bk-p', 18, 16),
+				         idem_seq_accept('bk-p', 4, 16), idem_seq_accept('bk-p', 21, 16)},
+				'duplicate|accepted|too_old|accepted',
+				'a producer keeps its high-water mark and its bitmap'
+			],
+		],
+	},
+	{
 		name => 'machine definitions and guarded tables',
 		setup => q{
 			SELECT idem_allow('bk', 'new', 'paid');
