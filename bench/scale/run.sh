@@ -285,7 +285,7 @@ echo "== idem.claims: $(sql full -c "SELECT coalesce(array_to_string(reloptions,
 # page's first change after a checkpoint writes its image once; with 1, the
 # default, every run starts at a checkpoint, the most images per claim).
 if [ "$PREWARM" = 1 ]; then
-    sql full -c "CREATE EXTENSION IF NOT EXISTS pg_prewarm" || die "pg_prewarm is missing"
+    sql full -c "SET client_min_messages = warning" -c "CREATE EXTENSION IF NOT EXISTS pg_prewarm" || die "pg_prewarm is missing"
     t0=$(now)
     blocks=$(sql full -c "SELECT sum(pg_prewarm(c.oid)) FROM pg_class c WHERE c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'idem.claims'::regclass)")
     echo "== prewarm: $((blocks * 8 / 1024)) MB in $(secs "$t0" "$(now)") s"
