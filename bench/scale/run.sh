@@ -38,6 +38,15 @@
 # Steady state between checkpoints: CHECKPOINT_RUNS=0 (no CHECKPOINT before
 # each run), WARMUP (seconds of claims on "full" first, not counted) and
 # PREWARM=1 (pg_prewarm the indexes of idem.claims into shared buffers).
+# HUGE_PAGES=1 reserves huge pages for shared memory (vm.nr_hugepages, put
+# back at the end) and runs the server with huge_pages = on, as a server
+# with large shared buffers is run: a backend then maps shared memory in 2 MB
+# pages rather than faulting it in 4 kB at a time.  DROP_CACHES=1 drops the
+# kernel's page cache once the indexes are in shared buffers (after PREWARM),
+# so that their second copy there does not crowd the machine's memory.
+# KEEP=1 keeps DIR (its cluster stopped) at the end; REUSE=1 with DIR set
+# runs on the cluster a KEEP=1 run left there instead of filling one (its
+# "full" database then also holds the claims of the earlier runs).
 #
 # Settings: ROWS (100000000), EXPIRED (ROWS / 10), CLIENTS (8), DURATION (5),
 # REPEAT (5), PURGE_ROUNDS (REPEAT), BATCH (1000, the worker's
@@ -76,11 +85,19 @@ AV_WAIT=${AV_WAIT:-30}
 CHECKPOINT_RUNS=${CHECKPOINT_RUNS:-1}
 WARMUP=${WARMUP:-0}
 PREWARM=${PREWARM:-0}
+HUGE_PAGES=${HUGE_PAGES:-0}
+DROP_CACHES=${DROP_CACHES:-0}
+KEEP=${KEEP:-0}
+REUSE=${REUSE:-0}
 
 [[ "$ROWS" =~ ^[1-9][0-9]*$ ]] && [ "$ROWS" -le 1000000000 ] || die "ROWS must be between 1 and 1e9"
 [[ "$EXPIRED" =~ ^[0-9]+$ ]] && [ "$EXPIRED" -le "$ROWS" ] || die "EXPIRED must be between 0 and ROWS"
 case "$CHECKPOINT_RUNS" in 0|1) ;; *) die "CHECKPOINT_RUNS: 0 or 1" ;; esac
 case "$PREWARM" in 0|1) ;; *) die "PREWARM: 0 or 1" ;; esac
+case "$HUGE_PAGES" in 0|1) ;; *) die "HUGE_PAGES: 0 or 1" ;; esac
+case "$DROP_CACHES" in 0|1) ;; *) die "DROP_CACHES: 0 or 1" ;; esac
+case "$KEEP" in 0|1) ;; *) die "KEEP: 0 or 1" ;; esac
+case "$REUSE" in 0) ;; 1) [ -n "${DIR:-}" ] && [ -d "$DIR/cluster/data" ] || die "REUSE=1 needs DIR of a KEEP=1 run" ;; *) die "REUSE: 0 or 1" ;; esac
 [[ "$WARMUP" =~ ^[0-9]+$ ]] || die "WARMUP: seconds"
 
 install_packages
@@ -88,10 +105,12 @@ work=$(copy_tree "$here")
 dir=${DIR:-$(mktemp -d /tmp/idem-bench-scale.XXXXXX)}
 mkdir -p "$dir"
 chmod 755 "$dir"
+nr_hugepages=$(cat /proc/sys/vm/nr_hugepages)
 cleanup() {
     [ -n "${purge_pid:-}" ] && kill "$purge_pid" 2>/dev/null
     stop_cluster "$dir/cluster"
-    rm -rf "$dir" "$work"
+    [ "$HUGE_PAGES" = 1 ] && echo "$nr_hugepages" > /proc/sys/vm/nr_hugepages
+    if [ "$KEEP" = 1 ]; then echo "== kept $dir"; rm -rf "$work"; else rm -rf "$dir" "$work"; fi
 }
 trap cleanup EXIT
 
@@ -119,6 +138,16 @@ settings=(
     # so that the run need not wait long for it
     "autovacuum_naptime = '10s'"
 )
+if [ "$HUGE_PAGES" = 1 ]; then
+    # shared_buffers and an eighth more for the rest of shared memory
+    sb_mb=$(awk -v s="$SHARED_BUFFERS" 'BEGIN { n = s + 0; u = toupper(s); sub(/^[0-9]+/, "", u)
+        if (u == "GB") n *= 1024; else if (u == "KB") n /= 1024; else if (u != "MB") n = n * 8 / 1024
+        printf "%d", n }')
+    pages=$(( (sb_mb + sb_mb / 8 + 256) / 2 ))
+    echo "$pages" > /proc/sys/vm/nr_hugepages
+    [ "$(cat /proc/sys/vm/nr_hugepages)" -ge "$pages" ] ||
+        die "could not reserve $pages huge pages (got $(cat /proc/sys/vm/nr_hugepages))"
+fi
 # EXTRA: more settings, separated by ';' (e.g. "wal_compression = lz4")
 IFS=';' read -r -a extra <<<"${EXTRA:-}"
 for e in "${extra[@]}"; do [ -n "$e" ] && settings+=("$e"); done
@@ -131,22 +160,27 @@ restart() {
     else
         : > "$conf"
     fi
+    # the settings of this run (also over those of a run whose cluster is reused)
+    printf '%s\n' "${settings[@]}" >> "$conf"
+    if [ "$HUGE_PAGES" = 1 ]; then echo "huge_pages = on" >> "$conf"; else echo "huge_pages = off" >> "$conf"; fi
     chown postgres:postgres "$conf"
     as_pg pg_ctl -D "$dir/cluster/data" -l "$dir/cluster/server.log" -w start >/dev/null ||
         { tail "$dir/cluster/server.log"; die "server did not start"; }
 }
 
-start_cluster "$dir/cluster" "$PORT" "${settings[@]}" >/dev/null
-restart minimal
-for db in empty full; do
-    as_pg createdb -h "$dir/cluster" -p "$PORT" "$db" || die "createdb failed"
-    sql "$db" -c "CREATE EXTENSION idem" || die "CREATE EXTENSION failed"
-done
+if [ "$REUSE" = 0 ]; then
+    start_cluster "$dir/cluster" "$PORT" "${settings[@]}" >/dev/null
+    restart minimal
+    for db in empty full; do
+        as_pg createdb -h "$dir/cluster" -p "$PORT" "$db" || die "createdb failed"
+        sql "$db" -c "CREATE EXTENSION idem" || die "CREATE EXTENSION failed"
+    done
+fi
 
 echo "== $(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)), $(free -g | awk '/^Mem:/ { print $2 }') GB," \
     "PostgreSQL $(pg_config --version | cut -d' ' -f2), $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== ROWS=$ROWS EXPIRED=$EXPIRED CLIENTS=$CLIENTS DURATION=$DURATION REPEAT=$REPEAT BATCH=$BATCH PURGE_LOAD=$PURGE_LOAD shared_buffers=$SHARED_BUFFERS EXTRA='${EXTRA:-}'" \
-    "CHECKPOINT_RUNS=$CHECKPOINT_RUNS WARMUP=$WARMUP PREWARM=$PREWARM"
+    "CHECKPOINT_RUNS=$CHECKPOINT_RUNS WARMUP=$WARMUP PREWARM=$PREWARM HUGE_PAGES=$HUGE_PAGES DROP_CACHES=$DROP_CACHES"
 
 # The fill.  Row g (1..ROWS) has the id of position (g * P) mod ROWS of the
 # evenly spread ids, P a prime that does not divide ROWS: every id once, in
@@ -154,6 +188,7 @@ echo "== ROWS=$ROWS EXPIRED=$EXPIRED CLIENTS=$CLIENTS DURATION=$DURATION REPEAT=
 step=$((8000000000000000000 / ROWS))
 prime=1000003
 [ $((ROWS % prime)) = 0 ] && prime=999983
+if [ "$REUSE" = 0 ]; then
 indexes=$(sql full -c "SELECT string_agg(pg_get_indexdef(indexrelid), '; ') FROM pg_index WHERE indrelid = 'idem.claims'::regclass AND NOT indisprimary")
 t0=$(now)
 sql full <<EOF || die "fill failed"
@@ -183,6 +218,10 @@ sql full -c "VACUUM ANALYZE idem.claims" || die "vacuum failed"
 sql full -c "CHECKPOINT"
 t3=$(now)
 echo "== fill: rows $(secs "$t0" "$t1") s, indexes $(secs "$t1" "$t2") s, vacuum $(secs "$t2" "$t3") s"
+else
+    restart replica
+    echo "== reused the cluster in $dir: $(sql full -c "SELECT count(*) FROM idem.claims") claims"
+fi
 [ "$(sql full -c "SELECT count(*) FROM idem.claims WHERE claimed_at < now() - interval '7 days'")" = "$EXPIRED" ] ||
     die "the table does not hold $EXPIRED expired claims"
 
@@ -246,10 +285,15 @@ echo "== idem.claims: $(sql full -c "SELECT coalesce(array_to_string(reloptions,
 # page's first change after a checkpoint writes its image once; with 1, the
 # default, every run starts at a checkpoint, the most images per claim).
 if [ "$PREWARM" = 1 ]; then
-    sql full -c "CREATE EXTENSION IF NOT EXISTS pg_prewarm" || die "pg_prewarm is missing"
+    sql full -c "SET client_min_messages = warning" -c "CREATE EXTENSION IF NOT EXISTS pg_prewarm" || die "pg_prewarm is missing"
     t0=$(now)
     blocks=$(sql full -c "SELECT sum(pg_prewarm(c.oid)) FROM pg_class c WHERE c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'idem.claims'::regclass)")
     echo "== prewarm: $((blocks * 8 / 1024)) MB in $(secs "$t0" "$(now)") s"
+fi
+if [ "$DROP_CACHES" = 1 ]; then
+    sync
+    echo 1 > /proc/sys/vm/drop_caches
+    echo "== page cache dropped: $(free -m | awk '/^Mem:/ { print $4 }') MB free"
 fi
 if [ "$WARMUP" -gt 0 ]; then
     sql full -c "CHECKPOINT"
