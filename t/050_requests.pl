@@ -15,6 +15,7 @@ use lib $FindBin::RealBin;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(gettimeofday tv_interval);
 use IdemTest;
 
 my $node = idem_node('requests', 'restart_after_crash = on');
@@ -97,6 +98,40 @@ is( $node->safe_psql('postgres',
 		    FROM idem_request_begin('pay-4', 'fp')}),
 	'replay|201|{"id": 4}',
 	'a finished request is replayed after the crash');
+
+########################################################################
+
+# A fingerprint of a large payload (millions of values) answers a cancel as
+# it comes: it read the whole payload first.  The time to connect and read
+# the payload is measured apart; each time is the median of three.
+$node->safe_psql('postgres',
+	q{CREATE TABLE big_payload AS
+	    SELECT ('[' || repeat('1.5,', 5000000) || '1]')::jsonb AS v});
+
+sub median_time
+{
+	my ($sql) = @_;
+	my @t;
+	for (1 .. 3)
+	{
+		my $start = [gettimeofday];
+		$node->safe_psql('postgres', $sql);
+		push @t, tv_interval($start);
+	}
+	return (sort { $a <=> $b } @t)[1];
+}
+my $read = median_time('SELECT jsonb_typeof(v) FROM big_payload');
+my $hash =
+  median_time('SELECT idem_request_fingerprint(v) FROM big_payload') - $read;
+my $timeout_ms = int(1000 * ($read + $hash / 10)) + 1;
+my $start = [gettimeofday];
+my ($ret, $out, $err) = $node->psql('postgres',
+	"SET statement_timeout = $timeout_ms; "
+	  . 'SELECT idem_request_fingerprint(v) FROM big_payload');
+my $cancelled = tv_interval($start) - $read;
+like($err, qr/statement timeout/, 'the fingerprint is cancelled');
+cmp_ok($cancelled, '<', $hash / 2,
+	"the fingerprint stops at the cancel (after $cancelled s of $hash s)");
 
 $node->stop;
 done_testing();
