@@ -854,6 +854,8 @@ idem_request_fingerprint(PG_FUNCTION_ARGS)
 	it = JsonbIteratorInit(&payload->root);
 	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
 	{
+		/* a payload of 256 MB has tens of millions of values */
+		CHECK_FOR_INTERRUPTS();
 		switch (tok)
 		{
 			case WJB_BEGIN_ARRAY:

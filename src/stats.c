@@ -181,13 +181,21 @@ static bool stats_prepare_gid_set = false;
 
 /*
  * What this backend's transaction counted, not yet in shared memory.  One
- * entry per kind, namespace and subtransaction level.
+ * entry per kind, namespace and subtransaction level, in the order they were
+ * made: the levels never decrease along the list (a subtransaction's entries
+ * are the last ones while it runs), so the end of a subtransaction touches
+ * only the tail.
  */
-typedef struct PendingEntry
+typedef struct PendingKey
 {
 	int32		kind;
-	int			level;
-	char		ns[STATS_NS_LEN];
+	int32		level;
+	char		ns[STATS_NS_LEN];	/* zero-padded: the key is hashed whole */
+} PendingKey;
+
+typedef struct PendingEntry
+{
+	PendingKey	key;
 	int64		counts[IDEM_STAT_MAX_OUTCOMES];
 } PendingEntry;
 
@@ -195,6 +203,32 @@ static PendingEntry *pending = NULL;
 static int	npending = 0;
 static int	maxpending = 0;
 static bool callbacks_registered = false;
+
+/*
+ * A transaction that counts in many namespaces (a batch that spans many
+ * tenants) finds its entries through a hash table of their positions, built
+ * once the list is longer than STATS_PENDING_HASH_MIN: searching the list
+ * made such a transaction quadratic (a million namespaces took over half an
+ * hour).
+ */
+#define STATS_PENDING_HASH_MIN	32
+
+/*
+ * A transaction counts in at most this many namespaces (of every kind and
+ * subtransaction level) on their own; the further ones are counted under
+ * "*" of their kind, as when the table in shared memory is full.  Each entry
+ * takes some 600 bytes with its place in the hash table: without a bound, a
+ * statement that counted in two million namespaces took 1.3 GB and failed.
+ */
+#define STATS_PENDING_MAX		65536
+
+typedef struct PendingHashEntry
+{
+	PendingKey	key;
+	int			index;			/* in pending[] */
+} PendingHashEntry;
+
+static HTAB *pending_hash = NULL;
 
 /*
  * The shared entries this backend has added to, so that a commit finds its
@@ -343,12 +377,94 @@ static void
 stats_pending_reset(void)
 {
 	npending = 0;
+	if (pending_hash != NULL)
+	{
+		hash_destroy(pending_hash);
+		pending_hash = NULL;
+	}
 	if (maxpending > STATS_PENDING_KEEP)
 	{
 		pfree(pending);
 		pending = NULL;
 		maxpending = 0;
 	}
+}
+
+/* The key of (kind, level, namespace), zero-padded. */
+static void
+stats_pending_key(PendingKey *key, int32 kind, int level, const char *ns,
+				  int nslen)
+{
+	memset(key, 0, sizeof(PendingKey));
+	key->kind = kind;
+	key->level = level;
+	memcpy(key->ns, ns, nslen);
+}
+
+/* Where the entry of key is among the first n entries, or -1. */
+static int
+stats_pending_find(const PendingKey *key, int n)
+{
+	int			i;
+
+	if (pending_hash != NULL)
+	{
+		PendingHashEntry *h = hash_search(pending_hash, key, HASH_FIND, NULL);
+
+		return (h != NULL && h->index < n) ? h->index : -1;
+	}
+	for (i = n - 1; i >= 0; i--)
+	{
+		PendingKey *k = &pending[i].key;
+
+		if (k->kind == key->kind && k->level == key->level &&
+			strcmp(k->ns, key->ns) == 0)
+			return i;
+	}
+	return -1;
+}
+
+/*
+ * Record in the hash table where entry i is.  With build (not in the
+ * subtransaction callback, which must not fail), the table is made once the
+ * list is long enough; without it, a list that has none is searched.
+ */
+static void
+stats_pending_index(int i, bool build)
+{
+	PendingHashEntry *h;
+
+	if (pending_hash == NULL)
+	{
+		HASHCTL		ctl;
+		HTAB	   *hash;
+		int			j;
+
+		if (!build || npending <= STATS_PENDING_HASH_MIN)
+			return;
+		ctl.keysize = sizeof(PendingKey);
+		ctl.entrysize = sizeof(PendingHashEntry);
+		ctl.hcxt = TopMemoryContext;
+		hash = hash_create("idem pending statistics", 4 * npending, &ctl,
+						   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+		for (j = 0; j < npending; j++)
+		{
+			h = hash_search(hash, &pending[j].key, HASH_ENTER, NULL);
+			h->index = j;
+		}
+		pending_hash = hash;
+		return;
+	}
+	/* in the callback, an entry was removed just before: no allocation */
+	h = hash_search(pending_hash, &pending[i].key, HASH_ENTER, NULL);
+	h->index = i;
+}
+
+static void
+stats_pending_unindex(int i)
+{
+	if (pending_hash != NULL)
+		(void) hash_search(pending_hash, &pending[i].key, HASH_REMOVE, NULL);
 }
 
 static void
@@ -384,17 +500,25 @@ stats_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 					   SubTransactionId parentSubid, void *arg)
 {
 	int			level = GetCurrentTransactionNestLevel();
+	int			start;
 	int			i;
 	int			j;
+
+	if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB)
+		return;
+
+	/* the subtransaction's entries: the tail of the list */
+	for (start = npending; start > 0; start--)
+		if (pending[start - 1].key.level < level)
+			break;
 
 	switch (event)
 	{
 		case SUBXACT_EVENT_ABORT_SUB:
 			/* what the subtransaction did is undone: so are its counts */
-			for (i = 0, j = 0; i < npending; i++)
-				if (pending[i].level < level)
-					pending[j++] = pending[i];
-			npending = j;
+			for (i = start; i < npending; i++)
+				stats_pending_unindex(i);
+			npending = start;
 			break;
 		case SUBXACT_EVENT_COMMIT_SUB:
 
@@ -404,32 +528,25 @@ stats_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 			 * would make a loop of exception blocks grow the list (and the
 			 * search of it) without bound.
 			 */
-			for (i = 0, j = 0; i < npending; i++)
+			for (i = start, j = start; i < npending; i++)
 			{
 				PendingEntry *e = &pending[i];
 				int			k;
 
-				if (e->level >= level)
+				stats_pending_unindex(i);
+				e->key.level = level - 1;
+				k = stats_pending_find(&e->key, j);
+				if (k >= 0)
 				{
-					e->level = level - 1;
-					for (k = 0; k < j; k++)
-					{
-						PendingEntry *p = &pending[k];
-						int			o;
+					int			o;
 
-						if (p->level == e->level && p->kind == e->kind &&
-							strcmp(p->ns, e->ns) == 0)
-						{
-							for (o = 0; o < IDEM_STAT_MAX_OUTCOMES; o++)
-								p->counts[o] += e->counts[o];
-							break;
-						}
-					}
-					if (k < j)
-						continue;
+					for (o = 0; o < IDEM_STAT_MAX_OUTCOMES; o++)
+						pending[k].counts[o] += e->counts[o];
+					continue;
 				}
 				if (j != i)
 					pending[j] = *e;
+				stats_pending_index(j, false);
 				j++;
 			}
 			npending = j;
@@ -446,7 +563,7 @@ void
 idem_stat_count(IdemStatKind kind, const char *ns, int nslen, int outcome,
 				int64 n)
 {
-	int			level;
+	PendingKey	key;
 	int			i;
 	PendingEntry *e;
 
@@ -456,17 +573,20 @@ idem_stat_count(IdemStatKind kind, const char *ns, int nslen, int outcome,
 		return;
 	if (nslen >= STATS_NS_LEN)
 		nslen = STATS_NS_LEN - 1;
-	level = GetCurrentTransactionNestLevel();
+	stats_pending_key(&key, (int32) kind, GetCurrentTransactionNestLevel(),
+					  ns, nslen);
 
-	for (i = npending - 1; i >= 0; i--)
+	i = stats_pending_find(&key, npending);
+	if (i >= 0)
 	{
-		e = &pending[i];
-		if (e->kind == (int32) kind && e->level == level &&
-			strncmp(e->ns, ns, nslen) == 0 && e->ns[nslen] == '\0')
-		{
-			e->counts[outcome] += n;
-			return;
-		}
+		pending[i].counts[outcome] += n;
+		return;
+	}
+	if (npending >= STATS_PENDING_MAX &&
+		!(nslen == 1 && ns[0] == STATS_OVERFLOW_NS[0]))
+	{
+		idem_stat_count(kind, STATS_OVERFLOW_NS, 1, outcome, n);
+		return;
 	}
 
 	if (!callbacks_registered)
@@ -486,10 +606,9 @@ idem_stat_count(IdemStatKind kind, const char *ns, int nslen, int outcome,
 	}
 	e = &pending[npending++];
 	memset(e, 0, sizeof(PendingEntry));
-	e->kind = kind;
-	e->level = level;
-	memcpy(e->ns, ns, nslen);
+	e->key = key;
 	e->counts[outcome] = n;
+	stats_pending_index(npending - 1, true);
 }
 
 void
@@ -667,7 +786,7 @@ stats_flush(void)
 	int			i;
 
 	for (i = 0; i < npending; i++)
-		stats_add(pending[i].kind, pending[i].ns, pending[i].counts);
+		stats_add(pending[i].key.kind, pending[i].key.ns, pending[i].counts);
 }
 
 /*
@@ -714,8 +833,8 @@ stats_park_prepared(void)
 		PreparedItem *item = NULL;
 
 		for (j = 0; j < slot->nitems; j++)
-			if (slot->items[j].kind == p->kind &&
-				strcmp(slot->items[j].ns, p->ns) == 0)
+			if (slot->items[j].kind == p->key.kind &&
+				strcmp(slot->items[j].ns, p->key.ns) == 0)
 				item = &slot->items[j];
 		if (item == NULL)
 		{
@@ -727,8 +846,8 @@ stats_park_prepared(void)
 			}
 			item = &slot->items[slot->nitems++];
 			memset(item, 0, sizeof(PreparedItem));
-			item->kind = p->kind;
-			strlcpy(item->ns, p->ns, STATS_NS_LEN);
+			item->kind = p->key.kind;
+			strlcpy(item->ns, p->key.ns, STATS_NS_LEN);
 		}
 		for (j = 0; j < IDEM_STAT_MAX_OUTCOMES; j++)
 			item->counts[j] += p->counts[j];
