@@ -68,6 +68,17 @@ SELECT count(idem_claim('p3', 'x2pc-' || i)) FROM generate_series(1, 9) i;
 PREPARE TRANSACTION 'idem-stats-many';
 SELECT count(*) FROM idem_stats WHERE kind = 'claim' AND ns LIKE 'x2pc-%';
 ROLLBACK PREPARED 'idem-stats-many';
+-- a GID used again: each transaction is settled by its own outcome
+BEGIN;
+SELECT idem_claim('q1', 'x2pc-again');
+PREPARE TRANSACTION 'idem-stats-again';
+COMMIT PREPARED 'idem-stats-again';
+BEGIN;
+SELECT idem_claim('q2', 'x2pc-again'), idem_claim('q3', 'x2pc-again');
+PREPARE TRANSACTION 'idem-stats-again';
+SELECT ns, counters->>'claimed' AS claimed FROM idem_stats WHERE kind = 'claim' AND ns = 'x2pc-again';
+ROLLBACK PREPARED 'idem-stats-again';
+SELECT ns, counters->>'claimed' AS claimed FROM idem_stats WHERE kind = 'claim' AND ns = 'x2pc-again';
 
 -- tokens: issued, consumed, and refused by reason
 CREATE TEMP TABLE tok AS SELECT idem_token_issue('st-tokens', '1 hour') AS t;

@@ -35,6 +35,7 @@
  */
 #include "postgres.h"
 
+#include "access/transam.h"
 #include "access/twophase.h"
 #include "access/xact.h"
 #include "funcapi.h"
@@ -43,6 +44,7 @@
 #include "port/atomics.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
+#include "storage/procarray.h"
 #include "storage/shmem.h"
 #include "tcop/utility.h"
 #include "utils/builtins.h"
@@ -154,6 +156,12 @@ static ProcessUtility_hook_type prev_ProcessUtility_hook = NULL;
  * is one prepared while the GID could not be learnt.  The slots live as
  * long as shared memory: a transaction still prepared when the server
  * stops is not counted when it is committed after the restart.
+ *
+ * A slot also holds the transaction's XID, and is settled by the outcome of
+ * that XID, not by the statement that finished its GID: once COMMIT
+ * PREPARED has freed a GID, another transaction can be prepared under it
+ * before the statement returns, and its slot must be neither taken nor
+ * overwritten then.
  */
 #define STATS_PREPARED_ITEMS	8
 
@@ -167,6 +175,7 @@ typedef struct PreparedItem
 typedef struct PreparedSlot
 {
 	Oid			dbid;			/* InvalidOid: free */
+	TransactionId xid;			/* the prepared transaction */
 	char		gid[GIDSIZE];
 	int			nitems;
 	PreparedItem items[STATS_PREPARED_ITEMS];
@@ -797,28 +806,28 @@ static bool
 stats_park_prepared(void)
 {
 	PreparedSlot *slot = NULL;
+	TransactionId xid = GetTopTransactionIdIfAny();
 	int			i;
 	int			j;
 
 	if (npending == 0)
 		return true;
-	if (!stats_prepare_gid_set || stats_prepared == NULL)
+	if (!stats_prepare_gid_set || stats_prepared == NULL ||
+		!TransactionIdIsValid(xid))
 		return false;
 
+	/*
+	 * Only a free slot: one of the same GID may belong to a transaction
+	 * that COMMIT PREPARED has just finished and not settled yet.
+	 */
 	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
 	for (i = 0; i < stats_nprepared; i++)
 	{
-		PreparedSlot *s = &stats_prepared[i];
-
-		/* a slot left by a transaction of this GID that is gone */
-		if (s->dbid == MyDatabaseId &&
-			strcmp(s->gid, stats_prepare_gid) == 0)
+		if (stats_prepared[i].dbid == InvalidOid)
 		{
-			slot = s;
+			slot = &stats_prepared[i];
 			break;
 		}
-		if (slot == NULL && s->dbid == InvalidOid)
-			slot = s;
 	}
 	if (slot == NULL)
 	{
@@ -853,42 +862,58 @@ stats_park_prepared(void)
 			item->counts[j] += p->counts[j];
 	}
 	strlcpy(slot->gid, stats_prepare_gid, GIDSIZE);
+	slot->xid = xid;
 	slot->dbid = MyDatabaseId;
 	LWLockRelease(stats_shared->lock);
 	return true;
 }
 
 /*
- * The prepared transaction gid of this database was committed (its counts
- * are added) or rolled back (they are dropped).
+ * A prepared transaction of GID gid in this database has been committed or
+ * rolled back: settle the slots of that GID whose transaction is over, by
+ * its outcome (the counts of a committed one are added, those of one rolled
+ * back dropped).  A slot of the GID whose transaction is still prepared is
+ * another transaction's, prepared since under the same GID: it is left.
  */
 static void
-stats_finish_prepared(const char *gid, bool committed)
+stats_finish_prepared(const char *gid)
 {
 	PreparedItem items[STATS_PREPARED_ITEMS];
-	int			nitems = 0;
 	int			i;
 
 	if (stats_prepared == NULL)
 		return;
-	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
 	for (i = 0; i < stats_nprepared; i++)
 	{
 		PreparedSlot *s = &stats_prepared[i];
+		TransactionId xid;
+		int			nitems = 0;
+		bool		committed;
+		int			j;
 
-		if (s->dbid == MyDatabaseId && strcmp(s->gid, gid) == 0)
+		LWLockAcquire(stats_shared->lock, LW_SHARED);
+		xid = (s->dbid == MyDatabaseId && strcmp(s->gid, gid) == 0) ?
+			s->xid : InvalidTransactionId;
+		LWLockRelease(stats_shared->lock);
+		if (!TransactionIdIsValid(xid) || TransactionIdIsInProgress(xid))
+			continue;
+		committed = TransactionIdDidCommit(xid);
+
+		LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+		if (s->dbid == MyDatabaseId && s->xid == xid &&
+			strcmp(s->gid, gid) == 0)
 		{
 			nitems = s->nitems;
 			memcpy(items, s->items, nitems * sizeof(PreparedItem));
 			s->dbid = InvalidOid;
+			s->xid = InvalidTransactionId;
 			s->nitems = 0;
-			break;
 		}
+		LWLockRelease(stats_shared->lock);
+		if (committed)
+			for (j = 0; j < nitems; j++)
+				stats_add(items[j].kind, items[j].ns, items[j].counts);
 	}
-	LWLockRelease(stats_shared->lock);
-	if (committed)
-		for (i = 0; i < nitems; i++)
-			stats_add(items[i].kind, items[i].ns, items[i].counts);
 }
 
 /*
@@ -920,8 +945,7 @@ stats_utility(PlannedStmt *pstmt, const char *queryString,
 	if (stmt != NULL && stmt->gid != NULL &&
 		(stmt->kind == TRANS_STMT_COMMIT_PREPARED ||
 		 stmt->kind == TRANS_STMT_ROLLBACK_PREPARED))
-		stats_finish_prepared(stmt->gid,
-							  stmt->kind == TRANS_STMT_COMMIT_PREPARED);
+		stats_finish_prepared(stmt->gid);
 }
 
 /*
