@@ -378,6 +378,7 @@ idem_stats_init(void)
 
 static void stats_flush(void);
 static bool stats_park_prepared(void);
+static void stats_finish_prepared(const char *gid);
 
 /* Most transactions count a few namespaces: a larger list is not kept. */
 #define STATS_PENDING_KEEP	64
@@ -818,22 +819,29 @@ stats_park_prepared(void)
 
 	/*
 	 * Only a free slot: one of the same GID may belong to a transaction
-	 * that COMMIT PREPARED has just finished and not settled yet.
+	 * that COMMIT PREPARED has just finished and not settled yet.  With none
+	 * free, the slots of this database's transactions that are over (whose
+	 * COMMIT or ROLLBACK PREPARED did not get to settle them) are settled
+	 * first.
 	 */
-	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < stats_nprepared; i++)
+	for (j = 0; j < 2 && slot == NULL; j++)
 	{
-		if (stats_prepared[i].dbid == InvalidOid)
+		if (j == 1)
+			stats_finish_prepared(NULL);
+		LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+		for (i = 0; i < stats_nprepared; i++)
 		{
-			slot = &stats_prepared[i];
-			break;
+			if (stats_prepared[i].dbid == InvalidOid)
+			{
+				slot = &stats_prepared[i];
+				break;
+			}
 		}
+		if (slot == NULL)
+			LWLockRelease(stats_shared->lock);
 	}
 	if (slot == NULL)
-	{
-		LWLockRelease(stats_shared->lock);
 		return false;
-	}
 	slot->dbid = InvalidOid;
 	slot->nitems = 0;
 	for (i = 0; i < npending; i++)
@@ -874,6 +882,7 @@ stats_park_prepared(void)
  * its outcome (the counts of a committed one are added, those of one rolled
  * back dropped).  A slot of the GID whose transaction is still prepared is
  * another transaction's, prepared since under the same GID: it is left.
+ * With gid NULL, every slot of this database whose transaction is over.
  */
 static void
 stats_finish_prepared(const char *gid)
@@ -892,16 +901,21 @@ stats_finish_prepared(const char *gid)
 		int			j;
 
 		LWLockAcquire(stats_shared->lock, LW_SHARED);
-		xid = (s->dbid == MyDatabaseId && strcmp(s->gid, gid) == 0) ?
+		xid = (s->dbid == MyDatabaseId &&
+			   (gid == NULL || strcmp(s->gid, gid) == 0)) ?
 			s->xid : InvalidTransactionId;
 		LWLockRelease(stats_shared->lock);
 		if (!TransactionIdIsValid(xid) || TransactionIdIsInProgress(xid))
 			continue;
-		committed = TransactionIdDidCommit(xid);
+		/* one too old for the commit log to tell (a slot left for long) is dropped */
+		LWLockAcquire(XactTruncationLock, LW_SHARED);
+		committed = !TransactionIdPrecedes(xid, ShmemVariableCache->oldestClogXid) &&
+			TransactionIdDidCommit(xid);
+		LWLockRelease(XactTruncationLock);
 
 		LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
 		if (s->dbid == MyDatabaseId && s->xid == xid &&
-			strcmp(s->gid, gid) == 0)
+			(gid == NULL || strcmp(s->gid, gid) == 0))
 		{
 			nitems = s->nitems;
 			memcpy(items, s->items, nitems * sizeof(PreparedItem));
