@@ -108,6 +108,15 @@ SELECT pg_temp.err($$SELECT idem_request_checkpoint('k5', 'x')$$);
 SELECT pg_temp.err($$SELECT idem_request_finish('k5', 200)$$);
 SELECT pg_temp.row('k5');
 
+-- the count of attempts stops at the largest int4 instead of wrapping to a
+-- negative count: a resumed attempt and a released one
+SELECT status FROM idem_request_begin('k5b', 'fp');
+UPDATE idem.requests SET owner_pid = 0, attempts = 2147483647 WHERE key = 'k5b';
+SELECT status, attempts FROM idem_request_begin('k5b', 'fp');
+SELECT idem_request_finish('k5b', 503, cache => false);
+UPDATE idem.requests SET attempts = 2147483647 WHERE key = 'k5b';
+SELECT status, attempts FROM idem_request_begin('k5b', 'fp');
+
 -- expiry: a finished request is replayed until expires_at, then new
 SELECT status FROM idem_request_begin('k6', 'fp');
 SELECT idem_request_finish('k6', 200, '{"v": 1}');

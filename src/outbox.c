@@ -511,7 +511,8 @@ outbox_backoff(OutboxTopic *t, int32 attempts)
 	int64		wait = t->backoff_base;
 	int			i;
 
-	for (i = 1; i < attempts && wait < t->backoff_max; i++)
+	/* a base of zero (written by hand) doubles to nothing: no loop */
+	for (i = 1; i < attempts && wait > 0 && wait < t->backoff_max; i++)
 		wait *= 2;
 	wait = Min(wait, t->backoff_max);
 	return wait / 2 + (int64) (pg_prng_double(&pg_global_prng_state) * (wait - wait / 2));

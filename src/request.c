@@ -339,6 +339,16 @@ begin_take(BeginState *st, Datum *values, bool *isnull)
 	isnull[RQ_LEASE_UNTIL] = false;
 }
 
+/*
+ * The count of attempts after this one begins: it stays at the largest
+ * int4 once there (a key begun 2^31 times), rather than wrapping.
+ */
+static inline int32
+request_next_attempt(int32 attempts)
+{
+	return attempts < PG_INT32_MAX ? attempts + 1 : PG_INT32_MAX;
+}
+
 /* Make values the row of a request that starts anew. */
 static void
 begin_fresh(BeginState *st, Datum *values, bool *isnull, int32 attempts)
@@ -385,7 +395,7 @@ begin_decide(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 	/* released by cache => false: the next attempt runs anew */
 	if (released)
 	{
-		begin_fresh(st, values, isnull, attempts + 1);
+		begin_fresh(st, values, isnull, request_next_attempt(attempts));
 		st->status = REQUEST_NEW;
 		begin_answer(st, values, isnull, false, false);
 		return true;
@@ -417,7 +427,7 @@ begin_decide(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 		return false;
 	}
 	begin_take(st, values, isnull);
-	values[RQ_ATTEMPTS] = Int32GetDatum(attempts + 1);
+	values[RQ_ATTEMPTS] = Int32GetDatum(request_next_attempt(attempts));
 	st->status = REQUEST_RESUME;
 	begin_answer(st, values, isnull, false, true);
 	return true;
