@@ -15,7 +15,8 @@ OBJS = \
 	src/outbox.o \
 	src/stream.o \
 	src/stats.o \
-	src/worker.o
+	src/worker.o \
+	src/citus.o
 
 DATA = $(wildcard idem--*.sql)
 PGFILEDESC = "idem - idempotency primitives"

@@ -1477,6 +1477,18 @@ $$;
 COMMENT ON FUNCTION idem_distribute() IS
     'on a Citus coordinator: distributes idem''s keyed tables (colocated) and routes their functions to the node of the key; returns what is distributed; repeatable';
 REVOKE ALL ON FUNCTION idem_distribute() FROM PUBLIC;
+
+-- The probe of a key's shard, run on the node that holds it: a call made on
+-- a node without the shard sends it there in a statement on the table that
+-- names the key, which Citus routes to the shard (see store.c).
+CREATE OR REPLACE FUNCTION idem._shard_probe(tbl pg_catalog.text, wait pg_catalog.bool,
+                                             VARIADIC keys "any")
+RETURNS pg_catalog.int4
+AS 'MODULE_PATHNAME', 'idem_shard_probe'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem._shard_probe(pg_catalog.text, pg_catalog.bool, "any") IS
+    'on a Citus node: probes the local shard of one of idem''s keyed tables for a key, waiting for its inserter when asked (internal)';
+REVOKE ALL ON FUNCTION idem._shard_probe(pg_catalog.text, pg_catalog.bool, "any") FROM PUBLIC;
 -- ==== END scale-out on Citus ====
 
 -- ==== BEGIN privileges granted before the update ====

@@ -32,6 +32,7 @@ _PG_init(void)
 	idem_store_init();
 	idem_token_init();
 	idem_outbox_init();
+	idem_citus_init();
 	idem_stats_init();
 	idem_worker_init();
 	/* after the settings are defined: it drops placeholders of the prefix */

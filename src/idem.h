@@ -79,6 +79,9 @@ extern void idem_store_init(void);
 extern void idem_token_init(void);
 extern void idem_outbox_init(void);
 
+/* citus.c: planning of idem's calls on a Citus node */
+extern void idem_citus_init(void);
+
 extern IdemStore *idem_store_open(const char *relname, LOCKMODE lockmode);
 extern IdemStore *idem_store_open_keys(const char *relname, LOCKMODE lockmode,
 									   int nkeys);

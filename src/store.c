@@ -2090,9 +2090,9 @@ store_sql_check_snapshot(IdemStore *probe, IdemStore *store,
 
 /*
  * Probe the key's shard when this node holds an active placement of it, as
- * the direct path probes the table (store_probe, with its waits).  Without
- * such a shard here nothing is known: PROBE_ABSENT, and the statement that
- * follows answers alone.
+ * the direct path probes the table (store_probe, with its waits).  *elsewhere
+ * is set when the key's shard is on another node (the caller then sends the
+ * probe there: store_sql_probe_remote); PROBE_ABSENT without a probe.
  *
  * Only a look, and only its waits and its "in flight" are trusted: whether
  * the row exists is for the statement to say, through Citus, since a shard
@@ -2103,7 +2103,8 @@ store_sql_check_snapshot(IdemStore *probe, IdemStore *store,
  * (store_sql_check_snapshot).
  */
 static ProbeResult
-store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
+store_sql_probe_here(IdemStore *store, const Datum *keys, IdemStoreWait wait,
+					bool *elsewhere)
 {
 	int			dkey = store_sql_dist_key(store);
 	Oid			argtypes[2];
@@ -2117,7 +2118,11 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 	ProbeResult found;
 	int			rc;
 
-	if (dkey < 0 || !store_sql_local_placements(store))
+	*elsewhere = false;
+	if (dkey < 0)
+		return PROBE_ABSENT;
+	*elsewhere = true;
+	if (!store_sql_local_placements(store))
 		return PROBE_ABSENT;
 	argtypes[0] = OIDOID;
 	args[0] = ObjectIdGetDatum(RelationGetRelid(store->rel));
@@ -2140,6 +2145,7 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 	shard = try_table_open(shardrelid, AccessShareLock);
 	if (shard == NULL)
 		return PROBE_ABSENT;
+	*elsewhere = false;
 	indexid = shard->rd_rel->relkind == RELKIND_RELATION ?
 		RelationGetPrimaryKeyIndex(shard) : InvalidOid;
 	if (!OidIsValid(indexid))
@@ -2182,6 +2188,138 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 	ExecClearTuple(probe->probe_slot);
 	idem_store_close(probe);
 	return found;
+}
+
+/*
+ * The codes idem._shard_probe returns: a ProbeResult, with this bit when the
+ * probe waited for another transaction.
+ */
+#define SHARD_PROBE_WAITED	16
+
+/*
+ * Probe the key's shard on the node that holds it: a statement on the table
+ * that names the key, which Citus routes to the shard, and whose target list
+ * calls idem._shard_probe there (the aggregate makes one row whether or not
+ * the row is visible).  So a call made on a node without the key's shard
+ * (the coordinator, say) waits for an inserter in flight, or reports it in
+ * flight, as on one server.  Its wait is counted here too.
+ */
+static ProbeResult
+store_sql_probe_remote(IdemStore *store, const Datum *keys, IdemStoreWait wait)
+{
+	StringInfoData buf;
+	Oid			types[STORE_MAX_KEYS];
+	bool		isnull;
+	Datum		d;
+	int32		code;
+	int			rc;
+	int			i;
+
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "SELECT %s._shard_probe(%s, %s",
+					 quote_identifier(IDEM_SCHEMA),
+					 quote_literal_cstr(RelationGetRelationName(store->rel)),
+					 wait == IDEM_WAIT ? "true" : "false");
+	for (i = 0; i < store->nkeys; i++)
+		appendStringInfo(&buf, ", $%d", i + 1);
+	appendStringInfo(&buf, "), pg_catalog.count(*) FROM %s",
+					 store_sql_relname(store));
+	store_sql_where(store, &buf);
+	store_sql_argtypes(store, types, store->nkeys);
+	rc = SPI_execute_with_args(buf.data, store->nkeys, types, (Datum *) keys,
+							   NULL, false, 1);
+	store_sql_check(rc, SPI_OK_SELECT, "the probe of the key's shard");
+	if (SPI_processed != 1)
+		return PROBE_ABSENT;
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull)
+		return PROBE_ABSENT;
+	code = DatumGetInt32(d);
+	if (code & SHARD_PROBE_WAITED)
+		idem_store_waits++;
+	code &= ~SHARD_PROBE_WAITED;
+	if (code < PROBE_ABSENT || code > PROBE_IN_FLIGHT_DELETE)
+		elog(ERROR, "unexpected answer %d of the probe of the key's shard", code);
+	return (ProbeResult) code;
+}
+
+/*
+ * Probe the key's shard where it is: here, or through Citus on its node.
+ * Without a shard distributed by hash nothing is known: PROBE_ABSENT, and
+ * the statement that follows answers alone.
+ */
+static ProbeResult
+store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
+{
+	bool		elsewhere;
+	ProbeResult found = store_sql_probe_here(store, keys, wait, &elsewhere);
+
+	if (elsewhere)
+		found = store_sql_probe_remote(store, keys, wait);
+	return found;
+}
+
+/*
+ * idem._shard_probe(tbl text, wait bool, VARIADIC keys "any") returns int
+ *
+ * The probe of store_sql_probe_remote, on the node of the key's shard: a
+ * ProbeResult, with SHARD_PROBE_WAITED when it waited.  It never sends the
+ * probe on (a shard that moved meanwhile is absent here: PROBE_ABSENT, and
+ * the caller's statement answers alone, as before).
+ */
+PG_FUNCTION_INFO_V1(idem_shard_probe);
+Datum
+idem_shard_probe(PG_FUNCTION_ARGS)
+{
+	static const char *const tables[] = {
+		"claims", "tokens", "requests", "offsets", "producer_seqs"
+	};
+	char	   *tbl = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	bool		wait = PG_GETARG_BOOL(1);
+	int			nkeys = PG_NARGS() - 2;
+	Datum		keys[STORE_MAX_KEYS];
+	uint64		waits = idem_store_waits;
+	IdemStore  *store;
+	StoreSqlUser su;
+	ProbeResult found;
+	bool		elsewhere;
+	bool		known = false;
+	int			i;
+
+	for (i = 0; i < (int) lengthof(tables); i++)
+		known |= strcmp(tbl, tables[i]) == 0;
+	if (!known)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("\"%s\" is not a keyed table of the idem extension", tbl)));
+	if (nkeys < 1 || nkeys > STORE_MAX_KEYS || get_fn_expr_variadic(fcinfo->flinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idem._shard_probe takes 1 to %d keys, each as an argument of its own",
+						STORE_MAX_KEYS)));
+	store = idem_store_open_keys(tbl, AccessShareLock, nkeys);
+	for (i = 0; i < nkeys; i++)
+	{
+		Oid			want = TupleDescAttr(RelationGetDescr(store->rel), i)->atttypid;
+
+		if (get_fn_expr_argtype(fcinfo->flinfo, i + 2) != want)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("key %d of table \"%s.%s\" must be of type %s",
+							i + 1, IDEM_SCHEMA, tbl, format_type_be(want))));
+		keys[i] = PG_GETARG_DATUM(i + 2);
+	}
+	if (!store->sql)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"%s.%s\" is not distributed by Citus", IDEM_SCHEMA, tbl)));
+	store_sql_begin(store, &su);
+	found = store_sql_probe_here(store, keys, wait ? IDEM_WAIT : IDEM_NOWAIT,
+								 &elsewhere);
+	store_sql_end(&su);
+	idem_store_close(store);
+	PG_RETURN_INT32((int32) found |
+					(idem_store_waits != waits ? SHARD_PROBE_WAITED : 0));
 }
 
 /*
