@@ -196,32 +196,12 @@ RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    n   pg_catalog.int8;
 BEGIN
-    IF max_rows IS NULL THEN
-        RAISE EXCEPTION 'max_rows must not be null'
-            USING ERRCODE = '22004',
-                  HINT = 'Give the largest number of rows one call may delete.';
-    END IF;
-    IF max_rows OPERATOR(pg_catalog.<=) 0 THEN
-        RAISE EXCEPTION 'max_rows must be positive'
-            USING ERRCODE = '22023',
-                  DETAIL = pg_catalog.format('max_rows was %s.', max_rows),
-                  HINT = 'Give the largest number of rows one call may delete.';
-    END IF;
-    -- Only finished and released requests have an expiry; expiry is judged
-    -- at this transaction's start, as begin judges it.  Rows locked by
-    -- someone else are skipped, never waited for.
-    DELETE FROM idem.requests r
-     WHERE r.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
-            SELECT v.ctid FROM idem.requests v
-             WHERE v.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
-             ORDER BY v.expires_at
-             LIMIT max_rows
-               FOR UPDATE SKIP LOCKED));
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+    -- Only finished and released requests have an expiry (idem._purge_expired,
+    -- defined with the purge of claims)
+    RETURN idem._purge_expired('idem.requests', max_rows)
+        OPERATOR(pg_catalog.+) idem._purge_workers('idem.requests',
+            pg_catalog.format('SELECT @extschema@.idem_request_purge(%s)', max_rows));
 END;
 $$;
 COMMENT ON FUNCTION idem_request_purge(pg_catalog.int4) IS
@@ -377,12 +357,101 @@ $$;
 COMMENT ON FUNCTION idem_set_retention(pg_catalog.text, pg_catalog.interval) IS
     'set how long claims of a namespace are kept (its dedup horizon, at most 100 years)';
 
+-- The relations a purge deletes from on this node: the table, or, when
+-- Citus distributes it, the shards of it that this node holds (a purge on a
+-- distributed table cannot be one statement through Citus: each node
+-- purges its own shards, and the coordinator asks the workers, see
+-- idem._purge_workers).
+CREATE OR REPLACE FUNCTION idem._is_distributed(tbl pg_catalog.regclass)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d   pg_catalog.bool;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition p
+                             WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1)'
+        INTO d USING tbl;
+    RETURN d;
+END;
+$$;
+COMMENT ON FUNCTION idem._is_distributed(pg_catalog.regclass) IS
+    'whether Citus distributes the table (internal)';
+REVOKE ALL ON FUNCTION idem._is_distributed(pg_catalog.regclass) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION idem._purge_targets(tbl pg_catalog.regclass)
+RETURNS SETOF pg_catalog.regclass
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT idem._is_distributed(tbl) THEN
+        RETURN NEXT tbl;
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE
+        'SELECT x.r FROM (SELECT pg_catalog.to_regclass(pg_catalog.shard_name($1, s.shardid)) AS r, s.shardid
+                            FROM pg_catalog.pg_dist_shard s
+                            JOIN pg_catalog.pg_dist_placement p ON p.shardid OPERATOR(pg_catalog.=) s.shardid
+                            JOIN pg_catalog.pg_dist_local_group g ON g.groupid OPERATOR(pg_catalog.=) p.groupid
+                           WHERE s.logicalrelid OPERATOR(pg_catalog.=) $1
+                             AND p.shardstate OPERATOR(pg_catalog.=) 1) x
+          WHERE x.r IS NOT NULL ORDER BY x.shardid'
+        USING tbl;
+END;
+$$;
+COMMENT ON FUNCTION idem._purge_targets(pg_catalog.regclass) IS
+    'what a purge of the table deletes from on this node: the table, or the shards of it this node holds (internal)';
+REVOKE ALL ON FUNCTION idem._purge_targets(pg_catalog.regclass) FROM PUBLIC;
+
+-- On the Citus coordinator of a distributed table, a purge runs the same call
+-- on every worker (each purges the shards it holds, at most max_rows there,
+-- by its own retention settings) and adds what they deleted.  A worker that
+-- fails is reported with a warning; what the others deleted stays deleted.
+CREATE OR REPLACE FUNCTION idem._purge_workers(tbl pg_catalog.regclass, call pg_catalog.text)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r       record;
+    coord   pg_catalog.bool;
+    total   pg_catalog.int8 := 0;
+BEGIN
+    IF NOT idem._is_distributed(tbl) THEN
+        RETURN 0;
+    END IF;
+    EXECUTE 'SELECT pg_catalog.citus_is_coordinator()' INTO coord;
+    IF NOT coord THEN
+        RETURN 0;
+    END IF;
+    FOR r IN EXECUTE 'SELECT nodename, nodeport, success, result
+                        FROM pg_catalog.run_command_on_workers($1)' USING call LOOP
+        IF r.success AND r.result OPERATOR(pg_catalog.~) '^[0-9]+$' THEN
+            total := total OPERATOR(pg_catalog.+) r.result::pg_catalog.int8;
+        ELSE
+            RAISE WARNING 'the purge of % failed on the worker %:%', tbl, r.nodename, r.nodeport
+                USING DETAIL = r.result;
+        END IF;
+    END LOOP;
+    RETURN total;
+END;
+$$;
+COMMENT ON FUNCTION idem._purge_workers(pg_catalog.regclass, pg_catalog.text) IS
+    'on a Citus coordinator: runs a purge of a distributed table on every worker and adds what they deleted (internal)';
+REVOKE ALL ON FUNCTION idem._purge_workers(pg_catalog.regclass, pg_catalog.text) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION idem_purge(ns pg_catalog.text DEFAULT NULL, max_rows pg_catalog.int4 DEFAULT 10000)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    rel     pg_catalog.regclass;
     space   pg_catalog.text;
     cutoff  pg_catalog.timestamptz;
     budget  pg_catalog.int8;
@@ -405,47 +474,113 @@ BEGIN
     END IF;
     budget := max_rows;
 
-    -- Namespaces present in the table, found by skipping through the
-    -- primary key rather than by reading every row.
-    FOR space IN
-        WITH RECURSIVE spaces(ns) AS (
-            SELECT pg_catalog.min(c.ns) FROM idem.claims c
-            UNION ALL
-            SELECT (SELECT pg_catalog.min(c.ns) FROM idem.claims c
-                     WHERE c.ns OPERATOR(pg_catalog.>) s.ns)
-              FROM spaces s WHERE s.ns IS NOT NULL)
-        SELECT s.ns FROM spaces s
-         WHERE s.ns IS NOT NULL
-           AND (idem_purge.ns IS NULL OR s.ns OPERATOR(pg_catalog.=) idem_purge.ns)
-    LOOP
-        EXIT WHEN budget OPERATOR(pg_catalog.<=) 0;
-        -- The horizon is taken from this transaction's start: a claim
-        -- younger than its namespace's retention is never deleted.  A
-        -- retention that reaches before the first timestamp (stored before
-        -- retentions were bounded) has nothing older than it.
-        BEGIN
-            cutoff := pg_catalog.now() OPERATOR(pg_catalog.-) idem.retention_of(space);
-        EXCEPTION WHEN datetime_field_overflow THEN
-            CONTINUE;
-        END;
-        -- Oldest first through claims_ns_claimed_at_idx, so that a call
-        -- reads what it deletes.  Rows locked by someone else are skipped,
-        -- never waited for.
-        DELETE FROM idem.claims c
-         WHERE c.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
-                SELECT v.ctid FROM idem.claims v
-                 WHERE v.ns OPERATOR(pg_catalog.=) space
-                   AND v.claimed_at OPERATOR(pg_catalog.<) cutoff
-                 ORDER BY v.claimed_at
-                 LIMIT budget
-                   FOR UPDATE SKIP LOCKED));
-        GET DIAGNOSTICS n = ROW_COUNT;
-        total := total OPERATOR(pg_catalog.+) n;
-        budget := budget OPERATOR(pg_catalog.-) n;
+    FOR rel IN SELECT t FROM idem._purge_targets('idem.claims') t LOOP
+        -- Namespaces present in the table, found by skipping through the
+        -- primary key rather than by reading every row.
+        FOR space IN EXECUTE pg_catalog.format(
+            'WITH RECURSIVE spaces(ns) AS (
+                SELECT pg_catalog.min(c.ns) FROM %1$s c
+                UNION ALL
+                SELECT (SELECT pg_catalog.min(c.ns) FROM %1$s c
+                         WHERE c.ns OPERATOR(pg_catalog.>) s.ns)
+                  FROM spaces s WHERE s.ns IS NOT NULL)
+            SELECT s.ns FROM spaces s
+             WHERE s.ns IS NOT NULL
+               AND ($1 IS NULL OR s.ns OPERATOR(pg_catalog.=) $1)', rel)
+            USING idem_purge.ns
+        LOOP
+            EXIT WHEN budget OPERATOR(pg_catalog.<=) 0;
+            -- The horizon is taken from this transaction's start: a claim
+            -- younger than its namespace's retention is never deleted.  A
+            -- retention that reaches before the first timestamp (stored
+            -- before retentions were bounded) has nothing older than it.
+            BEGIN
+                cutoff := pg_catalog.now() OPERATOR(pg_catalog.-) idem.retention_of(space);
+            EXCEPTION WHEN datetime_field_overflow THEN
+                CONTINUE;
+            END;
+            -- Oldest first through claims_ns_claimed_at_idx, so that a call
+            -- reads what it deletes.  Rows locked by someone else are
+            -- skipped, never waited for.
+            EXECUTE pg_catalog.format(
+                'DELETE FROM %1$s c
+                  WHERE c.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+                        SELECT v.ctid FROM %1$s v
+                         WHERE v.ns OPERATOR(pg_catalog.=) $1
+                           AND v.claimed_at OPERATOR(pg_catalog.<) $2
+                         ORDER BY v.claimed_at
+                         LIMIT $3
+                           FOR UPDATE SKIP LOCKED))', rel)
+                USING space, cutoff, budget;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            total := total OPERATOR(pg_catalog.+) n;
+            budget := budget OPERATOR(pg_catalog.-) n;
+        END LOOP;
     END LOOP;
-    RETURN total;
+    RETURN total OPERATOR(pg_catalog.+) idem._purge_workers('idem.claims',
+        pg_catalog.format('SELECT @extschema@.idem_purge(%L, %s)', idem_purge.ns, max_rows));
 END;
 $$;
+
+-- Tokens: see idem_purge for the shards of a table Citus distributes.
+CREATE OR REPLACE FUNCTION idem_token_purge(max_rows pg_catalog.int4 DEFAULT 10000)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN idem._purge_expired('idem.tokens', max_rows)
+        OPERATOR(pg_catalog.+) idem._purge_workers('idem.tokens',
+            pg_catalog.format('SELECT @extschema@.idem_token_purge(%s)', max_rows));
+END;
+$$;
+
+-- Delete at most max_rows rows of tbl (tokens, requests) whose expires_at has
+-- passed, oldest first, from the table or from this node's shards of it.
+-- Expiry is judged at this transaction's start, as consumption and begin
+-- judge it.  Rows locked by someone else are skipped, never waited for.
+CREATE OR REPLACE FUNCTION idem._purge_expired(tbl pg_catalog.regclass, max_rows pg_catalog.int4)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    rel     pg_catalog.regclass;
+    budget  pg_catalog.int8;
+    n       pg_catalog.int8;
+BEGIN
+    IF max_rows IS NULL THEN
+        RAISE EXCEPTION 'max_rows must not be null'
+            USING ERRCODE = '22004',
+                  HINT = 'Give the largest number of rows one call may delete.';
+    END IF;
+    IF max_rows OPERATOR(pg_catalog.<=) 0 THEN
+        RAISE EXCEPTION 'max_rows must be positive'
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('max_rows was %s.', max_rows),
+                  HINT = 'Give the largest number of rows one call may delete.';
+    END IF;
+    budget := max_rows;
+    FOR rel IN SELECT t FROM idem._purge_targets(tbl) t LOOP
+        EXIT WHEN budget OPERATOR(pg_catalog.<=) 0;
+        EXECUTE pg_catalog.format(
+            'DELETE FROM %1$s t
+              WHERE t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+                    SELECT v.ctid FROM %1$s v
+                     WHERE v.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                     ORDER BY v.expires_at
+                     LIMIT $1
+                       FOR UPDATE SKIP LOCKED))', rel)
+            USING budget;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        budget := budget OPERATOR(pg_catalog.-) n;
+    END LOOP;
+    RETURN max_rows OPERATOR(pg_catalog.-) budget;
+END;
+$$;
+COMMENT ON FUNCTION idem._purge_expired(pg_catalog.regclass, pg_catalog.int4) IS
+    'delete expired rows of idem.tokens or idem.requests on this node, at most max_rows (internal)';
+REVOKE ALL ON FUNCTION idem._purge_expired(pg_catalog.regclass, pg_catalog.int4) FROM PUBLIC;
 -- ==== END retention and purge ====
 
 -- ==== BEGIN transitions writers ====

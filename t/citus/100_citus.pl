@@ -571,6 +571,40 @@ $coord->safe_psql('postgres', "SELECT create_distributed_table('orders2', 'id')"
 is($gs->query($move), '0A000', 'the same session, once the table is distributed: 0A000');
 $gs->close;
 
+# purges: a node purges the shards it holds, and a purge on the coordinator
+# asks every worker too; retentions are each node's own
+$coord->safe_psql(
+	'postgres', q{
+	SELECT run_command_on_all_nodes($$SELECT idem_set_retention('old', '1 hour')$$);
+	SELECT count(idem_claim('old-' || g, 'old')) FROM generate_series(1, 40) g;
+	UPDATE idem.claims SET claimed_at = '2000-01-01' WHERE ns = 'old';
+	SELECT count(idem_token_issue('old-' || g, '1 hour')) FROM generate_series(1, 40) g;
+	UPDATE idem.tokens SET expires_at = '2000-01-01' WHERE scope LIKE 'old-%';
+	DO $$
+	BEGIN
+		FOR g IN 1 .. 40 LOOP
+			PERFORM idem_request_begin('old-' || g, 'fp', 'old');
+			PERFORM idem_request_finish('old-' || g, 200, NULL, 'old');
+		END LOOP;
+	END $$;
+	UPDATE idem.requests SET expires_at = '2000-01-01' WHERE ns = 'old'});
+my $on_w1 = $w1->safe_psql('postgres', "SELECT idem_purge('old', 1000)");
+ok($on_w1 > 0 && $on_w1 < 40, "a purge on worker 1 deletes the claims of its shards ($on_w1 of 40)");
+is($coord->safe_psql('postgres', "SELECT idem_purge('old', 1000)"),
+	40 - $on_w1, 'a purge on the coordinator deletes those of every other worker');
+is($coord->safe_psql('postgres', "SELECT count(*) FROM idem.claims WHERE ns = 'old'"),
+	'0', 'no expired claim is left');
+is( $coord->safe_psql(
+		'postgres', q{
+	SELECT idem_token_purge(1000) >= 40, idem_request_purge(1000) >= 40;
+	SELECT (SELECT count(*) FROM idem.tokens WHERE scope LIKE 'old-%'),
+	       (SELECT count(*) FROM idem.requests WHERE ns = 'old')}),
+	"t|t\n0|0", 'expired tokens and requests purged on every node from the coordinator');
+is($coord->safe_psql('postgres', 'SELECT string_agg(kind, \',\' ORDER BY kind) FROM idem_maintenance()'),
+	'claims,outbox_keys,requests,tokens', 'a maintenance round on the coordinator');
+is($w2->safe_psql('postgres', 'SELECT count(*) FROM idem_maintenance()'),
+	'4', 'a maintenance round on a worker');
+
 # DROP EXTENSION cleans every node (once the shards a move left behind are
 # dropped, as Citus does in the background)
 $coord->safe_psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
