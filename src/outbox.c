@@ -7,10 +7,10 @@
  * A message is a row of idem.outbox, inserted by idem_outbox_send in the
  * caller's transaction and deleted by idem_outbox_ack.  Its seq, from the
  * sequence idem.outbox_seq, is the order of sending; the index on
- * (aggregatetype, aggregateid, seq) gives each key's head, its oldest
- * message not yet acknowledged; the index holds a 64-bit hash of (topic,
- * key) rather than the two strings, and the head is the first entry whose
- * row has the topic and key sought.  A transaction that committed before
+ * (key_hash, seq) gives each key's head, its oldest message not yet
+ * acknowledged: key_hash is a 64-bit hash of (topic, key) rather than the
+ * two strings, and the head is the first entry whose row has the topic and
+ * key sought.  A transaction that committed before
  * another began sending has the smaller seq, and any snapshot that sees the
  * later message sees the earlier one.
  *
