@@ -2018,6 +2018,16 @@ store_sql_own_transaction(TransactionId xid)
 	return SPI_processed > 0;
 }
 
+/* Whether Citus runs the statements on this node's shards in this backend. */
+static bool
+store_sql_local_execution(void)
+{
+	const char *local = GetConfigOption("citus.enable_local_execution", true,
+										false);
+
+	return local == NULL || strcmp(local, "on") == 0;
+}
+
 /*
  * Under REPEATABLE READ and SERIALIZABLE the statement judges the row by the
  * transaction's snapshot, where the direct path judges it as it stands (the
@@ -2040,11 +2050,9 @@ store_sql_check_snapshot(IdemStore *probe, IdemStore *store,
 						 const Datum *keys, ProbeResult found)
 {
 	Snapshot	snapshot;
-	const char *local = GetConfigOption("citus.enable_local_execution", true,
-										false);
 	bool		differs;
 
-	if (local != NULL && strcmp(local, "on") != 0)
+	if (!store_sql_local_execution())
 		return;
 	snapshot = GetTransactionSnapshot();
 
@@ -2252,8 +2260,18 @@ static ProbeResult
 store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 {
 	bool		elsewhere;
-	ProbeResult found = store_sql_probe_here(store, keys, wait, &elsewhere);
+	ProbeResult found;
 
+	/*
+	 * With Citus's local execution off, the statement that follows runs in a
+	 * backend Citus connects to, also on the node of the shard, in a
+	 * transaction of its own: under a transaction snapshot the probe must
+	 * judge the row by that transaction's snapshot, so it goes the same way.
+	 */
+	if (IsolationUsesXactSnapshot() && !store_sql_local_execution() &&
+		store_sql_dist_key(store) >= 0)
+		return store_sql_probe_remote(store, keys, wait);
+	found = store_sql_probe_here(store, keys, wait, &elsewhere);
 	if (elsewhere)
 		found = store_sql_probe_remote(store, keys, wait);
 	return found;

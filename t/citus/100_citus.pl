@@ -430,6 +430,39 @@ for my $n ($w1, $w2)
 	$b->close;
 }
 
+# with local execution off, a call on the node of its key's shard runs its
+# statements in a backend Citus connects to, in a transaction of its own: the
+# probe goes there too, and judges the row by that transaction's snapshot
+for my $end ('ROLLBACK', 'COMMIT')
+{
+	my $key = $coord->safe_psql('postgres',
+		"SELECT 'rr-off-$end-' || i FROM generate_series(1, 200) i WHERE (SELECT nodeport FROM pg_dist_shard_placement"
+		  . " WHERE shardid = get_shard_id_for_distribution_column('idem.claims', 'rr-off-$end-' || i)) = "
+		  . $w1->port . " ORDER BY i LIMIT 1");
+	my $a = IdemTest::Session->new($coord, 'postgres');
+	my $b = IdemTest::Session->new($w1, 'postgres');
+	$b->query("\\set ON_ERROR_STOP 0\n\\set VERBOSITY sqlstate\n"
+		  . "SET citus.enable_local_execution = off; BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1;");
+	is($a->query("BEGIN; SELECT idem_claim('$key');"), 't', "claimed, not committed (RR, local execution off, $end)");
+	$b->{in} .= "SELECT idem_release('$key');\n";
+	$b->{h}->pump_nb;
+	await_lock_wait("a release in REPEATABLE READ, local execution off ($end)");
+	$a->query("$end;");
+	is($b->query("ROLLBACK; SELECT 'done';"),
+		($end eq 'COMMIT' ? "done" : "f\ndone"),
+		"a release in REPEATABLE READ on the key's node, local execution off, after the claim's $end");
+	if ($end eq 'COMMIT')
+	{
+		like($b->{err}, qr/ERROR:  40001/, '... fails with 40001, as on one server');
+	}
+	else
+	{
+		is($b->{err}, '', '... without an error');
+	}
+	$a->close;
+	$b->close;
+}
+
 # a transaction that reached its own node's shard through a connection (local
 # execution off): the row it inserted there is its own, not waited for
 my $lk = $coord->safe_psql(
