@@ -201,7 +201,7 @@ BEGIN
     -- defined with the purge of claims)
     RETURN idem._purge_expired('idem.requests', max_rows)
         OPERATOR(pg_catalog.+) idem._purge_workers('idem.requests',
-            pg_catalog.format('SELECT @extschema@.idem_request_purge(%s)', max_rows));
+            pg_catalog.format('SELECT %s.idem_request_purge(%s)', '@extschema@', max_rows));
 END;
 $$;
 COMMENT ON FUNCTION idem_request_purge(pg_catalog.int4) IS
@@ -364,7 +364,7 @@ COMMENT ON FUNCTION idem_set_retention(pg_catalog.text, pg_catalog.interval) IS
 -- idem._purge_workers).
 CREATE OR REPLACE FUNCTION idem._is_distributed(tbl pg_catalog.regclass)
 RETURNS pg_catalog.bool
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+LANGUAGE plpgsql STABLE CALLED ON NULL INPUT PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -374,18 +374,19 @@ BEGIN
         RETURN false;
     END IF;
     EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition p
-                             WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1)'
+                             WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1
+                               AND p.partmethod OPERATOR(pg_catalog.=) ''h'')'
         INTO d USING tbl;
     RETURN d;
 END;
 $$;
 COMMENT ON FUNCTION idem._is_distributed(pg_catalog.regclass) IS
-    'whether Citus distributes the table (internal)';
+    'whether Citus distributes the table by hash, in shards (internal)';
 REVOKE ALL ON FUNCTION idem._is_distributed(pg_catalog.regclass) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION idem._purge_targets(tbl pg_catalog.regclass)
 RETURNS SETOF pg_catalog.regclass
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+LANGUAGE plpgsql STABLE CALLED ON NULL INPUT PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -414,7 +415,7 @@ REVOKE ALL ON FUNCTION idem._purge_targets(pg_catalog.regclass) FROM PUBLIC;
 -- fails is reported with a warning; what the others deleted stays deleted.
 CREATE OR REPLACE FUNCTION idem._purge_workers(tbl pg_catalog.regclass, call pg_catalog.text)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -518,7 +519,7 @@ BEGIN
         END LOOP;
     END LOOP;
     RETURN total OPERATOR(pg_catalog.+) idem._purge_workers('idem.claims',
-        pg_catalog.format('SELECT @extschema@.idem_purge(%L, %s)', idem_purge.ns, max_rows));
+        pg_catalog.format('SELECT %s.idem_purge(%L, %s)', '@extschema@', idem_purge.ns, max_rows));
 END;
 $$;
 
@@ -531,7 +532,7 @@ AS $$
 BEGIN
     RETURN idem._purge_expired('idem.tokens', max_rows)
         OPERATOR(pg_catalog.+) idem._purge_workers('idem.tokens',
-            pg_catalog.format('SELECT @extschema@.idem_token_purge(%s)', max_rows));
+            pg_catalog.format('SELECT %s.idem_token_purge(%s)', '@extschema@', max_rows));
 END;
 $$;
 
@@ -541,7 +542,7 @@ $$;
 -- judge it.  Rows locked by someone else are skipped, never waited for.
 CREATE OR REPLACE FUNCTION idem._purge_expired(tbl pg_catalog.regclass, max_rows pg_catalog.int4)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE

@@ -2097,10 +2097,55 @@ store_sql_check_snapshot(IdemStore *probe, IdemStore *store,
 }
 
 /*
+ * The look-up of the key's shard on this node, prepared once per backend and
+ * type of distribution column (a call per probe, which every claim on the
+ * node of its shard makes).  The plan cache revalidates it when Citus's
+ * catalogs or functions change.
+ */
+#define STORE_SHARD_PLANS 4
+
+static struct
+{
+	Oid			keytype;
+	SPIPlanPtr	plan;
+}			store_shard_plans[STORE_SHARD_PLANS];
+
+static SPIPlanPtr
+store_sql_shard_plan(Oid keytype)
+{
+	Oid			argtypes[2] = {OIDOID, keytype};
+	SPIPlanPtr	plan;
+	int			i;
+
+	for (i = 0; i < STORE_SHARD_PLANS && store_shard_plans[i].plan != NULL; i++)
+		if (store_shard_plans[i].keytype == keytype)
+			return store_shard_plans[i].plan;
+	plan = SPI_prepare("SELECT pg_catalog.to_regclass(pg_catalog.shard_name($1::pg_catalog.regclass, s))::pg_catalog.oid"
+					   " FROM pg_catalog.get_shard_id_for_distribution_column($1::pg_catalog.regclass, $2) s"
+					   " WHERE EXISTS (SELECT FROM pg_catalog.pg_dist_placement p, pg_catalog.pg_dist_local_group g"
+					   " WHERE p.shardid OPERATOR(pg_catalog.=) s"
+					   " AND p.groupid OPERATOR(pg_catalog.=) g.groupid"
+					   " AND p.shardstate OPERATOR(pg_catalog.=) 1)",
+					   2, argtypes);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for the local shard: %s",
+			 SPI_result_code_string(SPI_result));
+	/* kept while there is room; otherwise freed with the SPI connection */
+	if (i < STORE_SHARD_PLANS && SPI_keepplan(plan) == 0)
+	{
+		store_shard_plans[i].keytype = keytype;
+		store_shard_plans[i].plan = plan;
+	}
+	return plan;
+}
+
+/*
  * Probe the key's shard when this node holds an active placement of it, as
  * the direct path probes the table (store_probe, with its waits).  *elsewhere
  * is set when the key's shard is on another node (the caller then sends the
- * probe there: store_sql_probe_remote); PROBE_ABSENT without a probe.
+ * probe there: store_sql_probe_remote); PROBE_ABSENT without a probe.  With
+ * judge, under a transaction snapshot, the row found is compared with the
+ * snapshot (store_sql_check_snapshot).
  *
  * Only a look, and only its waits and its "in flight" are trusted: whether
  * the row exists is for the statement to say, through Citus, since a shard
@@ -2112,10 +2157,9 @@ store_sql_check_snapshot(IdemStore *probe, IdemStore *store,
  */
 static ProbeResult
 store_sql_probe_here(IdemStore *store, const Datum *keys, IdemStoreWait wait,
-					bool *elsewhere)
+					 bool judge, bool *elsewhere)
 {
 	int			dkey = store_sql_dist_key(store);
-	Oid			argtypes[2];
 	Datum		args[2];
 	bool		isnull;
 	Datum		d;
@@ -2132,17 +2176,11 @@ store_sql_probe_here(IdemStore *store, const Datum *keys, IdemStoreWait wait,
 	*elsewhere = true;
 	if (!store_sql_local_placements(store))
 		return PROBE_ABSENT;
-	argtypes[0] = OIDOID;
 	args[0] = ObjectIdGetDatum(RelationGetRelid(store->rel));
-	argtypes[1] = TupleDescAttr(RelationGetDescr(store->rel), dkey)->atttypid;
 	args[1] = keys[dkey];
-	rc = SPI_execute_with_args("SELECT pg_catalog.to_regclass(pg_catalog.shard_name($1::pg_catalog.regclass, s))::pg_catalog.oid"
-							   " FROM pg_catalog.get_shard_id_for_distribution_column($1::pg_catalog.regclass, $2) s"
-							   " WHERE EXISTS (SELECT FROM pg_catalog.pg_dist_placement p, pg_catalog.pg_dist_local_group g"
-							   " WHERE p.shardid OPERATOR(pg_catalog.=) s"
-							   " AND p.groupid OPERATOR(pg_catalog.=) g.groupid"
-							   " AND p.shardstate OPERATOR(pg_catalog.=) 1)",
-							   2, argtypes, args, NULL, true, 1);
+	rc = SPI_execute_plan(store_sql_shard_plan(TupleDescAttr(RelationGetDescr(store->rel),
+															 dkey)->atttypid),
+						  args, NULL, true, 1);
 	store_sql_check(rc, SPI_OK_SELECT, "the local shard");
 	if (SPI_processed != 1)
 		return PROBE_ABSENT;
@@ -2191,7 +2229,7 @@ store_sql_probe_here(IdemStore *store, const Datum *keys, IdemStoreWait wait,
 			found = store_probe(probe, keys, IDEM_WAIT, XLTW_InsertIndexUnique);
 		}
 	}
-	if (IsolationUsesXactSnapshot())
+	if (judge && IsolationUsesXactSnapshot())
 		store_sql_check_snapshot(probe, store, keys, found);
 	ExecClearTuple(probe->probe_slot);
 	idem_store_close(probe);
@@ -2271,7 +2309,7 @@ store_sql_probe_shard(IdemStore *store, const Datum *keys, IdemStoreWait wait)
 	if (IsolationUsesXactSnapshot() && !store_sql_local_execution() &&
 		store_sql_dist_key(store) >= 0)
 		return store_sql_probe_remote(store, keys, wait);
-	found = store_sql_probe_here(store, keys, wait, &elsewhere);
+	found = store_sql_probe_here(store, keys, wait, true, &elsewhere);
 	if (elsewhere)
 		found = store_sql_probe_remote(store, keys, wait);
 	return found;
@@ -2289,8 +2327,13 @@ PG_FUNCTION_INFO_V1(idem_shard_probe);
 Datum
 idem_shard_probe(PG_FUNCTION_ARGS)
 {
-	static const char *const tables[] = {
-		"claims", "tokens", "requests", "offsets", "producer_seqs"
+	static const struct
+	{
+		const char *name;
+		int			nkeys;
+	}			tables[] = {
+		{"claims", 2}, {"tokens", 2}, {"requests", 2}, {"offsets", 3},
+		{"producer_seqs", 1}
 	};
 	char	   *tbl = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	bool		wait = PG_GETARG_BOOL(1);
@@ -2301,20 +2344,21 @@ idem_shard_probe(PG_FUNCTION_ARGS)
 	StoreSqlUser su;
 	ProbeResult found;
 	bool		elsewhere;
-	bool		known = false;
+	int			want = -1;
 	int			i;
 
 	for (i = 0; i < (int) lengthof(tables); i++)
-		known |= strcmp(tbl, tables[i]) == 0;
-	if (!known)
+		if (strcmp(tbl, tables[i].name) == 0)
+			want = tables[i].nkeys;
+	if (want < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("\"%s\" is not a keyed table of the idem extension", tbl)));
-	if (nkeys < 1 || nkeys > STORE_MAX_KEYS || get_fn_expr_variadic(fcinfo->flinfo))
+	if (nkeys != want || get_fn_expr_variadic(fcinfo->flinfo))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("idem._shard_probe takes 1 to %d keys, each as an argument of its own",
-						STORE_MAX_KEYS)));
+				 errmsg("idem._shard_probe of table \"%s.%s\" takes %d keys, each as an argument of its own",
+						IDEM_SCHEMA, tbl, want)));
 	store = idem_store_open_keys(tbl, AccessShareLock, nkeys);
 	for (i = 0; i < nkeys; i++)
 	{
@@ -2333,7 +2377,7 @@ idem_shard_probe(PG_FUNCTION_ARGS)
 				 errmsg("table \"%s.%s\" is not distributed by Citus", IDEM_SCHEMA, tbl)));
 	store_sql_begin(store, &su);
 	found = store_sql_probe_here(store, keys, wait ? IDEM_WAIT : IDEM_NOWAIT,
-								 &elsewhere);
+								 true, &elsewhere);
 	store_sql_end(&su);
 	idem_store_close(store);
 	PG_RETURN_INT32((int32) found |
@@ -2448,7 +2492,21 @@ store_sql_insert(IdemStore *store, Datum *values, bool *isnull,
 	bool		ran = true;
 
 	store_sql_begin(store, &su);
-	if (wait == IDEM_NOWAIT)
+	if (wait == IDEM_WAIT)
+	{
+		bool		elsewhere;
+
+		/*
+		 * The statement waits for an inserter in flight by itself; on the
+		 * node of the shard the probe waits first, so that the wait is
+		 * counted (idem_store_waits) as on one server.  Elsewhere it would
+		 * cost a round trip per call for a count: not done.  The statement
+		 * judges the row by the snapshot as INSERT ... ON CONFLICT does.
+		 */
+		(void) store_sql_probe_here(store, values, IDEM_WAIT, false,
+									&elsewhere);
+	}
+	else
 	{
 		ProbeResult found = store_sql_probe_shard(store, values, IDEM_NOWAIT);
 

@@ -135,9 +135,10 @@ $w2->safe_psql('postgres', "BEGIN; SELECT idem_claim('r-2'); ROLLBACK");
 is( $w1->safe_psql('postgres', "SELECT idem_claim('r-1'), idem_claim('r-2')"),
 	't|t', 'rolled back claims are free');
 
-# a key taken from a subquery without tables, which the planner pulls up
-# into the call: Citus would send the call and crash while deparsing it; idem
-# plans it alone, and the call runs where it is made
+# a key taken from a FROM that the planner folds into the call (a subquery
+# without tables, a view, a CTE): Citus would send the call and crash while
+# printing it; idem makes the query one Citus does not send, and the call runs
+# where it is made
 for my $n ($coord, $w1)
 {
 	my $k = 'sub-' . $n->name;
@@ -146,11 +147,25 @@ for my $n ($coord, $w1)
 	SELECT idem_claim(k) FROM (VALUES ('$k')) v(k);
 	SELECT idem_try_claim(k) FROM (SELECT '$k') v(k);
 	WITH v(k) AS (SELECT '$k') SELECT idem_release(k) FROM v;
-	SELECT idem_claim(k) FROM (VALUES ('$k')) v(k);
+	WITH x AS (SELECT 1 FROM pg_class) SELECT idem_claim(k) FROM (VALUES ('$k')) v(k);
 	PREPARE p(text) AS SELECT idem_claim(k) FROM (SELECT \$1) v(k);
-	EXECUTE p('$k');}),
-		"t\nduplicate\nt\nt\nf", 'calls whose key comes from a subquery, through ' . $n->name);
+	EXECUTE p('$k');
+	EXECUTE p('$k-2');}),
+		"t\nduplicate\nt\nt\nf\nt",
+		'calls whose key comes from a FROM the planner folds, through ' . $n->name);
 }
+# (a view and a function, made on the coordinator: Citus takes no DDL on a
+# worker)
+is( $coord->safe_psql(
+		'postgres', q{
+	CREATE TEMP VIEW tv AS SELECT 'sub-view'::text AS k;
+	SELECT idem_claim(k) FROM tv;
+	SELECT idem_claim(k) FROM tv;
+	CREATE FUNCTION pg_temp.keys() RETURNS SETOF text LANGUAGE sql STABLE
+		AS $$SELECT 'sub-' || relname FROM pg_catalog.pg_class WHERE relname = 'pg_class'$$;
+	SELECT idem_claim(k) FROM pg_temp.keys() k;
+	SELECT idem_claim(k) FROM (SELECT * FROM pg_temp.keys() LIMIT 1) x(k);}),
+	"t\nf\nt\nf", 'calls whose key comes from a view or an inlined function');
 
 # tokens
 my $token = $coord->safe_psql('postgres', "SELECT idem_token_issue('pay')");
@@ -352,6 +367,28 @@ for my $node ([ 'the coordinator', $coord ], [ 'worker 1', $w1 ], [ 'worker 2', 
 			$b->close;
 		}
 	}
+}
+
+# a claim that waits for another, on the node of its key's shard (where Citus
+# sends it), is counted as waited there, as on one server
+{
+	my $key = $coord->safe_psql('postgres',
+		"SELECT 'ws-' || i FROM generate_series(1, 200) i WHERE (SELECT nodeport FROM pg_dist_shard_placement"
+		  . " WHERE shardid = get_shard_id_for_distribution_column('idem.claims', 'ws-' || i)) = "
+		  . $w1->port . " ORDER BY i LIMIT 1");
+	my $a = IdemTest::Session->new($coord, 'postgres');
+	my $b = IdemTest::Session->new($coord, 'postgres');
+	is($a->query("BEGIN; SELECT idem_claim('$key', 'waitstat');"), 't', 'claimed, not committed (counted waits)');
+	$b->{in} .= "SELECT idem_claim('$key', 'waitstat');\n";
+	$b->{h}->pump_nb;
+	await_lock_wait('a second claim of the key');
+	$a->query("COMMIT;");
+	is($b->query("SELECT 'done';"), "f\ndone", '... is a duplicate once the first commits');
+	is( $w1->safe_psql('postgres',
+			"SELECT counters->>'waited', counters->>'duplicate' FROM idem_stats WHERE kind = 'claim' AND ns = 'waitstat'"),
+		'1|1', '... counted as waited on the node of the key\'s shard');
+	$a->close;
+	$b->close;
 }
 
 # REPEATABLE READ: a statement through Citus judges the row by the
