@@ -5,62 +5,160 @@
  *	  of Citus's planner.
  *
  * Citus sends a call of a distributed function to the node of its key
- * ("delegation") when a SELECT's target list is nothing but the call.  It
- * decides so after the standard planner has run, on the query as that
- * planner rewrote it, and then deparses the rewritten query: when the
- * call's argument came from a FROM that the planner folded into the query
- * ("SELECT idem_claim(k) FROM (VALUES ('a')) v(k)", a view, a CTE), that
- * deparse crashes the server (Citus 13.2, any distributed function).
+ * ("delegation") when a query on no distributed table is, once the standard
+ * planner has run, nothing but the call: "SELECT fn(...)" or "SELECT ...
+ * FROM fn(...)", without a WHERE.  It decides so on the query as that
+ * planner rewrote it, and then prints the rewritten query: when the planner
+ * folded a FROM into it (a subquery without tables, VALUES, a view, a CTE,
+ * an inlined SQL function), the printing crashes the server (Citus 13.2,
+ * any distributed function): "SELECT idem_claim(k) FROM (VALUES ('a'))
+ * v(k)", or "SELECT idem_claim(k) AND true FROM ...", which the planner
+ * folds into the bare call.
  *
- * Such a call is not a plain "SELECT fn(...)" that Citus could send as it
- * is, so idem gives the query a second, hidden (resjunk) target entry
- * before Citus's planner sees it: Citus then plans it as any other query,
- * the call runs where it is made, and its statements reach the key's shard
- * through Citus, as for any call Citus does not send.  The hook is in place
- * once the library is loaded: on a Citus node idem belongs in
- * shared_preload_libraries, beside Citus, or the first such query of a
- * session still meets the defect.
+ * What the planner will fold cannot be told beforehand, so idem gives every
+ * query that might end so a WHERE that no planning removes: a SELECT with a
+ * FROM, on no distributed table, that calls one of idem's functions or a
+ * SQL function (which may be inlined into a call of one) gets "WHERE
+ * clock_timestamp() IS NOT NULL", always true, volatile and so evaluated,
+ * never folded.  Citus then sends nothing: the call runs where it is made
+ * and its statements reach the key's shard through Citus, as for any call
+ * Citus does not send.  "SELECT idem_claim('k')", without a FROM, folds
+ * nothing and is still sent.  The hook is in place once the library is
+ * loaded: on a Citus node idem belongs in shared_preload_libraries, beside
+ * Citus, or a session's first such query still meets the defect.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "access/transam.h"
 #include "catalog/dependency.h"
+#include "catalog/pg_language.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "nodes/makefuncs.h"
+#include "nodes/nodeFuncs.h"
 #include "optimizer/planner.h"
+#include "rewrite/rewriteManip.h"
+#include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
+#include "utils/syscache.h"
 
 #include "idem.h"
 
 static planner_hook_type prev_planner_hook = NULL;
 
+typedef struct FoldContext
+{
+	Oid			idem_oid;		/* the extension idem */
+	bool		calls;			/* a call that may be sent was found */
+	bool		distributed;	/* a table Citus distributes was found */
+} FoldContext;
+
+/* Whether fn is written in SQL: the planner may inline it. */
+static bool
+func_is_sql(Oid fn)
+{
+	HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn));
+	bool		sql = false;
+
+	if (HeapTupleIsValid(tup))
+	{
+		sql = ((Form_pg_proc) GETSTRUCT(tup))->prolang == SQLlanguageId;
+		ReleaseSysCache(tup);
+	}
+	return sql;
+}
+
 /*
- * The shape Citus would send once the standard planner folded its FROM: a
- * SELECT with a FROM whose target list is one call of one of idem's
- * functions, in a database with Citus.  The cheap tests come first: most
- * queries stop at them.
+ * Look through the query and the queries in it for a call of one of idem's
+ * functions or of a SQL function, and for a table Citus distributes.
  */
 static bool
-citus_would_send_folded(Query *parse)
+fold_walker(Node *node, FoldContext *cxt)
 {
-	TargetEntry *tle;
-	Oid			idem_oid;
+	if (node == NULL)
+		return false;
+	if (IsA(node, FuncExpr))
+	{
+		Oid			fn = ((FuncExpr *) node)->funcid;
+
+		/* built-in functions are neither SQL functions of the user nor idem's */
+		if (!cxt->calls && fn >= FirstNormalObjectId &&
+			(func_is_sql(fn) ||
+			 getExtensionOfObject(ProcedureRelationId, fn) == cxt->idem_oid))
+			cxt->calls = true;
+	}
+	else if (IsA(node, RangeTblEntry))
+	{
+		RangeTblEntry *rte = (RangeTblEntry *) node;
+
+		if (rte->rtekind == RTE_RELATION && rte->relid >= FirstNormalObjectId &&
+			idem_relation_is_distributed(rte->relid))
+			cxt->distributed = true;
+		return false;			/* its contents are walked by the caller */
+	}
+	else if (IsA(node, Query))
+		return query_tree_walker((Query *) node, fold_walker, (void *) cxt,
+								 QTW_EXAMINE_RTES_BEFORE);
+	return expression_tree_walker(node, fold_walker, (void *) cxt);
+}
+
+/*
+ * Whether the query's only FROM is one call of a function that the planner
+ * cannot inline (not SQL), on arguments without subqueries: "SELECT status
+ * FROM idem_request_begin($1, $2)".  Citus sends it as it is, with nothing
+ * folded, and must keep doing so (begin, then finish, on the key's node).
+ */
+static bool
+from_function_alone(Query *parse)
+{
+	RangeTblEntry *rte;
+	RangeTblFunction *rtfunc;
+
+	if (list_length(parse->rtable) != 1 || parse->cteList != NIL ||
+		list_length(parse->jointree->fromlist) != 1)
+		return false;
+	rte = linitial_node(RangeTblEntry, parse->rtable);
+	if (rte->rtekind != RTE_FUNCTION || list_length(rte->functions) != 1)
+		return false;
+	rtfunc = linitial_node(RangeTblFunction, rte->functions);
+	return IsA(rtfunc->funcexpr, FuncExpr) &&
+		!func_is_sql(((FuncExpr *) rtfunc->funcexpr)->funcid) &&
+		!checkExprHasSubLink(rtfunc->funcexpr);
+}
+
+/*
+ * Whether the query is one Citus might send once the standard planner has
+ * folded it: a SELECT with a FROM, in a database with Citus, on no table
+ * Citus distributes, calling one of idem's functions or a SQL function.  The
+ * cheap tests come first.
+ */
+static bool
+citus_might_send_folded(Query *parse)
+{
+	FoldContext cxt;
 
 	if (parse->commandType != CMD_SELECT || parse->utilityStmt != NULL ||
-		parse->jointree == NULL || parse->jointree->fromlist == NIL ||
-		list_length(parse->targetList) != 1)
-		return false;
-	tle = linitial_node(TargetEntry, parse->targetList);
-	if (tle->resjunk || !IsA(tle->expr, FuncExpr))
+		parse->jointree == NULL || parse->jointree->fromlist == NIL)
 		return false;
 	if (!OidIsValid(get_extension_oid("citus", true)))
 		return false;
-	idem_oid = get_extension_oid("idem", true);
-	return OidIsValid(idem_oid) &&
-		getExtensionOfObject(ProcedureRelationId,
-							 ((FuncExpr *) tle->expr)->funcid) == idem_oid;
+	cxt.idem_oid = get_extension_oid("idem", true);
+	cxt.calls = false;
+	cxt.distributed = false;
+	if (!OidIsValid(cxt.idem_oid))
+		return false;
+	if (from_function_alone(parse))
+	{
+		/* "SELECT ... FROM fn(...)": nothing to fold but the target list */
+		(void) fold_walker((Node *) parse->targetList, &cxt);
+		return cxt.calls;
+	}
+	(void) query_tree_walker(parse, fold_walker, (void *) &cxt,
+							 QTW_EXAMINE_RTES_BEFORE);
+	return cxt.calls && !cxt.distributed;
 }
 
 static PlannedStmt *
@@ -70,15 +168,18 @@ idem_planner(Query *parse, const char *query_string, int cursorOptions,
 	if (prev_planner_hook == NULL)
 		return standard_planner(parse, query_string, cursorOptions,
 								boundParams);
-	if (citus_would_send_folded(parse))
+	if (citus_might_send_folded(parse))
 	{
-		Const	   *one = makeConst(INT4OID, -1, InvalidOid, sizeof(int32),
-									Int32GetDatum(1), false, true);
+		NullTest   *keep = makeNode(NullTest);
 
-		/* hidden from the result, as the columns of an ORDER BY are */
-		parse->targetList = lappend(parse->targetList,
-									makeTargetEntry((Expr *) one, 2, NULL,
-													true));
+		keep->arg = (Expr *) makeFuncExpr(F_CLOCK_TIMESTAMP, TIMESTAMPTZOID,
+										  NIL, InvalidOid, InvalidOid,
+										  COERCE_EXPLICIT_CALL);
+		keep->nulltesttype = IS_NOT_NULL;
+		keep->argisrow = false;
+		keep->location = -1;
+		parse->jointree->quals = make_and_qual(parse->jointree->quals,
+											   (Node *) keep);
 	}
 	return prev_planner_hook(parse, query_string, cursorOptions, boundParams);
 }

@@ -166,6 +166,21 @@ is( $coord->safe_psql(
 	SELECT idem_claim(k) FROM pg_temp.keys() k;
 	SELECT idem_claim(k) FROM (SELECT * FROM pg_temp.keys() LIMIT 1) x(k);}),
 	"t\nf\nt\nf", 'calls whose key comes from a view or an inlined function');
+# ... and calls the planner folds into a bare call, or that are the FROM
+is( $coord->safe_psql(
+		'postgres', q{
+	SELECT idem_claim(k) AND true FROM (VALUES ('sub-and')) v(k);
+	SELECT NOT NOT idem_claim(k) FROM (VALUES ('sub-and')) v(k);
+	SELECT CASE WHEN true THEN idem_claim(k) END FROM (VALUES ('sub-case')) v(k);
+	CREATE FUNCTION pg_temp.w(k text) RETURNS bool LANGUAGE sql AS $$SELECT idem_claim(k)$$;
+	SELECT pg_temp.w(k) FROM (VALUES ('sub-w')) v(k);
+	SELECT pg_temp.w('sub-w');
+	SELECT * FROM (VALUES ('sub-lat')) v(k), LATERAL idem_claim(k);
+	WITH v(k) AS (SELECT 'sub-lat') SELECT c FROM v, idem_claim(k) c;
+	SELECT c FROM (VALUES ('sub-lat2')) v(k), idem_claim(k) c WHERE true;
+	SELECT * FROM idem_claim('sub-lat2');}),
+	"t\nf\nt\nt\nf\nsub-lat|t\nf\nt\nf",
+	'calls folded into a bare call, through a SQL function, or in the FROM');
 
 # tokens
 my $token = $coord->safe_psql('postgres', "SELECT idem_token_issue('pay')");
