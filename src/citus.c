@@ -42,6 +42,7 @@
 #include "optimizer/planner.h"
 #include "rewrite/rewriteManip.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
 
@@ -51,8 +52,7 @@ static planner_hook_type prev_planner_hook = NULL;
 
 typedef struct FoldContext
 {
-	Oid			idem_oid;		/* the extension idem */
-	bool		calls;			/* a call that may be sent was found */
+	List	   *funcs;			/* OIDs of the functions called, not built in */
 	bool		distributed;	/* a table Citus distributes was found */
 } FoldContext;
 
@@ -72,8 +72,9 @@ func_is_sql(Oid fn)
 }
 
 /*
- * Look through the query and the queries in it for a call of one of idem's
- * functions or of a SQL function, and for a table Citus distributes.
+ * Gather the functions the query and the queries in it call (built-in
+ * functions are neither SQL functions of the user nor idem's), and look for
+ * a table Citus distributes.
  */
 static bool
 fold_walker(Node *node, FoldContext *cxt)
@@ -84,11 +85,8 @@ fold_walker(Node *node, FoldContext *cxt)
 	{
 		Oid			fn = ((FuncExpr *) node)->funcid;
 
-		/* built-in functions are neither SQL functions of the user nor idem's */
-		if (!cxt->calls && fn >= FirstNormalObjectId &&
-			(func_is_sql(fn) ||
-			 getExtensionOfObject(ProcedureRelationId, fn) == cxt->idem_oid))
-			cxt->calls = true;
+		if (fn >= FirstNormalObjectId)
+			cxt->funcs = list_append_unique_oid(cxt->funcs, fn);
 	}
 	else if (IsA(node, RangeTblEntry))
 	{
@@ -131,34 +129,47 @@ from_function_alone(Query *parse)
 
 /*
  * Whether the query is one Citus might send once the standard planner has
- * folded it: a SELECT with a FROM, in a database with Citus, on no table
- * Citus distributes, calling one of idem's functions or a SQL function.  The
- * cheap tests come first.
+ * folded it: a SELECT with a FROM, on no table Citus distributes, calling one
+ * of idem's functions or a SQL function, in a database with Citus.  The
+ * tests without catalog look-ups come first: most queries stop at them.
  */
 static bool
 citus_might_send_folded(Query *parse)
 {
-	FoldContext cxt;
+	FoldContext cxt = {NIL, false};
+	Oid			idem_oid;
+	ListCell   *lc;
+	bool		found = false;
 
 	if (parse->commandType != CMD_SELECT || parse->utilityStmt != NULL ||
 		parse->jointree == NULL || parse->jointree->fromlist == NIL)
 		return false;
-	if (!OidIsValid(get_extension_oid("citus", true)))
-		return false;
-	cxt.idem_oid = get_extension_oid("idem", true);
-	cxt.calls = false;
-	cxt.distributed = false;
-	if (!OidIsValid(cxt.idem_oid))
+	/* Citus's library loaded in this backend: a lookup of one of its settings */
+	if (GetConfigOption("citus.enable_local_execution", true, false) == NULL)
 		return false;
 	if (from_function_alone(parse))
-	{
 		/* "SELECT ... FROM fn(...)": nothing to fold but the target list */
 		(void) fold_walker((Node *) parse->targetList, &cxt);
-		return cxt.calls;
+	else
+		(void) query_tree_walker(parse, fold_walker, (void *) &cxt,
+								 QTW_EXAMINE_RTES_BEFORE);
+	if (cxt.funcs == NIL || cxt.distributed ||
+		!OidIsValid(get_extension_oid("citus", true)))
+		return false;
+	idem_oid = get_extension_oid("idem", true);
+	foreach(lc, cxt.funcs)
+	{
+		Oid			fn = lfirst_oid(lc);
+
+		if (func_is_sql(fn) ||
+			getExtensionOfObject(ProcedureRelationId, fn) == idem_oid)
+		{
+			found = true;
+			break;
+		}
 	}
-	(void) query_tree_walker(parse, fold_walker, (void *) &cxt,
-							 QTW_EXAMINE_RTES_BEFORE);
-	return cxt.calls && !cxt.distributed;
+	list_free(cxt.funcs);
+	return found && OidIsValid(idem_oid);
 }
 
 static PlannedStmt *
