@@ -384,28 +384,6 @@ for my $node ([ 'the coordinator', $coord ], [ 'worker 1', $w1 ], [ 'worker 2', 
 	}
 }
 
-# a claim that waits for another, on the node of its key's shard (where Citus
-# sends it), is counted as waited there, as on one server
-{
-	my $key = $coord->safe_psql('postgres',
-		"SELECT 'ws-' || i FROM generate_series(1, 200) i WHERE (SELECT nodeport FROM pg_dist_shard_placement"
-		  . " WHERE shardid = get_shard_id_for_distribution_column('idem.claims', 'ws-' || i)) = "
-		  . $w1->port . " ORDER BY i LIMIT 1");
-	my $a = IdemTest::Session->new($coord, 'postgres');
-	my $b = IdemTest::Session->new($coord, 'postgres');
-	is($a->query("BEGIN; SELECT idem_claim('$key', 'waitstat');"), 't', 'claimed, not committed (counted waits)');
-	$b->{in} .= "SELECT idem_claim('$key', 'waitstat');\n";
-	$b->{h}->pump_nb;
-	await_lock_wait('a second claim of the key');
-	$a->query("COMMIT;");
-	is($b->query("SELECT 'done';"), "f\ndone", '... is a duplicate once the first commits');
-	is( $w1->safe_psql('postgres',
-			"SELECT counters->>'waited', counters->>'duplicate' FROM idem_stats WHERE kind = 'claim' AND ns = 'waitstat'"),
-		'1|1', '... counted as waited on the node of the key\'s shard');
-	$a->close;
-	$b->close;
-}
-
 # REPEATABLE READ: a statement through Citus judges the row by the
 # transaction's snapshot, where one server judges it as it stands.  Where
 # the two differ, a call fails with 40001 rather than answer otherwise:
