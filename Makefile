@@ -16,7 +16,8 @@ OBJS = \
 	src/stream.o \
 	src/stats.o \
 	src/worker.o \
-	src/citus.o
+	src/citus.o \
+	src/session.o
 
 DATA = $(wildcard idem--*.sql)
 PGFILEDESC = "idem - idempotency primitives"

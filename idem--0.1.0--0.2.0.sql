@@ -21,14 +21,16 @@ REVOKE ALL ON FUNCTION idem._check_transition(pg_catalog.text, pg_catalog.text, 
 
 -- ==== BEGIN request idempotency keys ====
 -- One row per (namespace, Idempotency-Key).  While a request runs, the row
--- names its owner (the session's pid and start time) and a lease; once
--- finished it holds the response until expires_at.
+-- names its owner (the session's pid and start time, and on a Citus cluster
+-- the node it is connected to) and a lease; once finished it holds the
+-- response until expires_at.
 CREATE TABLE IF NOT EXISTS idem.requests (
     ns              pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
     key             pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
     fingerprint     pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
     owner_pid       pg_catalog.int4,
     owner_started   pg_catalog.timestamptz,
+    owner_node      pg_catalog.int4,
     lease           pg_catalog.interval,
     lease_until     pg_catalog.timestamptz,
     recovery_point  pg_catalog.text,

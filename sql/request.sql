@@ -117,6 +117,16 @@ SELECT idem_request_finish('k5b', 503, cache => false);
 UPDATE idem.requests SET attempts = 2147483647 WHERE key = 'k5b';
 SELECT status, attempts FROM idem_request_begin('k5b', 'fp');
 
+-- a row restored from a Citus cluster names its owner's node: no session of
+-- this server owns it, and off a cluster that session is not connected here,
+-- so the attempt is resumed
+SELECT status FROM idem_request_begin('k5c', 'fp');
+UPDATE idem.requests SET owner_node = 2 WHERE key = 'k5c';
+SELECT pg_temp.err($$SELECT idem_request_checkpoint('k5c', 'x')$$);
+SELECT status, attempts FROM idem_request_begin('k5c', 'fp');
+SELECT owner_node IS NULL AS no_node, owner_pid = pg_backend_pid() AS mine
+  FROM idem.requests WHERE key = 'k5c';
+
 -- expiry: a finished request is replayed until expires_at, then new
 SELECT status FROM idem_request_begin('k6', 'fp');
 SELECT idem_request_finish('k6', 200, '{"v": 1}');

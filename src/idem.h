@@ -82,11 +82,28 @@ extern void idem_outbox_init(void);
 /* citus.c: planning of idem's calls on a Citus node */
 extern void idem_citus_init(void);
 
+/*
+ * A client session: on one server its pid and start time (node -1); on a
+ * Citus cluster also the node it is connected to (citus_session.c).
+ */
+typedef struct IdemSession
+{
+	int32		node;
+	int32		pid;
+	TimestampTz started;
+} IdemSession;
+
+extern bool idem_session_alive(int32 pid, TimestampTz started);
+extern void idem_citus_session(Oid runas, IdemSession *me);
+extern bool idem_citus_session_alive(Oid runas, const IdemSession *s);
+
 extern IdemStore *idem_store_open(const char *relname, LOCKMODE lockmode);
 extern IdemStore *idem_store_open_keys(const char *relname, LOCKMODE lockmode,
 									   int nkeys);
 extern void idem_store_close(IdemStore *store);
 extern bool idem_relation_is_distributed(Oid relid);
+extern bool idem_store_through_sql(IdemStore *store);
+extern Oid	idem_store_relowner(IdemStore *store);
 extern TupleDesc idem_store_tupdesc(IdemStore *store);
 extern Relation idem_store_index(IdemStore *store);
 extern ItemPointerData idem_store_inserted_tid(IdemStore *store);

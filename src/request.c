@@ -7,8 +7,8 @@
  * A request is a row of idem.requests keyed by (ns, key), written in the
  * caller's transaction.  While it is unfinished the row names its owner, the
  * session that began it (its pid and start time, so that a pid reused after
- * the owner left, or after a restart, is not taken for the owner), and a
- * lease.  Whether another attempt is still running is decided by the server,
+ * the owner left, or after a restart, is not taken for the owner; on a
+ * Citus cluster also its node: session.c), and a lease.  Whether another attempt is still running is decided by the server,
  * not guessed:
  *
  *	- a transaction that inserted or is changing the row is in flight as long
@@ -49,8 +49,6 @@
 #include "common/sha2.h"
 #include "funcapi.h"
 #include "miscadmin.h"
-#include "storage/procarray.h"
-#include "utils/backend_status.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/jsonb.h"
@@ -73,6 +71,7 @@ enum
 	RQ_FINGERPRINT,
 	RQ_OWNER_PID,
 	RQ_OWNER_STARTED,
+	RQ_OWNER_NODE,
 	RQ_LEASE,
 	RQ_LEASE_UNTIL,
 	RQ_RECOVERY_POINT,
@@ -133,6 +132,7 @@ check_requests_shape(IdemStore *store)
 		{"fingerprint", TEXTOID, true, C_COLLATION_OID},
 		{"owner_pid", INT4OID, false, InvalidOid},
 		{"owner_started", TIMESTAMPTZOID, false, InvalidOid},
+		{"owner_node", INT4OID, false, InvalidOid},
 		{"lease", INTERVALOID, false, InvalidOid},
 		{"lease_until", TIMESTAMPTZOID, false, InvalidOid},
 		{"recovery_point", TEXTOID, false, InvalidOid},
@@ -227,48 +227,39 @@ plus_interval(TimestampTz t, Interval *span)
 }
 
 /*
- * Is the session that began a request still connected?  Our own session is
- * recognised by its pid and start time; another by its pid in the process
- * array and, since pids are reused, by the start time its backend status
- * shows.  The backend status is read afresh: a snapshot taken earlier in the
- * transaction could show a session that has left since.  The snapshot read
- * here is dropped again, so that the caller's next look at pg_stat_activity
- * in this transaction reads the sessions as they are then, not as they were
- * at this call.
+ * The client session a call works for: this backend on one server; on a
+ * Citus node, the session Citus works for (session.c), since the backend
+ * that runs a call there may be a connection Citus made for it.
  */
-static bool
-request_owner_alive(int32 pid, TimestampTz started)
+static void
+request_me(IdemStore *store, IdemSession *me)
 {
-	bool		alive = false;	/* not found: a new session with a reused pid */
-	int			n;
-	int			i;
+	me->node = -1;
+	me->pid = MyProcPid;
+	me->started = MyStartTimestamp;
+	if (idem_store_through_sql(store))
+		idem_citus_session(idem_store_relowner(store), me);
+}
 
-	if (pid == MyProcPid)
-		return started == MyStartTimestamp;
-	if (BackendPidGetProc(pid) == NULL)
-		return false;
-	pgstat_clear_backend_activity_snapshot();
-	n = pgstat_fetch_stat_numbackends();
-	for (i = 1; i <= n; i++)
-	{
-		LocalPgBackendStatus *local = pgstat_fetch_stat_local_beentry(i);
-
-		if (local != NULL && local->backendStatus.st_procpid == pid)
-		{
-			alive = (local->backendStatus.st_proc_start_timestamp == started);
-			break;
-		}
-	}
-	pgstat_clear_backend_activity_snapshot();
-	return alive;
+/* The session that owns the row (pid and start time not null). */
+static void
+request_owner(Datum *values, bool *isnull, IdemSession *owner)
+{
+	owner->node = isnull[RQ_OWNER_NODE] ? -1 : DatumGetInt32(values[RQ_OWNER_NODE]);
+	owner->pid = DatumGetInt32(values[RQ_OWNER_PID]);
+	owner->started = DatumGetTimestampTz(values[RQ_OWNER_STARTED]);
 }
 
 static bool
-request_owned_by_me(Datum *values, bool *isnull)
+request_owned_by_me(Datum *values, bool *isnull, const IdemSession *me)
 {
-	return !isnull[RQ_OWNER_PID] && !isnull[RQ_OWNER_STARTED] &&
-		DatumGetInt32(values[RQ_OWNER_PID]) == MyProcPid &&
-		DatumGetTimestampTz(values[RQ_OWNER_STARTED]) == MyStartTimestamp;
+	IdemSession owner;
+
+	if (isnull[RQ_OWNER_PID] || isnull[RQ_OWNER_STARTED])
+		return false;
+	request_owner(values, isnull, &owner);
+	return owner.node == me->node && owner.pid == me->pid &&
+		owner.started == me->started;
 }
 
 /* A copy of a varlena column that outlives the row it was read from. */
@@ -286,11 +277,30 @@ typedef struct BeginState
 	Interval   *lease;
 	TimestampTz now;			/* the transaction's start: expiry */
 	TimestampTz clock;			/* the time of the call: leases */
+	IdemSession me;				/* the session the call works for */
+	bool		citus;			/* the table is distributed by Citus */
+	Oid			runas;			/* as whom other nodes are asked */
 	RequestStatus status;
 	/* what the caller is answered, in the caller's memory */
 	Datum		out[OUT_NATTS];
 	bool		outnull[OUT_NATTS];
 } BeginState;
+
+/*
+ * Is the session that began a request still connected?  A session of a
+ * Citus node is asked of its node; off a Citus cluster (a row restored from
+ * one) it is gone.
+ */
+static bool
+request_owner_alive(Datum *values, bool *isnull, BeginState *st)
+{
+	IdemSession owner;
+
+	request_owner(values, isnull, &owner);
+	if (owner.node < 0)
+		return idem_session_alive(owner.pid, owner.started);
+	return st->citus && idem_citus_session_alive(st->runas, &owner);
+}
 
 static void
 begin_answer(BeginState *st, Datum *values, bool *isnull, bool response,
@@ -329,10 +339,12 @@ begin_answer(BeginState *st, Datum *values, bool *isnull, bool response,
 static void
 begin_take(BeginState *st, Datum *values, bool *isnull)
 {
-	values[RQ_OWNER_PID] = Int32GetDatum(MyProcPid);
+	values[RQ_OWNER_PID] = Int32GetDatum(st->me.pid);
 	isnull[RQ_OWNER_PID] = false;
-	values[RQ_OWNER_STARTED] = TimestampTzGetDatum(MyStartTimestamp);
+	values[RQ_OWNER_STARTED] = TimestampTzGetDatum(st->me.started);
 	isnull[RQ_OWNER_STARTED] = false;
+	values[RQ_OWNER_NODE] = Int32GetDatum(st->me.node);
+	isnull[RQ_OWNER_NODE] = (st->me.node < 0);
 	values[RQ_LEASE] = IntervalPGetDatum(st->lease);
 	isnull[RQ_LEASE] = false;
 	values[RQ_LEASE_UNTIL] = TimestampTzGetDatum(plus_interval(st->clock, st->lease));
@@ -415,12 +427,11 @@ begin_decide(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 	}
 
 	/* unfinished: ours, alive elsewhere, or abandoned */
-	if (!request_owned_by_me(values, isnull) &&
+	if (!request_owned_by_me(values, isnull, &st->me) &&
 		!isnull[RQ_LEASE_UNTIL] &&
 		DatumGetTimestampTz(values[RQ_LEASE_UNTIL]) > st->clock &&
 		!isnull[RQ_OWNER_STARTED] &&
-		request_owner_alive(DatumGetInt32(values[RQ_OWNER_PID]),
-							DatumGetTimestampTz(values[RQ_OWNER_STARTED])))
+		request_owner_alive(values, isnull, st))
 	{
 		st->status = REQUEST_IN_FLIGHT;
 		begin_answer(st, values, isnull, false, false);
@@ -493,6 +504,9 @@ idem_request_begin(PG_FUNCTION_ARGS)
 	st.clock = GetCurrentTimestamp();
 
 	store = requests_open("idem_request_begin()");
+	request_me(store, &st.me);
+	st.citus = idem_store_through_sql(store);
+	st.runas = idem_store_relowner(store);
 	for (tries = 0;; tries++)
 	{
 		IdemStoreResult r;
@@ -550,6 +564,7 @@ idem_request_begin(PG_FUNCTION_ARGS)
 typedef struct OwnerChange
 {
 	TimestampTz now;			/* the time of the call */
+	IdemSession me;				/* the session the call works for */
 	RequestRefusal refusal;
 	/* checkpoint */
 	bool		checkpoint;
@@ -580,7 +595,7 @@ owner_change(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 		ch->refusal = REFUSE_RELEASED;
 		return false;
 	}
-	if (!request_owned_by_me(values, isnull))
+	if (!request_owned_by_me(values, isnull, &ch->me))
 	{
 		ch->refusal = REFUSE_NOT_OWNER;
 		return false;
@@ -631,6 +646,8 @@ owner_change_apply(const char *fname, text *ns, text *key, OwnerChange *ch)
 	IdemStore  *store = requests_open(fname);
 	IdemStoreUpdateResult u;
 	const char *detail = NULL;
+
+	request_me(store, &ch->me);
 
 	if (!ch->checkpoint && !ch->cache)
 		ch->expires_at = ch->now;

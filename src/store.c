@@ -842,6 +842,20 @@ idem_store_tupdesc(IdemStore *store)
 	return RelationGetDescr(store->rel);
 }
 
+/* Whether the store's table is distributed by Citus (calls go through SQL). */
+bool
+idem_store_through_sql(IdemStore *store)
+{
+	return store->sql;
+}
+
+/* The owner of the store's table, as whom its statements run. */
+Oid
+idem_store_relowner(IdemStore *store)
+{
+	return store->rel->rd_rel->relowner;
+}
+
 /*
  * The unique index on the key, which idem_store_open checked; NULL for a
  * table distributed by Citus (the store then goes through SQL).

@@ -223,6 +223,52 @@ is( $w1->safe_psql('postgres',
 		"SELECT status FROM idem_request_begin('q-1', 'other')"),
 	'mismatch', 'mismatch through a worker');
 
+# a request whose attempt spans transactions belongs to the client session
+# that began it, through every node, wherever its key's shard is: Citus's
+# connection that ran the begin may close (no cached connection here), and
+# the checkpoint and finish may run in another one or where they are made;
+# another session's begin through any node sees it in flight while the
+# session is connected, and resumes it once it has left
+sub remote_key
+{
+	my ($prefix, $n) = @_;
+	for my $i (1 .. 100)
+	{
+		return "$prefix-$i"
+		  if placement_port('idem.requests', "'$prefix-$i'") ne $n->port;
+	}
+	die "no key of $prefix off " . $n->name;
+}
+for my $pair ([ $coord, $w1 ], [ $w1, $w2 ], [ $w2, $coord ])
+{
+	my ($n, $o) = @$pair;
+	my $where = 'through ' . $n->name . ', seen through ' . $o->name;
+	my $k = remote_key('span-' . $n->name, $n);
+	my $s = IdemTest::Session->new($n, 'postgres');
+	$s->query("SET citus.max_cached_conns_per_worker = 0;");
+	is($s->query("SELECT status FROM idem_request_begin('$k', 'fp');"),
+		'new', "an attempt begun $where");
+	is($o->safe_psql('postgres', "SELECT status FROM idem_request_begin('$k', 'fp')"),
+		'in_flight', "in flight while its session is connected, $where");
+	is($s->query("SELECT idem_request_checkpoint('$k', 'half'); SELECT 'ok';"),
+		"\nok", "its session checkpoints it in a later transaction, $where");
+	is($s->query("SELECT idem_request_finish(k, 201, '{}') FROM (SELECT '$k'::text) v(k); SELECT 'ok';"),
+		"\nok", "... and finishes it in a call made where it is, $where");
+	is($o->safe_psql('postgres', "SELECT status, response_code FROM idem_request_begin('$k', 'fp')"),
+		'replay|201', "replayed, $where");
+
+	my $g = remote_key('gone-' . $n->name, $n);
+	my $pid = $s->query("SELECT pg_backend_pid();");
+	is($s->query("SELECT status FROM idem_request_begin('$g', 'fp');"),
+		'new', "another attempt begun $where");
+	$s->close;
+	$n->poll_query_until('postgres',
+		"SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $pid)")
+	  or die "the session did not leave";
+	is($o->safe_psql('postgres', "SELECT status, recovery_point IS NULL FROM idem_request_begin('$g', 'fp')"),
+		'resume|t', "resumed once its session has left, $where");
+}
+
 # offsets and producer sequences
 is( $coord->safe_psql('postgres',
 		"SELECT idem_offset_advance('cons', 's', 0, 5), idem_offset_advance('cons', 's', 0, 5)"),
