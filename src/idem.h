@@ -84,7 +84,7 @@ extern void idem_citus_init(void);
 
 /*
  * A client session: on one server its pid and start time (node -1); on a
- * Citus cluster also the node it is connected to (citus_session.c).
+ * Citus cluster also the node it is connected to (session.c).
  */
 typedef struct IdemSession
 {

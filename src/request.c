@@ -8,8 +8,8 @@
  * caller's transaction.  While it is unfinished the row names its owner, the
  * session that began it (its pid and start time, so that a pid reused after
  * the owner left, or after a restart, is not taken for the owner; on a
- * Citus cluster also its node: session.c), and a lease.  Whether another attempt is still running is decided by the server,
- * not guessed:
+ * Citus cluster also its node: session.c), and a lease.  Whether another
+ * attempt is still running is decided by the server, not guessed:
  *
  *	- a transaction that inserted or is changing the row is in flight as long
  *	  as it is open (the store reports it without waiting);

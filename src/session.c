@@ -29,6 +29,7 @@
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "storage/procarray.h"
+#include "utils/acl.h"
 #include "utils/backend_status.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -41,77 +42,63 @@
 #define CITUS_NODE_NOT_IN_METADATA	99999999
 
 /*
+ * The backend status of the session with this pid on this server: its
+ * start time and login user.  Read afresh: a snapshot taken earlier in the
+ * transaction could show a session that has left since.  The snapshot read
+ * here is dropped again, so that the caller's next look at
+ * pg_stat_activity in this transaction reads the sessions as they are then,
+ * not as they were at this call.
+ */
+static bool
+session_status(int32 pid, TimestampTz *started, Oid *userid)
+{
+	bool		found = false;
+	int			n;
+	int			i;
+
+	pgstat_clear_backend_activity_snapshot();
+	n = pgstat_fetch_stat_numbackends();
+	for (i = 1; i <= n; i++)
+	{
+		LocalPgBackendStatus *local = pgstat_fetch_stat_local_beentry(i);
+
+		if (local != NULL && local->backendStatus.st_procpid == pid)
+		{
+			*started = local->backendStatus.st_proc_start_timestamp;
+			*userid = local->backendStatus.st_userid;
+			found = true;
+			break;
+		}
+	}
+	pgstat_clear_backend_activity_snapshot();
+	return found;
+}
+
+/*
  * Is the session with this pid and start time connected to this server?
  * Our own session is recognised by its pid and start time; another by its
  * pid in the process array and, since pids are reused, by the start time
- * its backend status shows.  The backend status is read afresh: a snapshot
- * taken earlier in the transaction could show a session that has left
- * since.  The snapshot read here is dropped again, so that the caller's
- * next look at pg_stat_activity in this transaction reads the sessions as
- * they are then, not as they were at this call.
+ * its backend status shows.
  */
 bool
 idem_session_alive(int32 pid, TimestampTz started)
 {
-	bool		alive = false;	/* not found: a new session with a reused pid */
-	int			n;
-	int			i;
+	TimestampTz st;
+	Oid			userid;
 
 	if (pid == MyProcPid)
 		return started == MyStartTimestamp;
 	if (BackendPidGetProc(pid) == NULL)
 		return false;
-	pgstat_clear_backend_activity_snapshot();
-	n = pgstat_fetch_stat_numbackends();
-	for (i = 1; i <= n; i++)
-	{
-		LocalPgBackendStatus *local = pgstat_fetch_stat_local_beentry(i);
-
-		if (local != NULL && local->backendStatus.st_procpid == pid)
-		{
-			alive = (local->backendStatus.st_proc_start_timestamp == started);
-			break;
-		}
-	}
-	pgstat_clear_backend_activity_snapshot();
-	return alive;
+	return session_status(pid, &st, &userid) && st == started;
 }
 
 /*
- * The start time of the session with this pid on this server, when it
- * logged in as userid: 0 when none is connected.
+ * Whether Citus made this backend for a client session (as Citus tells,
+ * from the application_name it connects with).
  */
-static TimestampTz
-session_started_here(int32 pid, Oid userid)
-{
-	TimestampTz started = 0;
-	int			n;
-	int			i;
-
-	pgstat_clear_backend_activity_snapshot();
-	n = pgstat_fetch_stat_numbackends();
-	for (i = 1; i <= n; i++)
-	{
-		LocalPgBackendStatus *local = pgstat_fetch_stat_local_beentry(i);
-
-		if (local != NULL && local->backendStatus.st_procpid == pid)
-		{
-			if (local->backendStatus.st_userid == userid)
-				started = local->backendStatus.st_proc_start_timestamp;
-			break;
-		}
-	}
-	pgstat_clear_backend_activity_snapshot();
-	return started;
-}
-
-/*
- * The global pid of the session this backend works for when Citus made it
- * for one (as Citus reads it, from the application_name it connects with),
- * or 0.
- */
-static uint64
-citus_client_gpid(void)
+static bool
+citus_made_for_client(void)
 {
 	static const char *const prefixes[] = {
 		"citus_internal gpid=", "citus_rebalancer gpid=", "citus_run_command gpid="
@@ -119,15 +106,11 @@ citus_client_gpid(void)
 	size_t		i;
 
 	if (application_name == NULL)
-		return 0;
+		return false;
 	for (i = 0; i < lengthof(prefixes); i++)
-	{
-		size_t		len = strlen(prefixes[i]);
-
-		if (strncmp(application_name, prefixes[i], len) == 0)
-			return strtou64(application_name + len, NULL, 10);
-	}
-	return 0;
+		if (strncmp(application_name, prefixes[i], strlen(prefixes[i])) == 0)
+			return true;
+	return false;
 }
 
 /* The statements below run as runas, in a connection to SPI of their own. */
@@ -153,21 +136,51 @@ session_sql_end(SessionSql *ss)
 	SetUserIdAndSecContext(ss->userid, ss->sec_context);
 }
 
-/* This node's id in Citus's metadata, as Citus finds it; once per backend. */
+/* The single value of a query without parameters (not null). */
+static Datum
+session_sql_value(const char *query, const char *what)
+{
+	int			rc = SPI_execute(query, true, 1);
+	bool		isnull = true;
+	Datum		d = (Datum) 0;
+
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not read %s: %s", what, SPI_result_code_string(rc));
+	if (SPI_processed == 1)
+		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull)
+		elog(ERROR, "could not read %s", what);
+	return d;
+}
+
+/*
+ * This backend's global pid, as Citus gives it: for a backend Citus made,
+ * the global pid of its client session.  Asked on every call: Citus may
+ * give a session a new one when the node joins the metadata.
+ */
+static uint64
+citus_gpid(void)
+{
+	return (uint64) DatumGetInt64(session_sql_value("SELECT pg_catalog.citus_backend_gpid()",
+													"Citus's global pid"));
+}
+
+/*
+ * This node's id, as Citus finds it (the active node of this node's group
+ * in this cluster), or CITUS_NODE_NOT_IN_METADATA.
+ */
 static int32
 citus_local_node(void)
 {
-	static int32 local_node = -1;
 	int			rc;
 	bool		isnull;
 	Datum		d;
 
-	if (local_node >= 0)
-		return local_node;
 	rc = SPI_execute("SELECT nodeid FROM pg_catalog.pg_dist_node"
 					 " WHERE groupid OPERATOR(pg_catalog.=)"
 					 " (SELECT groupid FROM pg_catalog.pg_dist_local_group)"
-					 " AND isactive AND noderole OPERATOR(pg_catalog.=) 'primary'"
+					 " AND isactive AND nodecluster OPERATOR(pg_catalog.=)"
+					 " pg_catalog.current_setting('citus.cluster_name')"
 					 " ORDER BY nodeid LIMIT 1",
 					 true, 1);
 	if (rc != SPI_OK_SELECT)
@@ -176,15 +189,15 @@ citus_local_node(void)
 	if (SPI_processed == 0)
 		return CITUS_NODE_NOT_IN_METADATA;
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	local_node = isnull ? CITUS_NODE_NOT_IN_METADATA : DatumGetInt32(d);
-	return local_node;
+	return isnull ? CITUS_NODE_NOT_IN_METADATA : DatumGetInt32(d);
 }
 
 /*
- * Run one command on the node with this id (a new connection, as Citus's
- * run_command_on_* functions make) and return its single value, or NULL
- * when the node is not in the metadata or the command failed there (the
- * node is unreachable, say).
+ * Run one command on the node with this id and return its single value, or
+ * NULL when the node is not in the metadata or the command failed there
+ * (the node is unreachable, say).  Citus makes a new connection for it, as
+ * its run_command_on_* functions do; its attempt to connect is bounded to
+ * two seconds, whatever citus.node_connection_timeout says.
  */
 static char *
 citus_node_query(int32 node, const char *command)
@@ -193,27 +206,33 @@ citus_node_query(int32 node, const char *command)
 	Datum		args[2];
 	int			rc;
 	bool		isnull;
-	char	   *result;
+	bool		success;
+	char	   *result = NULL;
+	int			save_nestlevel;
 
 	args[0] = Int32GetDatum(node);
 	args[1] = CStringGetTextDatum(command);
+	save_nestlevel = NewGUCNestLevel();
+	(void) set_config_option("citus.node_connection_timeout", "2000",
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+							 true, 0, false);
 	rc = SPI_execute_with_args("SELECT r.success, r.result"
 							   " FROM pg_catalog.pg_dist_node n,"
 							   " pg_catalog.master_run_on_worker(ARRAY[n.nodename],"
 							   " ARRAY[n.nodeport], ARRAY[$2], false) r"
 							   " WHERE n.nodeid OPERATOR(pg_catalog.=) $1",
 							   2, types, args, NULL, true, 1);
+	AtEOXact_GUC(true, save_nestlevel);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "could not run a command on node %d: %s", node,
 			 SPI_result_code_string(rc));
 	if (SPI_processed == 0)
 		return NULL;
-	if (!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-									SPI_tuptable->tupdesc, 1, &isnull)) ||
-		isnull)
-		return NULL;
-	result = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
-	return result ? pstrdup(result) : NULL;
+	success = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+										 SPI_tuptable->tupdesc, 1, &isnull));
+	if (!isnull && success)
+		result = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+	return result;
 }
 
 /* A start time as microseconds since 1970, exact on every node. */
@@ -224,91 +243,110 @@ started_unix_us(TimestampTz t)
 }
 
 /*
- * The start time of the session with this pid on the node with this id,
- * when its session user is user: 0 when none is connected there (or the
- * node cannot be asked).
+ * The start time and login user of the session with this pid on the node
+ * with this id; false when none is connected there, or when its start time
+ * cannot be read (a table owner without pg_read_all_stats) or the node
+ * cannot be asked.
  */
-static TimestampTz
-citus_session_started(int32 node, int32 pid, const char *user)
+static bool
+citus_session_status(int32 node, int32 pid, int32 local_node,
+					 TimestampTz *started, Oid *userid)
 {
-	char	   *command;
 	char	   *result;
-	int64		us;
+	char	   *space;
 
-	command = psprintf("SELECT COALESCE((SELECT"
-					   " (pg_catalog.extract('epoch', backend_start)"
-					   " OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8::pg_catalog.text"
-					   " FROM pg_catalog.pg_stat_activity"
-					   " WHERE pid OPERATOR(pg_catalog.=) %d"
-					   " AND usename OPERATOR(pg_catalog.=) %s), '')",
-					   pid, quote_literal_cstr(user));
-	result = citus_node_query(node, command);
-	if (result == NULL || result[0] == '\0')
-		return 0;
-	us = strtoi64(result, NULL, 10);
-	return us - (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
+	if (node == local_node)
+		return session_status(pid, started, userid);
+	if (node == CITUS_NODE_NOT_IN_METADATA)
+		return false;
+	result = citus_node_query(node,
+							  psprintf("SELECT COALESCE((SELECT (pg_catalog.extract('epoch', backend_start)"
+									   " OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8::pg_catalog.text"
+									   " OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) usename"
+									   " FROM pg_catalog.pg_stat_activity"
+									   " WHERE pid OPERATOR(pg_catalog.=) %d), '')",
+									   pid));
+	if (result == NULL || (space = strchr(result, ' ')) == NULL)
+		return false;
+	*space = '\0';
+	*started = strtoi64(result, NULL, 10) -
+		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
+	*userid = get_role_oid(space + 1, true);
+	return true;
 }
 
 /*
- * The client session this backend works for on a Citus node.  A backend
- * Citus made for a session of another node (or of this one) works for that
- * session; its start time is asked of its node once per backend.  That
- * session is taken for the client only when it logged in as the user this
- * backend logged in as (Citus connects as the user of the statement), so
- * that a session cannot pass for another one by the application_name it
- * gives; otherwise, and when the session's node cannot be asked, the
- * backend is its own client, as a client session is.
+ * The client session this backend works for on a Citus node: itself, named
+ * by Citus's global pid (its node and pid) and its start time; for a
+ * backend Citus made for a client session, that session, whose start time
+ * is asked of its node once per backend.  That session is taken for the
+ * client when it could have become the user this backend logged in as
+ * (Citus connects as the user of the statement: the session's login user,
+ * or a role it SET ROLE to), the sessions it could also terminate; a
+ * session of another login role, which could not (a call in a function
+ * that is SECURITY DEFINER, say), leaves the backend its own client, as a
+ * client session is.  A client session that cannot be found is an error:
+ * answered by any other session, the call could take another one's attempt
+ * for abandoned.
  */
 void
 idem_citus_session(Oid runas, IdemSession *me)
 {
-	static bool known_valid = false;
 	static uint64 known_gpid = 0;
 	static IdemSession known;
-	uint64		gpid = citus_client_gpid();
+	uint64		gpid;
+	int32		node;
+	int32		pid;
+	TimestampTz started;
+	Oid			userid;
 	SessionSql	ss;
 
-	if (known_valid && gpid == known_gpid)
-	{
-		*me = known;
-		return;
-	}
 	session_sql_begin(runas, &ss);
-	me->node = citus_local_node();
-	me->pid = MyProcPid;
-	me->started = MyStartTimestamp;
-	if (gpid != 0)
+	gpid = citus_gpid();
+	node = (int32) (gpid / CITUS_GPID_NODE_MULTIPLIER);
+	pid = (int32) (gpid % CITUS_GPID_NODE_MULTIPLIER);
+	if (!citus_made_for_client())
 	{
-		int32		node = (int32) (gpid / CITUS_GPID_NODE_MULTIPLIER);
-		int32		pid = (int32) (gpid % CITUS_GPID_NODE_MULTIPLIER);
-		TimestampTz started = 0;
+		me->node = node;
+		me->pid = MyProcPid;
+		me->started = MyStartTimestamp;
+	}
+	else if (gpid == known_gpid)
+		*me = known;
+	else
+	{
+		int32		local_node = citus_local_node();
 
-		if (node == me->node)
-			started = session_started_here(pid, GetSessionUserId());
-		else if (node != CITUS_NODE_NOT_IN_METADATA)
-			started = citus_session_started(node, pid,
-											GetUserNameFromId(GetSessionUserId(), false));
-		if (started != 0)
+		if (!citus_session_status(node, pid, local_node, &started, &userid))
+			ereport(ERROR,
+					(errcode(ERRCODE_CONNECTION_FAILURE),
+					 errmsg("could not find the client session of this connection of Citus"),
+					 errdetail("The session with global pid " UINT64_FORMAT " is not connected to node %d, or the node cannot be asked.",
+							   gpid, node),
+					 errhint("Retry the call.")));
+		if (OidIsValid(userid) && is_member_of_role(userid, GetSessionUserId()))
 		{
 			me->node = node;
 			me->pid = pid;
 			me->started = started;
 		}
-	}
-	session_sql_end(&ss);
-	/* until this node is in the metadata, asked again */
-	if (me->node != CITUS_NODE_NOT_IN_METADATA)
-	{
+		else
+		{
+			me->node = local_node;
+			me->pid = MyProcPid;
+			me->started = MyStartTimestamp;
+		}
 		known_gpid = gpid;
 		known = *me;
-		known_valid = true;
 	}
+	session_sql_end(&ss);
 }
 
 /*
  * Is the session s, of a Citus node, still connected?  Asked of its node;
- * a node that cannot be asked (missing from the metadata, unreachable) is
- * taken to keep its sessions: the caller's lease then decides.
+ * a node that cannot be asked (missing from the metadata, unreachable), or
+ * that shows the session without its start time, is taken to keep its
+ * sessions: the caller's lease then decides.
  */
 bool
 idem_citus_session_alive(Oid runas, const IdemSession *s)
@@ -317,21 +355,22 @@ idem_citus_session_alive(Oid runas, const IdemSession *s)
 	char	   *result;
 	bool		alive;
 
-	if (s->node < 0)
-		return idem_session_alive(s->pid, s->started);
 	session_sql_begin(runas, &ss);
 	if (s->node == citus_local_node())
 		alive = idem_session_alive(s->pid, s->started);
 	else
 	{
 		result = citus_node_query(s->node,
-								  psprintf("SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity"
-										   " WHERE pid OPERATOR(pg_catalog.=) %d"
-										   " AND (pg_catalog.extract('epoch', backend_start)"
+								  psprintf("SELECT CASE"
+										   " WHEN pg_catalog.bool_or(backend_start IS NULL) THEN 'unknown'"
+										   " WHEN pg_catalog.bool_or((pg_catalog.extract('epoch', backend_start)"
 										   " OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8"
-										   " OPERATOR(pg_catalog.=) " INT64_FORMAT,
-										   s->pid, started_unix_us(s->started)));
-		alive = (result == NULL || strcmp(result, "0") != 0);
+										   " OPERATOR(pg_catalog.=) " INT64_FORMAT ") THEN 'alive'"
+										   " ELSE 'gone' END"
+										   " FROM pg_catalog.pg_stat_activity"
+										   " WHERE pid OPERATOR(pg_catalog.=) %d",
+										   started_unix_us(s->started), s->pid));
+		alive = (result == NULL || strcmp(result, "gone") != 0);
 	}
 	session_sql_end(&ss);
 	return alive;

@@ -61,12 +61,12 @@ use PostgreSQL::Test::Utils;
 
 sub new
 {
-	my ($class, $node, $db) = @_;
+	my ($class, $node, $db, @psql_args) = @_;
 	my $self = { in => '', out => '', err => '' };
 	$self->{timer} = IPC::Run::timer($PostgreSQL::Test::Utils::timeout_default);
 	$self->{h} = IPC::Run::start(
 		[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-f', '-',
-		  '-d', $node->connstr($db) ],
+		  '-d', $node->connstr($db), @psql_args ],
 		'<', \$self->{in}, '>', \$self->{out}, '2>', \$self->{err},
 		$self->{timer});
 	return bless $self, $class;

@@ -227,8 +227,10 @@ is( $w1->safe_psql('postgres',
 # that began it, through every node, wherever its key's shard is: Citus's
 # connection that ran the begin may close (no cached connection here), and
 # the checkpoint and finish may run in another one or where they are made;
-# another session's begin through any node sees it in flight while the
-# session is connected, and resumes it once it has left
+# another session's begin, sent by Citus or made where it is, on the node of
+# the owner or on another, sees it in flight while the session is connected,
+# and resumes it once it has left.  One owner has SET ROLE: Citus connects
+# as that role.
 sub remote_key
 {
 	my ($prefix, $n) = @_;
@@ -239,17 +241,26 @@ sub remote_key
 	}
 	die "no key of $prefix off " . $n->name;
 }
-for my $pair ([ $coord, $w1 ], [ $w1, $w2 ], [ $w2, $coord ])
+$coord->safe_psql('postgres', 'CREATE ROLE tenant LOGIN; CREATE ROLE tenant_app LOGIN; GRANT tenant TO tenant_app');
+for my $case ([ $coord, $w1, '' ], [ $w1, $w2, '' ], [ $w2, $coord, '' ], [ $w1, $coord, 'tenant' ])
 {
-	my ($n, $o) = @$pair;
-	my $where = 'through ' . $n->name . ', seen through ' . $o->name;
-	my $k = remote_key('span-' . $n->name, $n);
-	my $s = IdemTest::Session->new($n, 'postgres');
-	$s->query("SET citus.max_cached_conns_per_worker = 0;");
-	is($s->query("SELECT status FROM idem_request_begin('$k', 'fp');"),
-		'new', "an attempt begun $where");
+	my ($n, $o, $role) = @$case;
+	my $where = 'through ' . $n->name . ($role ? " as $role" : '') . ', seen through ' . $o->name;
+	my $k = remote_key("span-$role-" . $n->name, $n);
+	my $s = IdemTest::Session->new($n, 'postgres', $role ? ('-U', 'tenant_app') : ());
+	$s->query("SET ROLE $role;") if $role;
+	my $pid = $s->query("SET citus.max_cached_conns_per_worker = 0; SELECT pg_backend_pid();");
+	like($s->query("SELECT idem_request_begin('$k', 'fp');"),
+		qr/^\(new,/, "an attempt begun by a call Citus sends, $where");
+	is( $coord->safe_psql('postgres',
+			"SELECT owner_node = (SELECT nodeid FROM pg_dist_node WHERE nodeport = " . $n->port
+			  . "), owner_pid = $pid FROM idem.requests WHERE key = '$k'"),
+		't|t', "... owned by the session, not by Citus's connection, $where");
 	is($o->safe_psql('postgres', "SELECT status FROM idem_request_begin('$k', 'fp')"),
 		'in_flight', "in flight while its session is connected, $where");
+	is( $n->safe_psql('postgres',
+			"SELECT (idem_request_begin(k, 'fp')).status FROM (SELECT '$k'::text) v(k)"),
+		'in_flight', "in flight to a call made on the session's node, $where");
 	is($s->query("SELECT idem_request_checkpoint('$k', 'half'); SELECT 'ok';"),
 		"\nok", "its session checkpoints it in a later transaction, $where");
 	is($s->query("SELECT idem_request_finish(k, 201, '{}') FROM (SELECT '$k'::text) v(k); SELECT 'ok';"),
@@ -257,8 +268,7 @@ for my $pair ([ $coord, $w1 ], [ $w1, $w2 ], [ $w2, $coord ])
 	is($o->safe_psql('postgres', "SELECT status, response_code FROM idem_request_begin('$k', 'fp')"),
 		'replay|201', "replayed, $where");
 
-	my $g = remote_key('gone-' . $n->name, $n);
-	my $pid = $s->query("SELECT pg_backend_pid();");
+	my $g = remote_key("gone-$role-" . $n->name, $n);
 	is($s->query("SELECT status FROM idem_request_begin('$g', 'fp');"),
 		'new', "another attempt begun $where");
 	$s->close;
