@@ -166,22 +166,50 @@ citus_gpid(void)
 }
 
 /*
- * This node's id, as Citus finds it (the active node of this node's group
- * in this cluster), or CITUS_NODE_NOT_IN_METADATA.
+ * Whether the node with this id is this one: a node of this node's group
+ * (the group holds a primary and its secondaries, and only a primary runs
+ * the calls that record an owner).  Citus gives a node missing from its
+ * metadata (a coordinator without citus_set_coordinator_host) the id
+ * CITUS_NODE_NOT_IN_METADATA: that is this node when it is missing.
+ */
+static bool
+citus_node_here(int32 node)
+{
+	Oid			type = INT4OID;
+	Datum		arg = Int32GetDatum(node);
+	int			rc;
+	bool		isnull;
+	bool		here;
+
+	rc = SPI_execute_with_args("SELECT CASE WHEN $1 OPERATOR(pg_catalog.=) " CppAsString2(CITUS_NODE_NOT_IN_METADATA)
+							   " THEN NOT EXISTS (SELECT FROM pg_catalog.pg_dist_node n, pg_catalog.pg_dist_local_group g"
+							   " WHERE n.groupid OPERATOR(pg_catalog.=) g.groupid)"
+							   " ELSE EXISTS (SELECT FROM pg_catalog.pg_dist_node n, pg_catalog.pg_dist_local_group g"
+							   " WHERE n.nodeid OPERATOR(pg_catalog.=) $1"
+							   " AND n.groupid OPERATOR(pg_catalog.=) g.groupid) END",
+							   1, &type, &arg, NULL, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "could not read Citus's nodes: %s",
+			 SPI_result_code_string(rc));
+	here = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 1, &isnull));
+	return !isnull && here;
+}
+
+/*
+ * This node's id: its group's primary, or CITUS_NODE_NOT_IN_METADATA.
  */
 static int32
-citus_local_node(void)
+citus_this_node(void)
 {
 	int			rc;
 	bool		isnull;
 	Datum		d;
 
-	rc = SPI_execute("SELECT nodeid FROM pg_catalog.pg_dist_node"
-					 " WHERE groupid OPERATOR(pg_catalog.=)"
-					 " (SELECT groupid FROM pg_catalog.pg_dist_local_group)"
-					 " AND isactive AND nodecluster OPERATOR(pg_catalog.=)"
-					 " pg_catalog.current_setting('citus.cluster_name')"
-					 " ORDER BY nodeid LIMIT 1",
+	rc = SPI_execute("SELECT n.nodeid FROM pg_catalog.pg_dist_node n, pg_catalog.pg_dist_local_group g"
+					 " WHERE n.groupid OPERATOR(pg_catalog.=) g.groupid"
+					 " AND n.noderole OPERATOR(pg_catalog.=) 'primary'"
+					 " ORDER BY n.nodeid LIMIT 1",
 					 true, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "could not read this node's id: %s",
@@ -197,7 +225,9 @@ citus_local_node(void)
  * NULL when the node is not in the metadata or the command failed there
  * (the node is unreachable, say).  Citus makes a new connection for it, as
  * its run_command_on_* functions do; its attempt to connect is bounded to
- * two seconds, whatever citus.node_connection_timeout says.
+ * two seconds at most, whatever citus.node_connection_timeout says.  (A
+ * caller deciding under the store's lock timeout of one millisecond takes a
+ * lock wait here for a holder in flight, which errs on the safe side.)
  */
 static char *
 citus_node_query(int32 node, const char *command)
@@ -209,13 +239,16 @@ citus_node_query(int32 node, const char *command)
 	bool		success;
 	char	   *result = NULL;
 	int			save_nestlevel;
+	const char *timeout;
 
 	args[0] = Int32GetDatum(node);
 	args[1] = CStringGetTextDatum(command);
 	save_nestlevel = NewGUCNestLevel();
-	(void) set_config_option("citus.node_connection_timeout", "2000",
-							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
-							 true, 0, false);
+	timeout = GetConfigOption("citus.node_connection_timeout", true, false);
+	if (timeout == NULL || atoi(timeout) > 2000)
+		(void) set_config_option("citus.node_connection_timeout", "2000",
+								 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+								 true, 0, false);
 	rc = SPI_execute_with_args("SELECT r.success, r.result"
 							   " FROM pg_catalog.pg_dist_node n,"
 							   " pg_catalog.master_run_on_worker(ARRAY[n.nodename],"
@@ -242,102 +275,153 @@ started_unix_us(TimestampTz t)
 	return t + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
 }
 
+/* What a node says of the session with a pid. */
+typedef enum CitusSessionFound
+{
+	CITUS_SESSION_FOUND,
+	CITUS_SESSION_NONE,			/* no session with that pid */
+	CITUS_SESSION_HIDDEN,		/* its start time cannot be read */
+	CITUS_SESSION_UNASKED		/* the node is not in the metadata, or
+								 * cannot be reached */
+} CitusSessionFound;
+
 /*
  * The start time and login user of the session with this pid on the node
- * with this id; false when none is connected there, or when its start time
- * cannot be read (a table owner without pg_read_all_stats) or the node
- * cannot be asked.
+ * with this id.
  */
-static bool
-citus_session_status(int32 node, int32 pid, int32 local_node,
-					 TimestampTz *started, Oid *userid)
+static CitusSessionFound
+citus_session_status(int32 node, int32 pid, TimestampTz *started, Oid *userid)
 {
 	char	   *result;
 	char	   *space;
 
-	if (node == local_node)
-		return session_status(pid, started, userid);
-	if (node == CITUS_NODE_NOT_IN_METADATA)
-		return false;
+	if (citus_node_here(node))
+		return session_status(pid, started, userid) ?
+			CITUS_SESSION_FOUND : CITUS_SESSION_NONE;
 	result = citus_node_query(node,
-							  psprintf("SELECT COALESCE((SELECT (pg_catalog.extract('epoch', backend_start)"
-									   " OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8::pg_catalog.text"
+							  psprintf("SELECT COALESCE((SELECT COALESCE((pg_catalog.extract('epoch', backend_start)"
+									   " OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8::pg_catalog.text, 'hidden')"
 									   " OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) usename"
 									   " FROM pg_catalog.pg_stat_activity"
-									   " WHERE pid OPERATOR(pg_catalog.=) %d), '')",
+									   " WHERE pid OPERATOR(pg_catalog.=) %d), 'none')",
 									   pid));
-	if (result == NULL || (space = strchr(result, ' ')) == NULL)
-		return false;
+	if (result == NULL)
+		return CITUS_SESSION_UNASKED;
+	if ((space = strchr(result, ' ')) == NULL)
+		return CITUS_SESSION_NONE;
 	*space = '\0';
+	if (strcmp(result, "hidden") == 0)
+		return CITUS_SESSION_HIDDEN;
 	*started = strtoi64(result, NULL, 10) -
 		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
 	*userid = get_role_oid(space + 1, true);
-	return true;
+	return CITUS_SESSION_FOUND;
+}
+
+/*
+ * Whether a connection logged in as this backend's login role may pass for
+ * a session logged in as userid: when that session could have become this
+ * role (its own, or one it could SET ROLE to), which is how Citus connects
+ * for it.  A superuser's session only by a superuser's connection: the
+ * application_name that names the session is not authenticated, and every
+ * role would otherwise pass for a superuser's sessions.
+ */
+static bool
+citus_may_pass_for(Oid userid)
+{
+	Oid			me = GetSessionUserId();
+
+	if (!OidIsValid(userid))
+		return false;
+	if (superuser_arg(userid))
+		return superuser_arg(me);
+	return is_member_of_role_nosuper(userid, me);
 }
 
 /*
  * The client session this backend works for on a Citus node: itself, named
  * by Citus's global pid (its node and pid) and its start time; for a
  * backend Citus made for a client session, that session, whose start time
- * is asked of its node once per backend.  That session is taken for the
- * client when it could have become the user this backend logged in as
- * (Citus connects as the user of the statement: the session's login user,
- * or a role it SET ROLE to), the sessions it could also terminate; a
- * session of another login role, which could not (a call in a function
- * that is SECURITY DEFINER, say), leaves the backend its own client, as a
- * client session is.  A client session that cannot be found is an error:
+ * and login role are asked of its node once per backend.  That session is
+ * taken for the client when this backend's login role may pass for it
+ * (citus_may_pass_for); otherwise (a call in a SECURITY DEFINER function,
+ * or a superuser's session that SET ROLE) the backend is its own client, as
+ * a client session is.  A client session that cannot be found is an error:
  * answered by any other session, the call could take another one's attempt
  * for abandoned.
  */
 void
 idem_citus_session(Oid runas, IdemSession *me)
 {
-	static uint64 known_gpid = 0;
+	static bool known_valid = false;
+	static uint64 known_gpid;
 	static IdemSession known;
 	uint64		gpid;
 	int32		node;
 	int32		pid;
-	TimestampTz started;
-	Oid			userid;
+	TimestampTz started = 0;
+	Oid			userid = InvalidOid;
 	SessionSql	ss;
 
 	session_sql_begin(runas, &ss);
 	gpid = citus_gpid();
 	node = (int32) (gpid / CITUS_GPID_NODE_MULTIPLIER);
 	pid = (int32) (gpid % CITUS_GPID_NODE_MULTIPLIER);
-	if (!citus_made_for_client())
+	me->node = node;
+	me->pid = MyProcPid;
+	me->started = MyStartTimestamp;
+	if (gpid == 0 || !citus_made_for_client())
 	{
-		me->node = node;
-		me->pid = MyProcPid;
-		me->started = MyStartTimestamp;
+		/* a client session, named as Citus names it (when Citus does) */
+		if (gpid == 0)
+			me->node = citus_this_node();
 	}
-	else if (gpid == known_gpid)
+	else if (known_valid && gpid == known_gpid)
 		*me = known;
 	else
 	{
-		int32		local_node = citus_local_node();
-
-		if (!citus_session_status(node, pid, local_node, &started, &userid))
-			ereport(ERROR,
-					(errcode(ERRCODE_CONNECTION_FAILURE),
-					 errmsg("could not find the client session of this connection of Citus"),
-					 errdetail("The session with global pid " UINT64_FORMAT " is not connected to node %d, or the node cannot be asked.",
-							   gpid, node),
-					 errhint("Retry the call.")));
-		if (OidIsValid(userid) && is_member_of_role(userid, GetSessionUserId()))
+		switch (citus_session_status(node, pid, &started, &userid))
 		{
-			me->node = node;
+			case CITUS_SESSION_FOUND:
+				break;
+			case CITUS_SESSION_NONE:
+				ereport(ERROR,
+						(errcode(ERRCODE_CONNECTION_FAILURE),
+						 errmsg("the client session of this connection of Citus is gone"),
+						 errdetail("No session with pid %d is connected to node %d.",
+								   pid, node)));
+				break;
+			case CITUS_SESSION_HIDDEN:
+				ereport(ERROR,
+						(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+						 errmsg("the start time of the client session of this connection of Citus cannot be read"),
+						 errdetail("The owner of idem's tables cannot read the start time of other roles' sessions on node %d.",
+								   node),
+						 errhint("Grant pg_read_all_stats to the owner of idem's tables.")));
+				break;
+			case CITUS_SESSION_UNASKED:
+				if (node == CITUS_NODE_NOT_IN_METADATA)
+					ereport(ERROR,
+							(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+							 errmsg("the client session of this connection of Citus is on a node missing from Citus's metadata"),
+							 errhint("Add the coordinator to the metadata with citus_set_coordinator_host().")));
+				ereport(ERROR,
+						(errcode(ERRCODE_CONNECTION_FAILURE),
+						 errmsg("could not ask node %d for the client session of this connection of Citus",
+								node),
+						 errhint("Retry the call once the node can be reached.")));
+				break;
+		}
+		if (citus_may_pass_for(userid))
+		{
 			me->pid = pid;
 			me->started = started;
 		}
 		else
-		{
-			me->node = local_node;
-			me->pid = MyProcPid;
-			me->started = MyStartTimestamp;
-		}
+			me->node = citus_this_node();	/* its own client */
 		known_gpid = gpid;
 		known = *me;
+		known_valid = true;
 	}
 	session_sql_end(&ss);
 }
@@ -356,7 +440,7 @@ idem_citus_session_alive(Oid runas, const IdemSession *s)
 	bool		alive;
 
 	session_sql_begin(runas, &ss);
-	if (s->node == citus_local_node())
+	if (citus_node_here(s->node))
 		alive = idem_session_alive(s->pid, s->started);
 	else
 	{

@@ -279,6 +279,30 @@ for my $case ([ $coord, $w1, '' ], [ $w1, $w2, '' ], [ $w2, $coord, '' ], [ $w1,
 		'resume|t', "resumed once its session has left, $where");
 }
 
+# the application_name that names a connection's client session is not
+# authenticated: a connection passes for a session only when that session
+# could have become the connection's role, and for a superuser's session
+# only as a superuser; another role's connection is its own client
+$coord->safe_psql('postgres', 'CREATE ROLE intruder LOGIN');
+for my $victim ('postgres', 'tenant_app')
+{
+	my $k = remote_key("victim-$victim", $coord);
+	my $v = IdemTest::Session->new($coord, 'postgres', '-U', $victim);
+	my $gpid = $v->query("SET citus.max_cached_conns_per_worker = 0; SELECT citus_backend_gpid();");
+	is($v->query("SELECT status FROM idem_request_begin('$k', 'fp');"),
+		'new', "an attempt of a session of $victim");
+	my $kn = (grep { $_->port eq placement_port('idem.requests', "'$k'") } ($w1, $w2))[0];
+	local $ENV{PGAPPNAME} = "citus_internal gpid=$gpid";
+	my ($ret, $out, $err) = $kn->psql('postgres',
+		"SELECT idem_request_finish('$k', 200)",
+		extra_params => [ '-U', 'intruder' ]);
+	like($err, qr/is not owned by this session/,
+		"another role's connection naming the session of $victim cannot finish its attempt");
+	is($v->query("SELECT idem_request_finish('$k', 201); SELECT 'ok';"),
+		"\nok", "... which its session still owns ($victim)");
+	$v->close;
+}
+
 # offsets and producer sequences
 is( $coord->safe_psql('postgres',
 		"SELECT idem_offset_advance('cons', 's', 0, 5), idem_offset_advance('cons', 's', 0, 5)"),
