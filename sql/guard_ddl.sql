@@ -48,6 +48,15 @@ SELECT err($$ALTER TABLE go ADD FOREIGN KEY (id, v) REFERENCES go_parent$$);
 -- the guard is as it was, and still works
 SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'go'::regclass;
 SELECT err($$UPDATE go SET st = 'shipped'$$);
+-- a NOT NULL dropped where the event trigger does not fire (here with
+-- session_replication_role = replica) fails the guard where it fires
+BEGIN;
+SET LOCAL session_replication_role = replica;
+ALTER TABLE go ALTER COLUMN v DROP NOT NULL;
+SET LOCAL session_replication_role = origin;
+SELECT err($$UPDATE go SET note = 'x'$$);
+SELECT err($$SELECT idem_transition('go', '1', 'paid')$$);
+ROLLBACK;
 SELECT idem_transition('go', '1', 'paid', 0);
 
 -- other changes of the table work as without the guard

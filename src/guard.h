@@ -305,8 +305,8 @@ extern bool guard_is_trigger(Trigger *trigger, Oid fn);
 extern Trigger *guard_find_trigger(Relation rel, Oid caller_fn);
 extern void guard_problem_raise(GuardProblem *problem);
 extern char *guard_version_key_problem(Relation rel, AttrNumber attnum);
-extern bool guard_definition(Relation rel, Trigger *trigger, bool strict,
-							 GuardDef *def, GuardProblem *problem);
+extern bool guard_definition(Relation rel, Trigger *trigger, GuardDef *def,
+							 GuardProblem *problem);
 extern int	guard_trigger_depth(void);
 extern GuardEntry *guard_entry_get(Relation rel, Trigger *trigger);
 

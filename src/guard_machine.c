@@ -809,12 +809,14 @@ guard_version_key_problem(Relation rel, AttrNumber attnum)
  * definition into *def: BEFORE UPDATE FOR EACH ROW and nothing else (no
  * column list, no WHEN condition), on a table outside idem's schema, with
  * (machine, state column [, version column]) as arguments naming live
- * columns, the version column of an integer type and part of no key.
- * "strict" adds what idem_guard demands of a new guard and DDL keeps: a
- * version column NOT NULL.  Returns false and fills *problem otherwise.
+ * columns, the version column of an integer type, NOT NULL and part of no
+ * key.  Returns false and fills *problem otherwise.  idem_guard and DDL
+ * check the same, and so does every firing: a NOT NULL dropped where event
+ * triggers do not fire (session_replication_role = replica) fails the
+ * guard instead of leaving it to tolerate NULL versions.
  */
 bool
-guard_definition(Relation rel, Trigger *trigger, bool strict, GuardDef *def,
+guard_definition(Relation rel, Trigger *trigger, GuardDef *def,
 				 GuardProblem *problem)
 {
 	const char *relname = RelationGetRelationName(rel);
@@ -897,7 +899,7 @@ guard_definition(Relation rel, Trigger *trigger, bool strict, GuardDef *def,
 									  version_col, relname),
 							 pstrdup(GUARD_GENERATED_DETAIL),
 							 "Give a column of its own as the version column.");
-	if (strict && !att->attnotnull)
+	if (!att->attnotnull)
 		return guard_problem(problem, ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
 							 psprintf("version column \"%s\" must be NOT NULL",
 									  version_col),
@@ -971,7 +973,7 @@ guard_entry_get(Relation rel, Trigger *trigger)
 	entry->key_valid = false;
 	entry->plans_valid = false;
 	guard_entry_new_fn_cxt(entry);
-	if (!guard_definition(rel, trigger, false, &def, &problem))
+	if (!guard_definition(rel, trigger, &def, &problem))
 		guard_problem_raise(&problem);
 
 	entry->machine_too_long = strlen(def.machine) >= NAMEDATALEN;

@@ -1153,7 +1153,7 @@ check_guards_after_ddl(Relation rel, Oid fn, bool created, bool new_table)
 
 		if (!guard_is_trigger(trigger, fn))
 			continue;
-		if (!guard_definition(rel, trigger, true, &def, &problem))
+		if (!guard_definition(rel, trigger, &def, &problem))
 		{
 			if (created)
 				guard_problem_raise(&problem);
