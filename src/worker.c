@@ -4,31 +4,39 @@
  *	  The maintenance worker: the purges of every capability, on schedule.
  *
  * With idem in shared_preload_libraries and idem.maintenance on, the
- * postmaster starts one background worker.  It connects to idem.database
- * and, every idem.maintenance_interval, runs idem_maintenance(batch) in
+ * postmaster starts one background worker, the launcher.  Every
+ * idem.maintenance_interval it starts a round: a worker of its own that
+ * connects to idem.database and runs idem_maintenance(batch) in
  * transactions of their own until a round purges less than a batch of each
  * kind (or the interval is used up), so that no transaction holds many rows
- * and claims, tokens and requests go on meanwhile.  After each batch it
- * sleeps so that it works idem.maintenance_load of the time (a quarter by
- * default): a backlog is purged at a pace that leaves most of the machine to
- * the claims.  Each purge keeps to the retention of its namespace: the
- * worker only calls the purge functions.
+ * and claims, tokens and requests go on meanwhile, and then exits.  After
+ * each batch it sleeps so that it works idem.maintenance_load of the time (a
+ * quarter by default): a backlog is purged at a pace that leaves most of the
+ * machine to the claims.  Each purge keeps to the retention of its
+ * namespace: the worker only calls the purge functions.
  *
- * A round that fails is logged and retried at the next interval; the worker
- * does not exit for it.  A database without the extension is skipped (and
- * logged once).  The worker ends at once on SIGTERM, and is restarted by the
- * postmaster after a crash.
+ * The launcher connects to no database: between rounds nothing of idem is
+ * connected to idem.database, which can then be dropped, or copied as a
+ * template, as any database without sessions.  A database that does not
+ * exist is skipped (and logged once) until it does.
+ *
+ * A round that fails is logged and retried at the next interval.  A
+ * database without the extension is skipped (and logged once).  The
+ * launcher ends at once on SIGTERM, and is restarted by the postmaster
+ * after a crash.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
+#include "storage/shmem.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/proc.h"
@@ -42,12 +50,51 @@
 #include "idem.h"
 
 PGDLLEXPORT void idem_maintenance_main(Datum main_arg);
+PGDLLEXPORT void idem_maintenance_round_main(Datum main_arg);
 
 static bool worker_enabled = true;
 static char *worker_database = NULL;
 static int	worker_interval = 60;	/* seconds */
 static int	worker_batch = 1000;
 static double worker_load = 0.25;	/* share of the time spent purging */
+
+/*
+ * What the launcher and its rounds know of idem.database's state: what was
+ * last logged (0 nothing; -1 the extension missing; -3 at a version without
+ * idem_maintenance(); -4 the database missing), so that each is logged once
+ * and not at every round.  A round reads it and leaves it for the next.
+ */
+typedef struct WorkerShared
+{
+	int64		logged;
+} WorkerShared;
+
+static WorkerShared *worker_shared = NULL;
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static void
+worker_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(sizeof(WorkerShared));
+}
+
+static void
+worker_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	worker_shared = ShmemInitStruct("idem_maintenance_worker",
+									sizeof(WorkerShared), &found);
+	if (!found)
+		worker_shared->logged = 0;
+	LWLockRelease(AddinShmemInitLock);
+}
 
 void
 idem_worker_init(void)
@@ -90,6 +137,11 @@ idem_worker_init(void)
 
 	if (!worker_enabled)
 		return;
+
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = worker_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = worker_shmem_startup;
 
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
@@ -185,11 +237,18 @@ worker_round(char *version, size_t versionlen)
 	return most;
 }
 
+/*
+ * A round, in a worker of its own connected to idem.database: batch after
+ * batch until less than a batch of each kind is left (or the interval is
+ * used up).
+ */
 void
-idem_maintenance_main(Datum main_arg)
+idem_maintenance_round_main(Datum main_arg)
 {
-	int64		logged = 0;		/* the state last logged: -1 or -3 */
+	int64		logged = worker_shared->logged;
 	char		version[64] = "";
+	TimestampTz start = GetCurrentTimestamp();
+	int64		most;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -209,74 +268,141 @@ idem_maintenance_main(Datum main_arg)
 	SetConfigOption("default_transaction_read_only", "off", PGC_SUSET,
 					PGC_S_OVERRIDE);
 
+	/*
+	 * Batch after batch, while there is more and time left, sleeping after
+	 * each so that the purge takes idem.maintenance_load of the time: the
+	 * claims it runs beside keep the rest of the machine.
+	 */
+	for (;;)
+	{
+		TimestampTz batch_start = GetCurrentTimestamp();
+		long		worked;
+
+		CHECK_FOR_INTERRUPTS();
+		most = worker_round(version, sizeof(version));
+		if (most < worker_batch ||
+			TimestampDifferenceExceeds(start, GetCurrentTimestamp(),
+									   worker_interval * 1000))
+			break;
+		worked = TimestampDifferenceMilliseconds(batch_start,
+												 GetCurrentTimestamp());
+		if (worker_load < 1.0 && worked > 0)
+		{
+			double		pause = worked * (1.0 - worker_load) / worker_load;
+
+			(void) WaitLatch(MyLatch,
+							 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 (long) Min(pause, worker_interval * 1000.0),
+							 PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+		}
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+	}
+	if (most == -1 && logged != -1)
+	{
+		ereport(LOG,
+				(errmsg("idem maintenance worker: extension \"idem\" is not installed in database \"%s\"",
+						worker_database),
+				 errhint("Create it there, or set idem.database to the database that has it.")));
+		logged = -1;
+	}
+	else if (most == -3 && logged != -3)
+	{
+		ereport(LOG,
+				(errmsg("idem maintenance worker: extension \"idem\" in database \"%s\" is at version %s, which has no idem_maintenance()",
+						worker_database, version),
+				 errhint("Run ALTER EXTENSION idem UPDATE there.")));
+		logged = -3;
+	}
+	else if (most >= 0)
+		logged = 0;
+	worker_shared->logged = logged;
+	proc_exit(0);
+}
+
+/* Whether idem.database exists (the launcher reads the shared catalog). */
+static bool
+worker_database_exists(void)
+{
+	bool		exists;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	exists = OidIsValid(get_database_oid(worker_database, true));
+	CommitTransactionCommand();
+	return exists;
+}
+
+/* Start a round and wait for its end. */
+static void
+worker_run_round(void)
+{
+	BackgroundWorker worker;
+	BackgroundWorkerHandle *handle;
+	pid_t		pid;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+		BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "idem");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "idem_maintenance_round_main");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "idem maintenance round");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "idem maintenance round");
+	worker.bgw_notify_pid = MyProcPid;
+	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
+	{
+		ereport(LOG,
+				(errmsg("idem maintenance worker: could not start a round"),
+				 errhint("Raise max_worker_processes; the round is tried again at the next interval.")));
+		return;
+	}
+	if (WaitForBackgroundWorkerStartup(handle, &pid) == BGWH_POSTMASTER_DIED ||
+		WaitForBackgroundWorkerShutdown(handle) == BGWH_POSTMASTER_DIED)
+		proc_exit(1);
+	pfree(handle);
+}
+
+/* The launcher: a round every idem.maintenance_interval. */
+void
+idem_maintenance_main(Datum main_arg)
+{
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	/* no database: only the shared catalogs, to see whether it exists */
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+
 	ereport(LOG,
 			(errmsg("idem maintenance worker started in database \"%s\", every %d s",
 					worker_database, worker_interval)));
 
 	for (;;)
 	{
-		TimestampTz start = GetCurrentTimestamp();
-		int64		most;
-
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
 		}
-
-		/*
-		 * Batch after batch, while there is more and time left, sleeping
-		 * after each so that the purge takes idem.maintenance_load of the
-		 * time: the claims it runs beside keep the rest of the machine.
-		 */
-		for (;;)
-		{
-			TimestampTz batch_start = GetCurrentTimestamp();
-			long		worked;
-
-			CHECK_FOR_INTERRUPTS();
-			most = worker_round(version, sizeof(version));
-			if (most < worker_batch ||
-				TimestampDifferenceExceeds(start, GetCurrentTimestamp(),
-										   worker_interval * 1000))
-				break;
-			worked = TimestampDifferenceMilliseconds(batch_start,
-													 GetCurrentTimestamp());
-			if (worker_load < 1.0 && worked > 0)
-			{
-				double		pause = worked * (1.0 - worker_load) / worker_load;
-
-				(void) WaitLatch(MyLatch,
-								 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-								 (long) Min(pause, worker_interval * 1000.0),
-								 PG_WAIT_EXTENSION);
-				ResetLatch(MyLatch);
-			}
-			if (ConfigReloadPending)
-			{
-				ConfigReloadPending = false;
-				ProcessConfigFile(PGC_SIGHUP);
-			}
-		}
-		if (most == -1 && logged != -1)
+		if (worker_database_exists())
+			worker_run_round();
+		else if (worker_shared->logged != -4)
 		{
 			ereport(LOG,
-					(errmsg("idem maintenance worker: extension \"idem\" is not installed in database \"%s\"",
+					(errmsg("idem maintenance worker: database \"%s\" does not exist",
 							worker_database),
-					 errhint("Create it there, or set idem.database to the database that has it.")));
-			logged = -1;
+					 errhint("Create it, or set idem.database to the database that has idem.")));
+			worker_shared->logged = -4;
 		}
-		else if (most == -3 && logged != -3)
-		{
-			ereport(LOG,
-					(errmsg("idem maintenance worker: extension \"idem\" in database \"%s\" is at version %s, which has no idem_maintenance()",
-							worker_database, version),
-					 errhint("Run ALTER EXTENSION idem UPDATE there.")));
-			logged = -3;
-		}
-		else if (most >= 0)
-			logged = 0;
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+			continue;
 
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,

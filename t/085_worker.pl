@@ -164,6 +164,29 @@ ALTER EXTENSION idem UPDATE;
 INSERT INTO idem.claims SELECT 'default', 'up-' || i, now() - interval '30 days' FROM generate_series(1, 20) i});
 ok(poll_node($old, 'old', q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'up-%'}, '0'),
 	'once updated, the worker purges there');
+
+# between rounds nothing of idem is connected to its database: it can be
+# copied as a template and dropped, as a database without sessions; one that
+# does not exist is logged once and skipped, without an error every round
+$old->safe_psql('postgres', q{ALTER SYSTEM SET idem.maintenance_interval = '1h'; SELECT pg_reload_conf()});
+sleep(3);	# the reload runs a round at once, then none for an hour
+ok(poll_node($old, 'postgres', q{SELECT count(*) FROM pg_stat_activity WHERE datname = 'old'}, '0'),
+	'no session of the worker in its database between rounds');
+is($old->safe_psql('postgres',
+		q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idem maintenance worker' AND datname IS NULL}),
+	'1', 'the worker itself is connected to no database');
+my ($tpl_ret, $tpl_out, $tpl_err) = $old->psql('postgres', 'CREATE DATABASE copied TEMPLATE old');
+is($tpl_ret, 0, 'the database is copied as a template') or diag $tpl_err;
+my ($drop_ret, $drop_out, $drop_err) = $old->psql('postgres', 'DROP DATABASE old');
+is($drop_ret, 0, 'and dropped') or diag $drop_err;
+my $drop_offset = -s $old->logfile;
+$old->safe_psql('postgres', q{ALTER SYSTEM SET idem.maintenance_interval = '1s'; SELECT pg_reload_conf()});
+ok(wait_for_log($old, qr/idem maintenance worker: database "old" does not exist/, $drop_offset),
+	'a database that does not exist is logged');
+sleep(3);
+my $drop_log = substr(slurp_file($old->logfile), $drop_offset);
+is(scalar(() = $drop_log =~ /database "old" does not exist/g), 1, 'once, not every round');
+unlike($drop_log, qr/FATAL/, 'and no round fails to connect');
 $old->stop;
 
 # off switch
