@@ -29,8 +29,10 @@
  */
 #include "postgres.h"
 
+#include "access/heapam.h"
+#include "access/tableam.h"
 #include "access/xact.h"
-#include "commands/dbcommands.h"
+#include "catalog/pg_database.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -324,17 +326,73 @@ idem_maintenance_round_main(Datum main_arg)
 	proc_exit(0);
 }
 
-/* Whether idem.database exists (the launcher reads the shared catalog). */
-static bool
-worker_database_exists(void)
+/* What the launcher finds of idem.database in pg_database. */
+typedef enum WorkerDatabase
 {
-	bool		exists;
+	WORKER_DB_OK,
+	WORKER_DB_MISSING,
+	WORKER_DB_NO_CONNECTIONS	/* datallowconn off, or left invalid by an
+								 * interrupted DROP DATABASE */
+} WorkerDatabase;
+
+/*
+ * Look idem.database up in pg_database.  The launcher is connected to no
+ * database: it reads the shared catalog by a plain scan, as autovacuum's
+ * launcher does (its indexes need the shared relcache init file, which a
+ * start removes and only a backend of a database writes again).
+ */
+static WorkerDatabase
+worker_database_state(void)
+{
+	WorkerDatabase state = WORKER_DB_MISSING;
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tup;
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
-	exists = OidIsValid(get_database_oid(worker_database, true));
+	(void) GetTransactionSnapshot();
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while ((tup = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
+
+		if (strcmp(NameStr(db->datname), worker_database) != 0)
+			continue;
+		state = WORKER_DB_OK;
+		if (!db->datallowconn)
+			state = WORKER_DB_NO_CONNECTIONS;
+#ifdef DATCONNLIMIT_INVALID_DB
+		if (db->datconnlimit == DATCONNLIMIT_INVALID_DB)
+			state = WORKER_DB_NO_CONNECTIONS;
+#endif
+		break;
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
 	CommitTransactionCommand();
-	return exists;
+	return state;
+}
+
+/* The round in progress, which the launcher ends when it exits. */
+static BackgroundWorkerHandle *worker_round_handle = NULL;
+
+static void
+worker_end_round(int code, Datum arg)
+{
+	if (worker_round_handle != NULL)
+		TerminateBackgroundWorker(worker_round_handle);
+}
+
+/* Log a state of idem.database once, until another one is logged. */
+static void
+worker_log_once(int64 state, const char *msg, const char *hint)
+{
+	if (worker_shared->logged == state)
+		return;
+	ereport(LOG, (errmsg_internal("%s", msg), errhint("%s", hint)));
+	worker_shared->logged = state;
 }
 
 /* Start a round and wait for its end. */
@@ -344,6 +402,7 @@ worker_run_round(void)
 	BackgroundWorker worker;
 	BackgroundWorkerHandle *handle;
 	pid_t		pid;
+	BgwHandleStatus status;
 
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
@@ -357,56 +416,88 @@ worker_run_round(void)
 	worker.bgw_notify_pid = MyProcPid;
 	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
 	{
-		ereport(LOG,
-				(errmsg("idem maintenance worker: could not start a round"),
-				 errhint("Raise max_worker_processes; the round is tried again at the next interval.")));
+		worker_log_once(-6,
+						"idem maintenance worker: could not start a round",
+						"Raise max_worker_processes; a round is tried at every interval.");
 		return;
 	}
-	if (WaitForBackgroundWorkerStartup(handle, &pid) == BGWH_POSTMASTER_DIED ||
-		WaitForBackgroundWorkerShutdown(handle) == BGWH_POSTMASTER_DIED)
-		proc_exit(1);
+	if (worker_shared->logged == -6)
+		worker_shared->logged = 0;
+	worker_round_handle = handle;
+	status = WaitForBackgroundWorkerStartup(handle, &pid);
+	if (status != BGWH_POSTMASTER_DIED)
+		status = WaitForBackgroundWorkerShutdown(handle);
+	worker_round_handle = NULL;
 	pfree(handle);
+	if (status == BGWH_POSTMASTER_DIED)
+		proc_exit(1);
 }
 
-/* The launcher: a round every idem.maintenance_interval. */
+/*
+ * The launcher: a round every idem.maintenance_interval, counted from the
+ * end of the last.  Whatever else wakes it (a reload, a signal barrier of
+ * DROP DATABASE, a late notice of a round) starts no round before its time.
+ */
 void
 idem_maintenance_main(Datum main_arg)
 {
+	TimestampTz next_round = 0;
+
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 	/* no database: only the shared catalogs, to see whether it exists */
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	before_shmem_exit(worker_end_round, (Datum) 0);
 
 	ereport(LOG,
-			(errmsg("idem maintenance worker started in database \"%s\", every %d s",
+			(errmsg("idem maintenance worker started for database \"%s\", every %d s",
 					worker_database, worker_interval)));
 
 	for (;;)
 	{
+		TimestampTz now;
+
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
 		{
+			int			old_interval = worker_interval;
+
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
+			/* a new interval counts from the end of the last round */
+			if (worker_interval != old_interval && next_round != 0)
+				next_round = TimestampTzPlusMilliseconds(next_round,
+														 (worker_interval - old_interval) * 1000L);
 		}
-		if (worker_database_exists())
-			worker_run_round();
-		else if (worker_shared->logged != -4)
+		now = GetCurrentTimestamp();
+		if (now >= next_round)
 		{
-			ereport(LOG,
-					(errmsg("idem maintenance worker: database \"%s\" does not exist",
-							worker_database),
-					 errhint("Create it, or set idem.database to the database that has idem.")));
-			worker_shared->logged = -4;
-		}
-		CHECK_FOR_INTERRUPTS();
-		if (ConfigReloadPending)
+			switch (worker_database_state())
+			{
+				case WORKER_DB_OK:
+					worker_run_round();
+					break;
+				case WORKER_DB_MISSING:
+					worker_log_once(-4,
+									psprintf("idem maintenance worker: database \"%s\" does not exist",
+											 worker_database),
+									"Create it, or set idem.database to the database that has idem.");
+					break;
+				case WORKER_DB_NO_CONNECTIONS:
+					worker_log_once(-5,
+									psprintf("idem maintenance worker: database \"%s\" does not accept connections",
+											 worker_database),
+									"Allow connections to it, or set idem.database to another database.");
+					break;
+			}
+			next_round = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													 worker_interval * 1000L);
 			continue;
-
+		}
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 worker_interval * 1000L,
+						 TimestampDifferenceMilliseconds(now, next_round),
 						 PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 	}

@@ -159,6 +159,9 @@ sleep(3);
 my $old_log = slurp_file($old->logfile);
 is(scalar(() = $old_log =~ /is at version 0\.1\.0/g), 1, 'once, not every round');
 unlike($old_log, qr/ERROR:.*idem_maintenance/, 'and fails no round');
+# started before any backend of a database, the worker reads pg_database
+# without its index (whose shared relcache entry a start removes)
+unlike($old_log, qr/FATAL:  (?!terminating background worker)/, 'the worker and its rounds start without failing');
 $old->safe_psql('old', q{
 ALTER EXTENSION idem UPDATE;
 INSERT INTO idem.claims SELECT 'default', 'up-' || i, now() - interval '30 days' FROM generate_series(1, 20) i});
@@ -169,7 +172,7 @@ ok(poll_node($old, 'old', q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE '
 # copied as a template and dropped, as a database without sessions; one that
 # does not exist is logged once and skipped, without an error every round
 $old->safe_psql('postgres', q{ALTER SYSTEM SET idem.maintenance_interval = '1h'; SELECT pg_reload_conf()});
-sleep(3);	# the reload runs a round at once, then none for an hour
+sleep(2);	# a round in progress ends; the next is in an hour
 ok(poll_node($old, 'postgres', q{SELECT count(*) FROM pg_stat_activity WHERE datname = 'old'}, '0'),
 	'no session of the worker in its database between rounds');
 is($old->safe_psql('postgres',
@@ -185,8 +188,8 @@ ok(wait_for_log($old, qr/idem maintenance worker: database "old" does not exist/
 	'a database that does not exist is logged');
 sleep(3);
 my $drop_log = substr(slurp_file($old->logfile), $drop_offset);
-is(scalar(() = $drop_log =~ /database "old" does not exist/g), 1, 'once, not every round');
-unlike($drop_log, qr/FATAL/, 'and no round fails to connect');
+is(scalar(() = $drop_log =~ /idem maintenance worker: database "old" does not exist/g), 1, 'once, not every round');
+unlike($drop_log, qr/FATAL:  (?!terminating background worker)/, 'and no round fails to connect');
 $old->stop;
 
 # off switch
