@@ -61,14 +61,16 @@ static int	worker_batch = 1000;
 static double worker_load = 0.25;	/* share of the time spent purging */
 
 /*
- * What the launcher and its rounds know of idem.database's state: what was
- * last logged (0 nothing; -1 the extension missing; -3 at a version without
- * idem_maintenance(); -4 the database missing), so that each is logged once
- * and not at every round.  A round reads it and leaves it for the next.
+ * What was last logged of idem.database, so that each state is logged once
+ * and not at every round: by the rounds (0 nothing; -1 the extension
+ * missing; -3 at a version without idem_maintenance()), and by the launcher
+ * (0 nothing; -4 the database missing; -5 not accepting connections; -6 no
+ * round could be started).  Each field has one writer at a time.
  */
 typedef struct WorkerShared
 {
-	int64		logged;
+	int			round_logged;
+	int			launcher_logged;
 } WorkerShared;
 
 static WorkerShared *worker_shared = NULL;
@@ -94,7 +96,10 @@ worker_shmem_startup(void)
 	worker_shared = ShmemInitStruct("idem_maintenance_worker",
 									sizeof(WorkerShared), &found);
 	if (!found)
-		worker_shared->logged = 0;
+	{
+		worker_shared->round_logged = 0;
+		worker_shared->launcher_logged = 0;
+	}
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -247,7 +252,7 @@ worker_round(char *version, size_t versionlen)
 void
 idem_maintenance_round_main(Datum main_arg)
 {
-	int64		logged = worker_shared->logged;
+	int			logged = worker_shared->round_logged;
 	char		version[64] = "";
 	TimestampTz start = GetCurrentTimestamp();
 	int64		most;
@@ -322,7 +327,7 @@ idem_maintenance_round_main(Datum main_arg)
 	}
 	else if (most >= 0)
 		logged = 0;
-	worker_shared->logged = logged;
+	worker_shared->round_logged = logged;
 	proc_exit(0);
 }
 
@@ -363,10 +368,9 @@ worker_database_state(void)
 		state = WORKER_DB_OK;
 		if (!db->datallowconn)
 			state = WORKER_DB_NO_CONNECTIONS;
-#ifdef DATCONNLIMIT_INVALID_DB
-		if (db->datconnlimit == DATCONNLIMIT_INVALID_DB)
+		/* left invalid by an interrupted DROP DATABASE (-2 since 15.4) */
+		if (db->datconnlimit == -2)
 			state = WORKER_DB_NO_CONNECTIONS;
-#endif
 		break;
 	}
 	table_endscan(scan);
@@ -385,14 +389,14 @@ worker_end_round(int code, Datum arg)
 		TerminateBackgroundWorker(worker_round_handle);
 }
 
-/* Log a state of idem.database once, until another one is logged. */
-static void
-worker_log_once(int64 state, const char *msg, const char *hint)
+/* Whether the launcher logs a state now: once, until another one is logged. */
+static bool
+worker_log_once(int state)
 {
-	if (worker_shared->logged == state)
-		return;
-	ereport(LOG, (errmsg_internal("%s", msg), errhint("%s", hint)));
-	worker_shared->logged = state;
+	if (worker_shared->launcher_logged == state)
+		return false;
+	worker_shared->launcher_logged = state;
+	return true;
 }
 
 /* Start a round and wait for its end. */
@@ -416,13 +420,13 @@ worker_run_round(void)
 	worker.bgw_notify_pid = MyProcPid;
 	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
 	{
-		worker_log_once(-6,
-						"idem maintenance worker: could not start a round",
-						"Raise max_worker_processes; a round is tried at every interval.");
+		if (worker_log_once(-6))
+			ereport(LOG,
+					(errmsg("idem maintenance worker: could not start a round"),
+					 errhint("Raise max_worker_processes; a round is tried at every interval.")));
 		return;
 	}
-	if (worker_shared->logged == -6)
-		worker_shared->logged = 0;
+	worker_shared->launcher_logged = 0;
 	worker_round_handle = handle;
 	status = WaitForBackgroundWorkerStartup(handle, &pid);
 	if (status != BGWH_POSTMASTER_DIED)
@@ -471,24 +475,32 @@ idem_maintenance_main(Datum main_arg)
 														 (worker_interval - old_interval) * 1000L);
 		}
 		now = GetCurrentTimestamp();
+		/* a clock set back postpones a round by an interval at most */
+		if (next_round > TimestampTzPlusMilliseconds(now, worker_interval * 1000L))
+			next_round = TimestampTzPlusMilliseconds(now, worker_interval * 1000L);
 		if (now >= next_round)
 		{
 			switch (worker_database_state())
 			{
 				case WORKER_DB_OK:
+					/* the database is back: a state of it is logged again */
+					if (worker_shared->launcher_logged != -6)
+						worker_shared->launcher_logged = 0;
 					worker_run_round();
 					break;
 				case WORKER_DB_MISSING:
-					worker_log_once(-4,
-									psprintf("idem maintenance worker: database \"%s\" does not exist",
-											 worker_database),
-									"Create it, or set idem.database to the database that has idem.");
+					if (worker_log_once(-4))
+						ereport(LOG,
+								(errmsg("idem maintenance worker: database \"%s\" does not exist",
+										worker_database),
+								 errhint("Create it, or set idem.database to the database that has idem.")));
 					break;
 				case WORKER_DB_NO_CONNECTIONS:
-					worker_log_once(-5,
-									psprintf("idem maintenance worker: database \"%s\" does not accept connections",
-											 worker_database),
-									"Allow connections to it, or set idem.database to another database.");
+					if (worker_log_once(-5))
+						ereport(LOG,
+								(errmsg("idem maintenance worker: database \"%s\" does not accept connections",
+										worker_database),
+								 errhint("Allow connections to it, or set idem.database to another database.")));
 					break;
 			}
 			next_round = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
