@@ -63,6 +63,16 @@ CREATE SEQUENCE sq;
 SELECT err($$SELECT idem_transition('sq', '1', 'paid')$$);
 CREATE INDEX base_status ON base (status);
 SELECT err($$SELECT idem_transition('base_status', '1', 'paid')$$);
+-- a role without privileges is told what the relation is before it is told
+-- it may not update it, as by UPDATE
+CREATE ROLE regress_idem_relkind2;
+SET ROLE regress_idem_relkind2;
+SELECT err($$SELECT idem_transition('base_status', '1', 'paid')$$);
+SELECT err($$SELECT idem_transition('sq', '1', 'paid')$$);
+SELECT err($$UPDATE base_status SET status = 'paid'$$);
+SELECT err($$SELECT idem_transition('base', '1', 'paid')$$);
+RESET ROLE;
+DROP ROLE regress_idem_relkind2;
 CREATE TYPE comp AS (id int, status text);
 SELECT err($$SELECT idem_transition('comp', '1', 'paid')$$);
 CREATE FOREIGN DATA WRAPPER regress_idem_fdw;

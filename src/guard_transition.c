@@ -1178,7 +1178,7 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("to_state must not be null")));
 	to_str = text_to_cstring(PG_GETARG_TEXT_PP(2));
-	idem_check_writable("idem_transition");
+	idem_check_writable("idem_transition()");
 
 	/*
 	 * Refuse a caller who may not update the table before taking any lock on
@@ -1187,8 +1187,16 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 	 */
 	{
 		Oid			relid = PG_GETARG_OID(0);
+		char		relkind = get_rel_relkind(relid);
 
-		if (SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)) &&
+		/* what no role may update is refused as such, as UPDATE does */
+		if (relkind != '\0' && relkind != RELKIND_RELATION &&
+			relkind != RELKIND_PARTITIONED_TABLE)
+			ereport(ERROR,
+					(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+					 errmsg("\"%s\" is not a table", get_rel_name(relid)),
+					 errdetail("idem_transition() moves rows of ordinary and partitioned tables.")));
+		if (relkind != '\0' &&
 			pg_class_aclcheck(relid, GetUserId(), ACL_UPDATE) != ACLCHECK_OK &&
 			pg_attribute_aclcheck_all(relid, GetUserId(), ACL_UPDATE,
 									  ACLMASK_ANY) != ACLCHECK_OK)

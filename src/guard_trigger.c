@@ -860,7 +860,7 @@ idem_guard(PG_FUNCTION_ARGS)
 	state_col = name_arg(fcinfo, 2, "state_column");
 	if (!PG_ARGISNULL(3))
 		version_col = NameStr(*PG_GETARG_NAME(3));
-	idem_check_writable("idem_guard");
+	idem_check_writable("idem_guard()");
 
 	relid = PG_GETARG_OID(0);
 	if (SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
@@ -1073,7 +1073,7 @@ idem_unguard(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("tbl must not be null")));
-	idem_check_writable("idem_unguard");
+	idem_check_writable("idem_unguard()");
 	relid = PG_GETARG_OID(0);
 	if (SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)) &&
 		!pg_class_ownercheck(relid, GetUserId()))
