@@ -34,6 +34,7 @@
 #include "access/xact.h"
 #include "catalog/pg_database.h"
 #include "executor/spi.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -103,6 +104,20 @@ worker_shmem_startup(void)
 	LWLockRelease(AddinShmemInitLock);
 }
 
+/*
+ * A database name is cut to NAMEDATALEN - 1 bytes by CREATE DATABASE and by
+ * the server for a client that connects: the worker's is cut the same way.
+ */
+static bool
+worker_database_check(char **newval, void **extra, GucSource source)
+{
+	size_t		len = strlen(*newval);
+
+	if (len >= NAMEDATALEN)
+		(*newval)[pg_mbcliplen(*newval, (int) len, NAMEDATALEN - 1)] = '\0';
+	return true;
+}
+
 void
 idem_worker_init(void)
 {
@@ -122,7 +137,7 @@ idem_worker_init(void)
 							   NULL,
 							   &worker_database,
 							   "postgres",
-							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
+							   PGC_POSTMASTER, 0, worker_database_check, NULL, NULL);
 	DefineCustomIntVariable("idem.maintenance_interval",
 							"Time between two rounds of the maintenance worker.",
 							NULL,

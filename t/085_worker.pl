@@ -190,6 +190,20 @@ sleep(3);
 my $drop_log = substr(slurp_file($old->logfile), $drop_offset);
 is(scalar(() = $drop_log =~ /idem maintenance worker: database "old" does not exist/g), 1, 'once, not every round');
 unlike($drop_log, qr/FATAL:  (?!terminating background worker)/, 'and no round fails to connect');
+
+# a database named with more than NAMEDATALEN - 1 bytes, as CREATE DATABASE
+# and a client's connection cut it
+my $long = 'long_' . ('d' x 70);
+$old->safe_psql('postgres', qq{CREATE DATABASE "$long"});
+my $cut = substr($long, 0, 63);
+$old->safe_psql($cut, q{
+CREATE EXTENSION idem;
+INSERT INTO idem.claims SELECT 'default', 'long-' || i, now() - interval '30 days' FROM generate_series(1, 20) i});
+$old->safe_psql('postgres', qq{ALTER SYSTEM SET idem.database = '$long'});
+$old->restart;
+ok(poll_node($old, $cut, q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'long-%'}, '0'),
+	'a database name longer than a name is cut as CREATE DATABASE cuts it');
+unlike(slurp_file($old->logfile), qr/database "long_d+" does not exist/, 'and is not reported missing');
 $old->stop;
 
 # off switch
