@@ -678,6 +678,22 @@ COMMENT ON FUNCTION idem._outbox_key_hash(pg_catalog.text, pg_catalog.text) IS
     'the key_hash of an outbox message of this topic and key';
 REVOKE ALL ON FUNCTION idem._outbox_key_hash(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 
+-- A sender skips the look for its key's row once its session knows the row
+-- exists; any DELETE of key rows (idem_outbox_purge's, or one by hand) makes
+-- every session forget the keys it knew.  ALWAYS: also for a DELETE applied
+-- by logical replication.
+CREATE OR REPLACE FUNCTION idem._outbox_keys_deleted()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_outbox_keys_deleted'
+LANGUAGE C;
+COMMENT ON FUNCTION idem._outbox_keys_deleted() IS
+    'make every session forget which outbox keys it knew to have a row';
+REVOKE ALL ON FUNCTION idem._outbox_keys_deleted() FROM PUBLIC;
+CREATE OR REPLACE TRIGGER outbox_keys_deleted
+    AFTER DELETE ON idem.outbox_keys
+    FOR EACH STATEMENT EXECUTE FUNCTION idem._outbox_keys_deleted();
+ALTER TABLE idem.outbox_keys ENABLE ALWAYS TRIGGER outbox_keys_deleted;
+
 -- Per-topic delivery settings; see idem_outbox_configure for the defaults.
 CREATE TABLE IF NOT EXISTS idem.outbox_topics (
     topic           pg_catalog.text COLLATE pg_catalog."C" NOT NULL,

@@ -83,10 +83,15 @@ passed=0
 failed=0
 
 count_pg_regress() {
-    # pg_regress prints one line per test ending in "ok" or "FAILED"
-    local out=$1 p f
+    # pg_regress prints one line per test ending in "ok" or "FAILED"; a
+    # test it never got to (it stops at a missing expected file) failed
+    local out=$1 p f expected=$3
     p=$(grep -E '\.\.\. ok|^ok ' "$out" | wc -l)
     f=$(grep -E '\.\.\. FAILED|^not ok |\.\.\. failed' "$out" | wc -l)
+    if [ -n "$expected" ] && [ $((p + f)) -lt "$expected" ]; then
+        echo "-- $2: $((expected - p - f)) of $expected tests did not run"
+        f=$((expected - p))
+    fi
     passed=$((passed + p)); failed=$((failed + f))
     echo "-- $2: $p passed, $f failed"
 }
@@ -104,7 +109,7 @@ run_regress() {
         --dbname=contrib_regression $tests) > "$work/regress.log" 2>&1
     local rc=$?
     cat "$work/regress.log"
-    count_pg_regress "$work/regress.log" regress
+    count_pg_regress "$work/regress.log" regress "$(echo "$tests" | wc -w)"
     if [ $rc != 0 ]; then
         [ -f "$work/regression.diffs" ] && head -c 20000 "$work/regression.diffs"
         grep -qE '\.\.\. (ok|FAILED)' "$work/regress.log" || failed=$((failed + 1))
@@ -122,7 +127,7 @@ run_isolation() {
         --load-extension=idem --dbname=isolation_regression $tests) > "$work/isolation.log" 2>&1
     local rc=$?
     cat "$work/isolation.log"
-    count_pg_regress "$work/isolation.log" isolation
+    count_pg_regress "$work/isolation.log" isolation "$(echo "$tests" | wc -w)"
     if [ $rc != 0 ]; then
         [ -f "$work/output_iso/regression.diffs" ] && head -c 20000 "$work/output_iso/regression.diffs"
         grep -qE '\.\.\. (ok|FAILED)' "$work/isolation.log" || failed=$((failed + 1))
@@ -312,7 +317,7 @@ run_package() {
             --load-extension=idem --dbname=contrib_regression $tests) > "$dir/regress.log" 2>&1
         rc=$?
         cat "$dir/regress.log"
-        count_pg_regress "$dir/regress.log" "package regress ($((SECONDS - pkg_step)) s)"
+        count_pg_regress "$dir/regress.log" "package regress ($((SECONDS - pkg_step)) s)" "$(echo "$tests" | wc -w)"
         pkg_step=$SECONDS
         if [ $rc != 0 ]; then
             [ -f "$dir/regress/regression.diffs" ] && head -c 20000 "$dir/regress/regression.diffs"

@@ -55,6 +55,7 @@
 #include "catalog/pg_type.h"
 #include "commands/async.h"
 #include "commands/sequence.h"
+#include "commands/trigger.h"
 #include "common/pg_prng.h"
 #include "executor/executor.h"
 #include "funcapi.h"
@@ -63,6 +64,7 @@
 #include "port/atomics.h"
 #include "storage/bufmgr.h"
 #include "storage/ipc.h"
+#include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "storage/shmem.h"
 #include "common/hashfn.h"
@@ -158,6 +160,153 @@ static Oid	outbox_topics_pkey_oid = InvalidOid;
 static bool outbox_checked = false;
 static bool outbox_keys_checked = false;
 
+/*
+ * ---- Key rows known to exist ----
+ *
+ * A sender makes sure its key has a row in idem.outbox_keys; once a key's
+ * row is known to be committed, the session's later sends of that key take
+ * only the table's lock and skip the probe.  Only idem_outbox_purge deletes
+ * key rows, after waiting for every sender in flight with a lock that
+ * conflicts with the senders' ROW EXCLUSIVE; a trigger after every DELETE of
+ * the table (idem._outbox_keys_deleted) then sends an invalidation of the
+ * table, which a sender hears when it takes its lock, before it looks here.
+ * Anything else that changes the table (TRUNCATE, ALTER TABLE, DROP
+ * EXTENSION) sends one too, and each makes the session forget every key.
+ *
+ * A key becomes known only when the transaction that probed it commits: a
+ * row this transaction inserted goes if it rolls back, or the subtransaction
+ * that inserted it does, and a prepared transaction may still roll back.
+ * Nothing may fail once a transaction has committed, so the entries are made
+ * before its commit, not yet valid, and made valid once it committed, unless
+ * the session forgot the keys meanwhile.
+ */
+typedef struct OutboxKnownKey
+{
+	int64		hash;			/* hash key: the key's key_hash */
+	bool		valid;			/* its row is known to exist */
+	text	   *topic;			/* in outbox_known_cxt */
+	text	   *key;
+} OutboxKnownKey;
+
+/* entries, and bytes of their texts, past which the set starts again */
+#define OUTBOX_KNOWN_MAX		65536
+#define OUTBOX_KNOWN_MAX_BYTES	(8 * 1024 * 1024)
+
+static MemoryContext outbox_known_cxt = NULL;
+static HTAB *outbox_known = NULL;
+static Size outbox_known_bytes = 0;
+static uint64 outbox_known_generation = 0;	/* how many times forgotten */
+
+/* A key this transaction probed, in TopTransactionContext. */
+typedef struct OutboxProbedKey
+{
+	int64		hash;
+	text	   *topic;
+	text	   *key;
+} OutboxProbedKey;
+static List *outbox_probed_keys = NIL;
+
+/* the entries made before this transaction's commit, and when */
+static List *outbox_staged_keys = NIL;	/* of OutboxKnownKey, in
+										 * TopTransactionContext */
+static uint64 outbox_staged_generation = 0;
+
+static void
+outbox_known_keys_forget(void)
+{
+	if (outbox_known_cxt != NULL)
+		MemoryContextReset(outbox_known_cxt);
+	outbox_known = NULL;
+	outbox_known_bytes = 0;
+	outbox_known_generation++;
+	/* what this transaction probed may be gone by its commit */
+	outbox_probed_keys = NIL;
+}
+
+static bool outbox_text_eq(text *a, text *b);
+
+static bool
+outbox_known_key(int64 hash, text *topic, text *key)
+{
+	OutboxKnownKey *e;
+
+	if (outbox_known == NULL)
+		return false;
+	e = hash_search(outbox_known, &hash, HASH_FIND, NULL);
+	return e != NULL && e->valid &&
+		outbox_text_eq(e->topic, topic) && outbox_text_eq(e->key, key);
+}
+
+/* Before the commit: entries for the keys probed, not yet valid. */
+static void
+outbox_known_keys_stage(void)
+{
+	ListCell   *lc;
+	MemoryContext oldcxt;
+
+	outbox_staged_keys = NIL;
+	outbox_staged_generation = outbox_known_generation;
+	foreach(lc, outbox_probed_keys)
+	{
+		OutboxProbedKey *p = lfirst(lc);
+		OutboxKnownKey *e;
+		bool		found;
+		Size		bytes = VARSIZE_ANY(p->topic) + VARSIZE_ANY(p->key);
+
+		if (outbox_known != NULL &&
+			(hash_get_num_entries(outbox_known) >= OUTBOX_KNOWN_MAX ||
+			 outbox_known_bytes + bytes > OUTBOX_KNOWN_MAX_BYTES))
+		{
+			/* starts again: entries already staged go with the rest */
+			outbox_known_keys_forget();
+			outbox_staged_keys = NIL;
+			outbox_staged_generation = outbox_known_generation;
+		}
+		if (outbox_known == NULL)
+		{
+			HASHCTL		ctl;
+
+			if (outbox_known_cxt == NULL)
+				outbox_known_cxt = AllocSetContextCreate(TopMemoryContext,
+														 "idem outbox keys known",
+														 ALLOCSET_DEFAULT_SIZES);
+			ctl.keysize = sizeof(int64);
+			ctl.entrysize = sizeof(OutboxKnownKey);
+			ctl.hcxt = outbox_known_cxt;
+			outbox_known = hash_create("idem outbox keys known", 1024, &ctl,
+									   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+		}
+		e = hash_search(outbox_known, &p->hash, HASH_ENTER, &found);
+		if (found && e->valid &&
+			outbox_text_eq(e->topic, p->topic) && outbox_text_eq(e->key, p->key))
+			continue;
+		/* new, or another key of the same hash, which is forgotten */
+		e->valid = false;
+		e->topic = (text *) MemoryContextAlloc(outbox_known_cxt, VARSIZE_ANY(p->topic));
+		memcpy(e->topic, p->topic, VARSIZE_ANY(p->topic));
+		e->key = (text *) MemoryContextAlloc(outbox_known_cxt, VARSIZE_ANY(p->key));
+		memcpy(e->key, p->key, VARSIZE_ANY(p->key));
+		outbox_known_bytes += bytes;
+		oldcxt = MemoryContextSwitchTo(TopTransactionContext);
+		outbox_staged_keys = lappend(outbox_staged_keys, e);
+		MemoryContextSwitchTo(oldcxt);
+	}
+	outbox_probed_keys = NIL;
+}
+
+/* Once committed: the staged entries are valid.  Cannot fail. */
+static void
+outbox_known_keys_commit(void)
+{
+	ListCell   *lc;
+
+	if (outbox_staged_generation == outbox_known_generation)
+		foreach(lc, outbox_staged_keys)
+			((OutboxKnownKey *) lfirst(lc))->valid = true;
+	outbox_staged_keys = NIL;
+	outbox_probed_keys = NIL;
+}
+
 static void
 outbox_relcache_callback(Datum arg, Oid relid)
 {
@@ -169,6 +318,7 @@ outbox_relcache_callback(Datum arg, Oid relid)
 		outbox_relid = InvalidOid;
 		outbox_checked = false;
 		outbox_keys_checked = false;
+		outbox_known_keys_forget();
 	}
 }
 
@@ -761,6 +911,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 	switch (event)
 	{
 		case XACT_EVENT_PRE_COMMIT:
+			outbox_known_keys_stage();
 			if (outbox_sent_topics == NIL)
 				break;
 			outbox_idle_locktag(&tag);
@@ -791,11 +942,14 @@ outbox_xact_callback(XactEvent event, void *arg)
 			outbox_wake_done(false);
 			outbox_sent_topics = NIL;
 			outbox_sent_hash = NULL;
+			outbox_probed_keys = NIL;
+			outbox_staged_keys = NIL;
 			break;
 		case XACT_EVENT_COMMIT:
 			outbox_wake_done(true);
 			outbox_sent_topics = NIL;
 			outbox_sent_hash = NULL;
+			outbox_known_keys_commit();
 			break;
 		case XACT_EVENT_PREPARE:
 		case XACT_EVENT_PRE_PREPARE:
@@ -803,9 +957,34 @@ outbox_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PARALLEL_ABORT:
 			outbox_sent_topics = NIL;
 			outbox_sent_hash = NULL;
+			outbox_probed_keys = NIL;
+			outbox_staged_keys = NIL;
 			break;
 		default:
 			break;
+	}
+}
+
+/*
+ * A key row this transaction inserted goes if a subtransaction rolls back:
+ * what was probed is forgotten with any of them, which is rare.
+ */
+static void
+outbox_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+						SubTransactionId parentSubid, void *arg)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		outbox_probed_keys = NIL;
+}
+
+static void
+outbox_register_callbacks(void)
+{
+	if (!outbox_xact_callback_registered)
+	{
+		RegisterXactCallback(outbox_xact_callback, NULL);
+		RegisterSubXactCallback(outbox_subxact_callback, NULL);
+		outbox_xact_callback_registered = true;
 	}
 }
 
@@ -818,11 +997,7 @@ outbox_sent(text *topic)
 	int			len = VARSIZE_ANY_EXHDR(topic);
 	MemoryContext oldcxt;
 
-	if (!outbox_xact_callback_registered)
-	{
-		RegisterXactCallback(outbox_xact_callback, NULL);
-		outbox_xact_callback_registered = true;
-	}
+	outbox_register_callbacks();
 	Assert(len <= OUTBOX_MAX_TOPIC_LEN);
 	memcpy(name, VARDATA_ANY(topic), len);
 	name[len] = '\0';
@@ -904,6 +1079,26 @@ outbox_key_hash(text *topic, text *key)
 }
 
 /*
+ * idem._outbox_keys_deleted(): the trigger after a DELETE of idem.outbox_keys
+ * (idem_outbox_purge's, or one by hand) that makes every session forget the
+ * keys it knew to have a row (see "Key rows known to exist"), when it next
+ * takes a lock on the table.
+ */
+PG_FUNCTION_INFO_V1(idem_outbox_keys_deleted);
+Datum
+idem_outbox_keys_deleted(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("idem._outbox_keys_deleted() was not called by the trigger manager")));
+	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	return PointerGetDatum(NULL);
+}
+
+/*
  * idem._outbox_key_hash(topic, key) returns bigint, for the functions written
  * in SQL.
  */
@@ -973,6 +1168,8 @@ outbox_insert_message(Datum *values, bool *isnull)
 	outbox_close(&r);
 }
 
+static void outbox_ensure_key(text *topic, text *key, int64 key_hash);
+
 /*
  * idem_outbox_send(topic, key, payload, headers, type) returns uuid
  *
@@ -990,11 +1187,9 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	Jsonb	   *headers = outbox_arg_json(fcinfo, 3, "headers", true, true);
 	text	   *type = NULL;
 	pg_uuid_t  *id = palloc(sizeof(pg_uuid_t));
-	Datum		kvalues[OK_NATTS];
-	bool		kisnull[OK_NATTS];
+	int64		key_hash;
 	Datum		values[OB_NATTS];
 	bool		isnull[OB_NATTS];
-	IdemStore  *store;
 
 	if (PG_ARGISNULL(2))
 		ereport(ERROR,
@@ -1008,8 +1203,53 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 		idem_check_key(type, "type", OUTBOX_MAX_TYPE_LEN);
 	}
 	idem_check_writable("idem_outbox_send()");
+	key_hash = outbox_key_hash(topic, key);
 
-	/* the key's row, which its leases will update */
+	/*
+	 * The key's row, which its leases will update.  The lock comes first:
+	 * taking it hears of a purge that committed since the row was known.
+	 */
+	outbox_lookup_relids();
+	LockRelationOid(outbox_keys_relid, RowExclusiveLock);
+	if (!outbox_keys_checked || !outbox_known_key(key_hash, topic, key))
+		outbox_ensure_key(topic, key, key_hash);
+
+	/* the message */
+	outbox_lookup_relids();
+	outbox_new_id(id);
+	values[OB_ID] = UUIDPGetDatum(id);
+	values[OB_TOPIC] = PointerGetDatum(topic);
+	values[OB_KEY] = PointerGetDatum(key);
+	values[OB_TYPE] = PointerGetDatum(type);
+	values[OB_PAYLOAD] = JsonbPGetDatum(payload);
+	values[OB_HEADERS] = JsonbPGetDatum(headers);
+	values[OB_SEQ] = Int64GetDatum(nextval_internal(outbox_seq_oid, false));
+	values[OB_CREATED_AT] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+	values[OB_KEY_HASH] = Int64GetDatum(key_hash);
+	memset(isnull, false, sizeof(isnull));
+	isnull[OB_TYPE] = (type == NULL);
+	isnull[OB_HEADERS] = (headers == NULL);
+	outbox_insert_message(values, isnull);
+
+	outbox_sent(topic);
+	idem_stat_count_text(IDEM_KIND_OUTBOX, topic, IDEM_OUTBOX_SENT, 1);
+
+	PG_RETURN_UUID_P(id);
+}
+
+/*
+ * Make sure the key has its row, and remember that it was probed: known
+ * from this transaction's commit on.
+ */
+static void
+outbox_ensure_key(text *topic, text *key, int64 key_hash)
+{
+	Datum		kvalues[OK_NATTS];
+	bool		kisnull[OK_NATTS];
+	IdemStore  *store;
+	OutboxProbedKey *probed;
+	MemoryContext oldcxt;
+
 	store = outbox_keys_open();
 	memset(kisnull, true, sizeof(kisnull));
 	kvalues[OK_TOPIC] = PointerGetDatum(topic);
@@ -1038,27 +1278,18 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 		(void) idem_store_insert(store, kvalues, kisnull, IDEM_WAIT);
 	idem_store_close(store);
 
-	/* the message */
-	outbox_lookup_relids();
-	outbox_new_id(id);
-	values[OB_ID] = UUIDPGetDatum(id);
-	values[OB_TOPIC] = PointerGetDatum(topic);
-	values[OB_KEY] = PointerGetDatum(key);
-	values[OB_TYPE] = PointerGetDatum(type);
-	values[OB_PAYLOAD] = JsonbPGetDatum(payload);
-	values[OB_HEADERS] = JsonbPGetDatum(headers);
-	values[OB_SEQ] = Int64GetDatum(nextval_internal(outbox_seq_oid, false));
-	values[OB_CREATED_AT] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
-	values[OB_KEY_HASH] = Int64GetDatum(outbox_key_hash(topic, key));
-	memset(isnull, false, sizeof(isnull));
-	isnull[OB_TYPE] = (type == NULL);
-	isnull[OB_HEADERS] = (headers == NULL);
-	outbox_insert_message(values, isnull);
-
-	outbox_sent(topic);
-	idem_stat_count_text(IDEM_KIND_OUTBOX, topic, IDEM_OUTBOX_SENT, 1);
-
-	PG_RETURN_UUID_P(id);
+	outbox_register_callbacks();
+	if (list_length(outbox_probed_keys) >= OUTBOX_KNOWN_MAX)
+		return;
+	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
+	probed = palloc(sizeof(OutboxProbedKey));
+	probed->hash = key_hash;
+	probed->topic = (text *) palloc(VARSIZE_ANY(topic));
+	memcpy(probed->topic, topic, VARSIZE_ANY(topic));
+	probed->key = (text *) palloc(VARSIZE_ANY(key));
+	memcpy(probed->key, key, VARSIZE_ANY(key));
+	outbox_probed_keys = lappend(outbox_probed_keys, probed);
+	MemoryContextSwitchTo(oldcxt);
 }
 
 static bool uuid_datum_eq(Datum a, pg_uuid_t *b);

@@ -1,0 +1,86 @@
+-- A session that knows a key to have its row in idem.outbox_keys sends
+-- without looking for it.  A key is known only once the transaction that
+-- made sure of its row committed, and forgotten when key rows are deleted:
+-- every committed message must have its key's row, or no relay leases it.
+\set VERBOSITY terse
+
+CREATE FUNCTION has_row(k text) RETURNS boolean LANGUAGE sql AS
+    $$ SELECT EXISTS (SELECT 1 FROM idem.outbox_keys WHERE topic = 'kk' AND key = k) $$;
+-- leases and acknowledges until nothing is left (a lease holds one message
+-- of a key)
+CREATE FUNCTION deliver() RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    total bigint := 0;
+    n bigint;
+BEGIN
+    LOOP
+        SELECT idem_outbox_ack(coalesce(array_agg(id), '{}')) INTO n
+          FROM idem_outbox_lease('kk-relay', 10000) WHERE topic = 'kk';
+        EXIT WHEN n = 0;
+        total := total + n;
+    END LOOP;
+    RETURN total;
+END;
+$$;
+
+-- a key row inserted by a transaction that rolls back
+BEGIN;
+SELECT idem_outbox_send('kk', 'a', '{}') IS NOT NULL AS sent;
+ROLLBACK;
+SELECT idem_outbox_send('kk', 'a', '{}') IS NOT NULL AS sent;
+SELECT has_row('a');
+
+-- by a subtransaction that rolls back, in a transaction that commits
+BEGIN;
+SAVEPOINT s;
+SELECT idem_outbox_send('kk', 'b', '{}') IS NOT NULL AS sent;
+ROLLBACK TO SAVEPOINT s;
+SELECT idem_outbox_send('kk', 'c', '{}') IS NOT NULL AS sent;
+COMMIT;
+SELECT idem_outbox_send('kk', 'b', '{}') IS NOT NULL AS sent;
+SELECT has_row('b');
+
+-- by a prepared transaction rolled back later
+BEGIN;
+SELECT idem_outbox_send('kk', 'd', '{}') IS NOT NULL AS sent;
+PREPARE TRANSACTION 'kk_prepared';
+ROLLBACK PREPARED 'kk_prepared';
+SELECT idem_outbox_send('kk', 'd', '{}') IS NOT NULL AS sent;
+SELECT has_row('d');
+
+-- a key known, then purged: the next send makes its row again
+SELECT idem_outbox_send('kk', 'e', '{}') IS NOT NULL AS sent;
+SELECT idem_outbox_send('kk', 'e', '{}') IS NOT NULL AS sent;
+SELECT deliver();
+SELECT idem_outbox_purge() > 0 AS purged, has_row('e');
+SELECT idem_outbox_send('kk', 'e', '{}') IS NOT NULL AS sent;
+SELECT has_row('e');
+
+-- sent, delivered and purged in the transaction that made sure of the row
+BEGIN;
+SELECT idem_outbox_send('kk', 'f', '{}') IS NOT NULL AS sent;
+SELECT deliver();
+SELECT idem_outbox_purge() > 0 AS purged, has_row('f');
+COMMIT;
+SELECT idem_outbox_send('kk', 'f', '{}') IS NOT NULL AS sent;
+SELECT has_row('f');
+
+-- deleted by hand, or truncated
+SELECT idem_outbox_send('kk', 'g', '{}') IS NOT NULL AS sent;
+SELECT deliver();
+DELETE FROM idem.outbox_keys WHERE topic = 'kk' AND key = 'g';
+SELECT idem_outbox_send('kk', 'g', '{}') IS NOT NULL AS sent;
+SELECT has_row('g');
+SELECT deliver();
+TRUNCATE idem.outbox_keys;
+SELECT idem_outbox_send('kk', 'g', '{}') IS NOT NULL AS sent;
+SELECT has_row('g');
+
+-- every message sent here is leased
+SELECT count(*) AS undelivered FROM idem.outbox WHERE aggregatetype = 'kk';
+SELECT deliver() AS delivered;
+SELECT count(*) AS undelivered FROM idem.outbox WHERE aggregatetype = 'kk';
+
+DELETE FROM idem.outbox_keys WHERE topic = 'kk';
+DROP FUNCTION has_row(text);
+DROP FUNCTION deliver();
