@@ -542,6 +542,18 @@ db_connect(void)
 	schema = xstrdup(PQgetvalue(res, 0, 0));
 	PQclear(res);
 
+	/*
+	 * Leases, acks and nacks each run in a transaction of their own at READ
+	 * COMMITTED, whatever the database's or the role's default: at
+	 * REPEATABLE READ or SERIALIZABLE, relays working at once would fail
+	 * with serialization errors.
+	 */
+	res = run("SET default_transaction_isolation TO 'read committed'",
+			  "setting the isolation level", PGRES_COMMAND_OK, &failure);
+	if (res == NULL)
+		return failure;
+	PQclear(res);
+
 	/* before the first lease, so that no notification is missed */
 	res = run("LISTEN idem_outbox", "LISTEN idem_outbox", PGRES_COMMAND_OK, &failure);
 	if (res == NULL)
@@ -1058,6 +1070,9 @@ apply_config(const Config *cfg)
 	if (v != NULL && strlen(v) > RELAY_MAX_NAME_LEN)
 		config_error("name must be at most %d bytes long (%s)", RELAY_MAX_NAME_LEN,
 					 config_origin(cfg, "name"));
+	/* the relay speaks UTF-8 to the database, which would refuse it */
+	if (v != NULL && !valid_utf8(v))
+		config_error("name must be valid UTF-8 (%s)", config_origin(cfg, "name"));
 	if (v != NULL)
 		settings.name = xstrdup(v);
 	else
@@ -1456,7 +1471,14 @@ main(int argc, char **argv)
 	if (!read_config(&cfg, err, sizeof(err)))
 		config_error("%s", err);
 
-	srandom((unsigned int) (time(NULL) ^ getpid()));
+	{
+		/* relays started together must not draw the same jitter */
+		unsigned int seed;
+
+		if (getentropy(&seed, sizeof(seed)) != 0)
+			seed = (unsigned int) (time(NULL) ^ getpid());
+		srandom(seed);
+	}
 	if (!sink_global_init(err, sizeof(err)))
 	{
 		relay_log(LOG_ERROR, "%s", err);

@@ -66,6 +66,9 @@ extern long parse_duration_ms(const char *s);
 /* a copy of s cut to at most max bytes, control and non-ASCII bytes as '?' */
 extern void printable_copy(char *dst, size_t dstsize, const char *s, size_t len);
 
+/* whether the NUL-terminated s is valid UTF-8 (no overlong forms, surrogates or code points past U+10FFFF) */
+extern int	valid_utf8(const char *s);
+
 typedef enum LogLevel
 {
 	LOG_DEBUG,

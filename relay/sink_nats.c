@@ -143,7 +143,7 @@ valid_subject(const char *s)
 				return 1;
 			tok = p + 1;
 		}
-		else if ((unsigned char) *p <= ' ' || (unsigned char) *p >= 0x7f)
+		else if ((unsigned char) *p <= ' ' || (unsigned char) *p == 0x7f)
 			return 0;
 	}
 }
@@ -754,8 +754,24 @@ nats_connect(NatsSink *s, volatile sig_atomic_t *stop)
 		sb_json_string(&s->out, s->token);
 	}
 	sb_puts(&s->out, "}\r\n");
-	snprintf(s->inbox, sizeof(s->inbox), "_INBOX.%08lx%08lx%04x",
-			 (unsigned long) random(), (unsigned long) random(), (unsigned) getpid() & 0xffff);
+	/*
+	 * A JetStream ack does not say which message it is for: a relay that
+	 * shared another's inbox would take the other's acks for its own and
+	 * acknowledge what was never stored.  Relays in containers share PIDs
+	 * and start in the same second, so the inbox is drawn from the kernel.
+	 */
+	{
+		unsigned char r[16];
+		int			n = snprintf(s->inbox, sizeof(s->inbox), "_INBOX.");
+
+		if (getentropy(r, sizeof(r)) != 0)
+		{
+			fail(s, "nats: could not draw a random inbox name: %s", strerror(errno));
+			return 0;
+		}
+		for (int i = 0; i < (int) sizeof(r); i++)
+			n += snprintf(s->inbox + n, sizeof(s->inbox) - n, "%02x", r[i]);
+	}
 	sb_printf(&s->out, "SUB %s.* 1\r\nPING\r\n", s->inbox);
 	for (;;)
 	{

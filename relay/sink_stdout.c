@@ -125,6 +125,17 @@ stdout_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 		{
 			int			e = errno;
 
+			if (e == ETIMEDOUT && *ctl->stop_now)
+			{
+				/* a second signal abandons the line: the relay stops as asked */
+				snprintf(out[i].error, sizeof(out[i].error),
+						 "could not write to standard output: stopped");
+				out[i].kind = OUTCOME_RETRY;
+				out[i].retry_after_ms = 0;
+				for (i++; i < n; i++)
+					out[i].kind = OUTCOME_UNSENT;
+				return 0;
+			}
 			/* this one and the rest: the relay stops */
 			if (e == ETIMEDOUT)
 				snprintf(out[i].error, sizeof(out[i].error),

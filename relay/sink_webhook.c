@@ -211,6 +211,24 @@ webhook_init(const SinkSettings *ss, char *err, size_t errlen)
 		snprintf(err, errlen, "webhook URL \"%s\" is not http:// or https://", url);
 		return NULL;
 	}
+	/* a URL libcurl cannot use would fail every message until it is dead */
+	{
+		CURLU	   *u = curl_url();
+		CURLUcode	uc;
+
+		if (u == NULL)
+		{
+			snprintf(err, errlen, "out of memory");
+			return NULL;
+		}
+		uc = curl_url_set(u, CURLUPART_URL, url, 0);
+		curl_url_cleanup(u);
+		if (uc != CURLUE_OK)
+		{
+			snprintf(err, errlen, "webhook URL \"%s\" is not valid: %s", url, curl_url_strerror(uc));
+			return NULL;
+		}
+	}
 	s = xmalloc(sizeof(WebhookSink));
 	memset(s, 0, sizeof(WebhookSink));
 	s->base.type = &sink_webhook_type;

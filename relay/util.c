@@ -217,6 +217,53 @@ parse_duration_ms(const char *s)
 	return (long) (v + 0.5);
 }
 
+int
+valid_utf8(const char *s)
+{
+	const unsigned char *p = (const unsigned char *) s;
+
+	while (*p)
+	{
+		unsigned int cp;
+		int			n;
+		int			i;
+
+		if (*p < 0x80)
+		{
+			p++;
+			continue;
+		}
+		if ((*p & 0xe0) == 0xc0)
+		{
+			n = 1;
+			cp = *p & 0x1f;
+		}
+		else if ((*p & 0xf0) == 0xe0)
+		{
+			n = 2;
+			cp = *p & 0x0f;
+		}
+		else if ((*p & 0xf8) == 0xf0)
+		{
+			n = 3;
+			cp = *p & 0x07;
+		}
+		else
+			return 0;
+		for (i = 1; i <= n; i++)
+		{
+			if ((p[i] & 0xc0) != 0x80)
+				return 0;
+			cp = (cp << 6) | (p[i] & 0x3f);
+		}
+		if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+			cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+			return 0;
+		p += n + 1;
+	}
+	return 1;
+}
+
 /*
  * Copies at most len bytes of s into dst (NUL-terminated, cut to fit),
  * replacing control characters and bytes outside ASCII with '?': the error

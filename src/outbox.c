@@ -520,6 +520,52 @@ outbox_arg_json(FunctionCallInfo fcinfo, int argno, const char *what,
 }
 
 /*
+ * Relays read messages as UTF-8 (JSON is), whatever the database's encoding:
+ * a text that has no UTF-8 form would fail every lease that meets it, and
+ * hold back every key behind it.  So a send refuses it.  In a UTF8 database
+ * the server has checked it already; in SQL_ASCII nothing was checked.
+ */
+static void
+outbox_check_utf8(const char *what, const char *s, int len)
+{
+	int			enc = GetDatabaseEncoding();
+
+	if (enc == PG_UTF8)
+		return;
+	if (enc == PG_SQL_ASCII)
+	{
+		if (!pg_verify_mbstr(PG_UTF8, s, len, true))
+			ereport(ERROR,
+					(errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE),
+					 errmsg("%s is not valid UTF-8", what),
+					 errdetail("Relays read outbox messages as UTF-8, and the database's encoding is SQL_ASCII, which checks nothing."),
+					 errhint("Send the text encoded as UTF-8.")));
+		return;
+	}
+	/* fails with 22P05 when a character has no UTF-8 form */
+	(void) pg_server_to_any(s, len, PG_UTF8);
+}
+
+static void
+outbox_check_utf8_text(const char *what, text *t)
+{
+	if (t != NULL)
+		outbox_check_utf8(what, VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+}
+
+static void
+outbox_check_utf8_json(const char *what, Jsonb *jb)
+{
+	char	   *s;
+
+	if (jb == NULL || GetDatabaseEncoding() == PG_UTF8)
+		return;
+	s = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
+	outbox_check_utf8(what, s, strlen(s));
+	pfree(s);
+}
+
+/*
  * A span of time given by the caller: days and smaller units of one sign
  * (a month, or fields of both signs, would make its length depend on the
  * date), between zero (allowed or not) and one day.  Returns microseconds.
@@ -1203,6 +1249,14 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 		idem_check_key(type, "type", OUTBOX_MAX_TYPE_LEN);
 	}
 	idem_check_writable("idem_outbox_send()");
+	if (GetDatabaseEncoding() != PG_UTF8)
+	{
+		outbox_check_utf8_text("topic", topic);
+		outbox_check_utf8_text("key", key);
+		outbox_check_utf8_text("type", type);
+		outbox_check_utf8_json("payload", payload);
+		outbox_check_utf8_json("headers", headers);
+	}
 	key_hash = outbox_key_hash(topic, key);
 
 	/*

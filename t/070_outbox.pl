@@ -307,5 +307,43 @@ $node->start;
 is(decoded(), '4,5', 'sends committed before the crash are decoded after it');
 
 $node->safe_psql('postgres', q{SELECT pg_drop_replication_slot('outbox')});
+
+# Relays read messages as UTF-8: in a database of another encoding, a send
+# whose text has no UTF-8 form is refused (a lease that met it would fail,
+# for ever, and hold back every key), and one that has is delivered as UTF-8.
+$node->safe_psql('postgres',
+	q{CREATE DATABASE ob_ascii ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0});
+$node->safe_psql('postgres',
+	q{CREATE DATABASE ob_1252 ENCODING 'WIN1252' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0});
+for my $db ('ob_ascii', 'ob_1252')
+{
+	$node->safe_psql($db, 'CREATE EXTENSION idem');
+}
+my %bad = (
+	'a key' => q{SELECT idem_outbox_send('t', E'k\xff', '{}')},
+	'a topic' => q{SELECT idem_outbox_send(E't\xff', 'k', '{}')},
+	'a type' => q{SELECT idem_outbox_send('t', 'k', '{}', NULL, E'ty\xff')},
+	'a payload' => q{SELECT idem_outbox_send('t', 'k', jsonb_build_object('v', E'\xff'))},
+	'headers' => q{SELECT idem_outbox_send('t', 'k', '{}', jsonb_build_object('h', E'\xff'))});
+for my $what (sort keys %bad)
+{
+	is(sqlstate_of($node, 'ob_ascii', "SET client_encoding = 'SQL_ASCII'; $bad{$what}"), '22021',
+		"SQL_ASCII: $what not in UTF-8 is refused with 22021");
+}
+# 0x81 has no character in WIN1252
+is(sqlstate_of($node, 'ob_1252', q{SET client_encoding = 'WIN1252'; SELECT idem_outbox_send('t', E'k\x81', '{}')}),
+	'22P05', 'WIN1252: a key with no UTF-8 form is refused with 22P05');
+is(sqlstate_of($node, 'ob_1252',
+		q{SET client_encoding = 'WIN1252'; SELECT idem_outbox_send('t', 'k', jsonb_build_object('v', E'\x81'))}),
+	'22P05', 'WIN1252: a payload with no UTF-8 form is refused with 22P05');
+is($node->safe_psql('ob_ascii', q{SELECT count(*) FROM idem.outbox}), '0', 'nothing was written');
+$node->safe_psql('ob_1252', q{SET client_encoding = 'WIN1252'; SELECT idem_outbox_send('t', E'caf\xe9', jsonb_build_object('v', E'\x80'))});
+$node->safe_psql('ob_ascii', q{SELECT idem_outbox_send('t', E'caf\xc3\xa9', jsonb_build_object('v', E'\xe2\x82\xac'))});
+for my $db ('ob_ascii', 'ob_1252')
+{
+	is($node->safe_psql($db, q{SET client_encoding = 'UTF8'; SELECT key, payload->>'v' FROM idem_outbox_lease('r')}),
+		"caf\xc3\xa9|\xe2\x82\xac",
+		"$db: a text with a UTF-8 form is sent and leased as UTF-8");
+}
 $node->stop;
 done_testing();

@@ -170,6 +170,12 @@ my @usage_errors = (
 	[ [ '--poll', 'soon' ], qr/poll must be a duration/ ],
 	[ [ '--sink', 'carrier-pigeon' ], qr/unknown sink "carrier-pigeon"/ ],
 	[ [ '--sink', 'webhook' ], qr/the webhook sink needs a URL/ ],
+	# a URL libcurl cannot use, found at start rather than by every message
+	[ [ '--sink', 'webhook', '--webhook-url', 'http://127.0.0.1:99999/' ], qr/webhook URL ".*" is not valid/ ],
+	[ [ '--sink', 'webhook', '--webhook-url', 'http://a b/' ], qr/webhook URL ".*" is not valid/ ],
+	# the database would refuse the name in every lease
+	[ [ '--name', "relay\xff" ], qr/name must be valid UTF-8/ ],
+	[ [ '--name', "relay\xc0\xaf" ], qr/name must be valid UTF-8/ ],
 	[ [ '--set', 'webhook.uri=http://x' ], qr/unknown setting "webhook.uri"/ ],
 	[ [ '--set', 'topic.a.b.sink=stdout' ], qr/unknown setting "topic.a.b.sink"/ ],
 	[ [ '--config', "$tmp/missing.conf" ], qr/could not open configuration file/ ],

@@ -352,6 +352,17 @@ is( sql(q{SELECT attempts, last_error FROM idem.outbox_keys WHERE topic = 'elsew
 	'1|nats: no stream takes subject "no.stream.here" (503 no responders)',
 	'a subject no stream takes: retried, with the reason (topic.NAME.nats.subject)');
 
+# a subject in UTF-8 is a subject (nats-server takes it), not refused for good
+sql(q{SELECT idem_outbox_configure('accented', 5, '1 hour', '1 hour');
+      SELECT idem_outbox_send('accented', 'a1', '{"n": 1}');});
+IPC::Run::run([ $relay, '--sink', 'nats', '--nats-url', "nats://$nats_url", '--once', '--log-interval', '0',
+		'--set', "topic.accented.nats.subject=no.stream.\xc3\xa9t\xc3\xa9" ], '>', \my $aout, '2>', \my $aerr,
+	init => env_init(PGUSER => 'relay_b'));
+# (the error kept in the database has its bytes outside ASCII as '?')
+like(sql(q{SELECT attempts, dead, last_error FROM idem.outbox_keys WHERE topic = 'accented'}),
+	qr/^1\|f\|nats: no stream takes subject "no\.stream\.\?\?t\?\?" \(503 no responders\)$/,
+	'a subject in UTF-8 is published to') or diag $aerr;
+
 stop_nats();
 $node->stop;
 done_testing();
