@@ -679,19 +679,20 @@ COMMENT ON FUNCTION idem._outbox_key_hash(pg_catalog.text, pg_catalog.text) IS
 REVOKE ALL ON FUNCTION idem._outbox_key_hash(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 
 -- A sender skips the look for its key's row once its session knows the row
--- exists; any DELETE of key rows (idem_outbox_purge's, or one by hand) makes
--- every session forget the keys it knew.  ALWAYS: also for a DELETE applied
--- by logical replication.
+-- exists.  Before any row of it is deleted (by idem_outbox_purge, by hand, or
+-- by logical replication: ALWAYS, and a row trigger, which replication
+-- fires), the deleter waits for the senders in flight and every session
+-- forgets the keys it knew.
 CREATE OR REPLACE FUNCTION idem._outbox_keys_deleted()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'idem_outbox_keys_deleted'
 LANGUAGE C;
 COMMENT ON FUNCTION idem._outbox_keys_deleted() IS
-    'make every session forget which outbox keys it knew to have a row';
+    'before a key row of the outbox is deleted: wait for senders, and make every session forget which keys it knew to have a row';
 REVOKE ALL ON FUNCTION idem._outbox_keys_deleted() FROM PUBLIC;
 CREATE OR REPLACE TRIGGER outbox_keys_deleted
-    AFTER DELETE ON idem.outbox_keys
-    FOR EACH STATEMENT EXECUTE FUNCTION idem._outbox_keys_deleted();
+    BEFORE DELETE ON idem.outbox_keys
+    FOR EACH ROW EXECUTE FUNCTION idem._outbox_keys_deleted();
 ALTER TABLE idem.outbox_keys ENABLE ALWAYS TRIGGER outbox_keys_deleted;
 
 -- Per-topic delivery settings; see idem_outbox_configure for the defaults.

@@ -76,6 +76,29 @@ TRUNCATE idem.outbox_keys;
 SELECT idem_outbox_send('kk', 'g', '{}') IS NOT NULL AS sent;
 SELECT has_row('g');
 
+-- deleted in the statement that sends: the trigger makes the session forget
+SELECT idem_outbox_send('kk', 'h', '{}') IS NOT NULL AS sent;
+SELECT deliver();
+WITH d AS (DELETE FROM idem.outbox_keys WHERE topic = 'kk' AND key = 'h' RETURNING 1)
+SELECT idem_outbox_send('kk', 'h', '{}') IS NOT NULL AS sent FROM d;
+SELECT has_row('h');
+SELECT deliver();
+
+-- with the trigger disabled the session looks for its key's row every time,
+-- since a DELETE would not make it forget
+SELECT idem_outbox_send('kk', 'i', '{}') IS NOT NULL AS sent;
+SELECT deliver();
+ALTER TABLE idem.outbox_keys DISABLE TRIGGER outbox_keys_deleted;
+SELECT idem_outbox_send('kk', 'i', '{}') IS NOT NULL AS sent;
+SELECT deliver();
+DELETE FROM idem.outbox_keys WHERE topic = 'kk' AND key = 'i';
+SELECT idem_outbox_send('kk', 'i', '{}') IS NOT NULL AS sent;
+SELECT has_row('i');
+SELECT deliver();
+ALTER TABLE idem.outbox_keys ENABLE ALWAYS TRIGGER outbox_keys_deleted;
+-- the trigger only fires before a DELETE of each row
+SELECT idem._outbox_keys_deleted();
+
 -- every message sent here is leased
 SELECT count(*) AS undelivered FROM idem.outbox WHERE aggregatetype = 'kk';
 SELECT deliver() AS delivered;

@@ -52,6 +52,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_collation.h"
+#include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
 #include "commands/sequence.h"
@@ -165,25 +166,33 @@ static bool outbox_keys_checked = false;
  *
  * A sender makes sure its key has a row in idem.outbox_keys; once a key's
  * row is known to be committed, the session's later sends of that key take
- * only the table's lock and skip the probe.  Only idem_outbox_purge deletes
- * key rows, after waiting for every sender in flight with a lock that
- * conflicts with the senders' ROW EXCLUSIVE; a trigger after every DELETE of
- * the table (idem._outbox_keys_deleted) then sends an invalidation of the
- * table, which a sender hears when it takes its lock, before it looks here.
- * Anything else that changes the table (TRUNCATE, ALTER TABLE, DROP
- * EXTENSION) sends one too, and each makes the session forget every key.
+ * only the table's lock and skip the probe.
+ *
+ * Key rows are deleted only by DELETE (idem_outbox_purge's, or one by hand;
+ * TRUNCATE, ALTER TABLE and DROP EXTENSION send invalidations of their own).
+ * The trigger idem._outbox_keys_deleted, BEFORE DELETE FOR EACH ROW and
+ * ALWAYS (so also in a logical replication worker), makes a deleter wait
+ * for every sender in flight, as the purge does, with a SHARE lock that
+ * conflicts with the senders' ROW EXCLUSIVE; it makes its own session
+ * forget at once, and sends an invalidation of the table that other
+ * sessions hear when they next take a lock on it.  A sender reads pending
+ * invalidations after taking its lock, even one it held already, before it
+ * looks here.  The set is used only while that trigger is in place and
+ * enabled, as idem made it.
  *
  * A key becomes known only when the transaction that probed it commits: a
  * row this transaction inserted goes if it rolls back, or the subtransaction
  * that inserted it does, and a prepared transaction may still roll back.
  * Nothing may fail once a transaction has committed, so the entries are made
  * before its commit, not yet valid, and made valid once it committed, unless
- * the session forgot the keys meanwhile.
+ * the session forgot the keys meanwhile.  Making the entries never makes the
+ * commit fail either: out of memory, keys are just not remembered.
  */
 typedef struct OutboxKnownKey
 {
 	int64		hash;			/* hash key: the key's key_hash */
 	bool		valid;			/* its row is known to exist */
+	uint64		staged;			/* the stage that last listed it */
 	text	   *topic;			/* in outbox_known_cxt */
 	text	   *key;
 } OutboxKnownKey;
@@ -196,6 +205,10 @@ static MemoryContext outbox_known_cxt = NULL;
 static HTAB *outbox_known = NULL;
 static Size outbox_known_bytes = 0;
 static uint64 outbox_known_generation = 0;	/* how many times forgotten */
+static uint64 outbox_known_stages = 0;	/* how many commits staged keys */
+
+/* Whether idem.outbox_keys has its trigger, as seen when last checked. */
+static bool outbox_keys_trigger_ok = false;
 
 /* A key this transaction probed, in TopTransactionContext. */
 typedef struct OutboxProbedKey
@@ -205,6 +218,7 @@ typedef struct OutboxProbedKey
 	text	   *key;
 } OutboxProbedKey;
 static List *outbox_probed_keys = NIL;
+static Size outbox_probed_bytes = 0;
 
 /* the entries made before this transaction's commit, and when */
 static List *outbox_staged_keys = NIL;	/* of OutboxKnownKey, in
@@ -221,6 +235,7 @@ outbox_known_keys_forget(void)
 	outbox_known_generation++;
 	/* what this transaction probed may be gone by its commit */
 	outbox_probed_keys = NIL;
+	outbox_probed_bytes = 0;
 }
 
 static bool outbox_text_eq(text *a, text *b);
@@ -230,14 +245,56 @@ outbox_known_key(int64 hash, text *topic, text *key)
 {
 	OutboxKnownKey *e;
 
-	if (outbox_known == NULL)
+	if (outbox_known == NULL || !outbox_keys_trigger_ok)
 		return false;
 	e = hash_search(outbox_known, &hash, HASH_FIND, NULL);
 	return e != NULL && e->valid &&
 		outbox_text_eq(e->topic, topic) && outbox_text_eq(e->key, key);
 }
 
-/* Before the commit: entries for the keys probed, not yet valid. */
+/* Remember that this transaction probed a key: known once it commits. */
+static void
+outbox_known_keys_probed(int64 hash, text *topic, text *key)
+{
+	OutboxProbedKey *probed;
+	MemoryContext oldcxt;
+	Size		bytes = VARSIZE_ANY(topic) + VARSIZE_ANY(key);
+
+	if (!outbox_keys_trigger_ok ||
+		list_length(outbox_probed_keys) >= OUTBOX_KNOWN_MAX ||
+		outbox_probed_bytes + bytes > OUTBOX_KNOWN_MAX_BYTES)
+		return;
+	/* the set, made here where failing is allowed, not at commit */
+	if (outbox_known == NULL)
+	{
+		HASHCTL		ctl;
+
+		if (outbox_known_cxt == NULL)
+			outbox_known_cxt = AllocSetContextCreate(TopMemoryContext,
+													 "idem outbox keys known",
+													 ALLOCSET_DEFAULT_SIZES);
+		ctl.keysize = sizeof(int64);
+		ctl.entrysize = sizeof(OutboxKnownKey);
+		ctl.hcxt = outbox_known_cxt;
+		outbox_known = hash_create("idem outbox keys known", 1024, &ctl,
+								   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
+	probed = palloc(sizeof(OutboxProbedKey));
+	probed->hash = hash;
+	probed->topic = (text *) palloc(VARSIZE_ANY(topic));
+	memcpy(probed->topic, topic, VARSIZE_ANY(topic));
+	probed->key = (text *) palloc(VARSIZE_ANY(key));
+	memcpy(probed->key, key, VARSIZE_ANY(key));
+	outbox_probed_keys = lappend(outbox_probed_keys, probed);
+	outbox_probed_bytes += bytes;
+	MemoryContextSwitchTo(oldcxt);
+}
+
+/*
+ * Before the commit: entries for the keys probed, not yet valid.  Never
+ * fails for want of memory: the keys are then not remembered.
+ */
 static void
 outbox_known_keys_stage(void)
 {
@@ -246,52 +303,67 @@ outbox_known_keys_stage(void)
 
 	outbox_staged_keys = NIL;
 	outbox_staged_generation = outbox_known_generation;
+	outbox_known_stages++;
+	if (outbox_probed_keys == NIL)
+		return;
+	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
 	foreach(lc, outbox_probed_keys)
 	{
 		OutboxProbedKey *p = lfirst(lc);
 		OutboxKnownKey *e;
 		bool		found;
 		Size		bytes = VARSIZE_ANY(p->topic) + VARSIZE_ANY(p->key);
+		text	   *t;
+		text	   *k;
+		List	   *staged;
 
-		if (outbox_known != NULL &&
-			(hash_get_num_entries(outbox_known) >= OUTBOX_KNOWN_MAX ||
-			 outbox_known_bytes + bytes > OUTBOX_KNOWN_MAX_BYTES))
-		{
-			/* starts again: entries already staged go with the rest */
-			outbox_known_keys_forget();
-			outbox_staged_keys = NIL;
-			outbox_staged_generation = outbox_known_generation;
-		}
 		if (outbox_known == NULL)
+			break;
+		if (hash_get_num_entries(outbox_known) >= OUTBOX_KNOWN_MAX ||
+			outbox_known_bytes + bytes > OUTBOX_KNOWN_MAX_BYTES)
 		{
-			HASHCTL		ctl;
-
-			if (outbox_known_cxt == NULL)
-				outbox_known_cxt = AllocSetContextCreate(TopMemoryContext,
-														 "idem outbox keys known",
-														 ALLOCSET_DEFAULT_SIZES);
-			ctl.keysize = sizeof(int64);
-			ctl.entrysize = sizeof(OutboxKnownKey);
-			ctl.hcxt = outbox_known_cxt;
-			outbox_known = hash_create("idem outbox keys known", 1024, &ctl,
-									   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+			/* full: the keys of this commit are not remembered */
+			break;
 		}
-		e = hash_search(outbox_known, &p->hash, HASH_ENTER, &found);
-		if (found && e->valid &&
-			outbox_text_eq(e->topic, p->topic) && outbox_text_eq(e->key, p->key))
-			continue;
-		/* new, or another key of the same hash, which is forgotten */
-		e->valid = false;
-		e->topic = (text *) MemoryContextAlloc(outbox_known_cxt, VARSIZE_ANY(p->topic));
-		memcpy(e->topic, p->topic, VARSIZE_ANY(p->topic));
-		e->key = (text *) MemoryContextAlloc(outbox_known_cxt, VARSIZE_ANY(p->key));
-		memcpy(e->key, p->key, VARSIZE_ANY(p->key));
-		outbox_known_bytes += bytes;
-		oldcxt = MemoryContextSwitchTo(TopTransactionContext);
-		outbox_staged_keys = lappend(outbox_staged_keys, e);
-		MemoryContextSwitchTo(oldcxt);
+		e = hash_search(outbox_known, &p->hash, HASH_ENTER_NULL, &found);
+		if (e == NULL)
+			break;
+		if (found && outbox_text_eq(e->topic, p->topic) &&
+			outbox_text_eq(e->key, p->key))
+		{
+			/* known already, or listed by this stage already */
+			if (e->valid || e->staged == outbox_known_stages)
+				continue;
+		}
+		else
+		{
+			/* new, or another key of the same hash, which is forgotten */
+			e->valid = false;
+			e->topic = NULL;
+			e->key = NULL;
+			t = MemoryContextAllocExtended(outbox_known_cxt, VARSIZE_ANY(p->topic),
+										   MCXT_ALLOC_NO_OOM);
+			k = t == NULL ? NULL :
+				MemoryContextAllocExtended(outbox_known_cxt, VARSIZE_ANY(p->key),
+										   MCXT_ALLOC_NO_OOM);
+			if (k == NULL)
+			{
+				(void) hash_search(outbox_known, &p->hash, HASH_REMOVE, NULL);
+				break;
+			}
+			memcpy(t, p->topic, VARSIZE_ANY(p->topic));
+			memcpy(k, p->key, VARSIZE_ANY(p->key));
+			e->topic = t;
+			e->key = k;
+			outbox_known_bytes += bytes;
+		}
+		e->staged = outbox_known_stages;
+		staged = lappend(outbox_staged_keys, e);
+		outbox_staged_keys = staged;
 	}
+	MemoryContextSwitchTo(oldcxt);
 	outbox_probed_keys = NIL;
+	outbox_probed_bytes = 0;
 }
 
 /* Once committed: the staged entries are valid.  Cannot fail. */
@@ -305,6 +377,7 @@ outbox_known_keys_commit(void)
 			((OutboxKnownKey *) lfirst(lc))->valid = true;
 	outbox_staged_keys = NIL;
 	outbox_probed_keys = NIL;
+	outbox_probed_bytes = 0;
 }
 
 static void
@@ -318,7 +391,12 @@ outbox_relcache_callback(Datum arg, Oid relid)
 		outbox_relid = InvalidOid;
 		outbox_checked = false;
 		outbox_keys_checked = false;
-		outbox_known_keys_forget();
+		/* the table of the messages changes often (autovacuum): not that */
+		if (relid == InvalidOid || relid == outbox_keys_relid)
+		{
+			outbox_keys_trigger_ok = false;
+			outbox_known_keys_forget();
+		}
 	}
 }
 
@@ -470,6 +548,37 @@ outbox_close(OutboxRels *r)
 	table_close(r->rel, NoLock);
 }
 
+/*
+ * Whether idem.outbox_keys (locked by the caller) has the trigger that makes
+ * sessions forget the keys they knew, as idem made it: BEFORE DELETE FOR
+ * EACH ROW, ALWAYS, calling idem._outbox_keys_deleted.  Without it, a
+ * session looks for its key's row on every send.
+ */
+static bool
+outbox_keys_has_trigger(void)
+{
+	Relation	rel = relation_open(outbox_keys_relid, NoLock);
+	TriggerDesc *td = rel->trigdesc;
+	bool		ok = false;
+	int			i;
+
+	for (i = 0; td != NULL && i < td->numtriggers && !ok; i++)
+	{
+		Trigger    *t = &td->triggers[i];
+		char	   *fname;
+
+		if (t->tgenabled != TRIGGER_FIRES_ALWAYS ||
+			t->tgtype != (TRIGGER_TYPE_ROW | TRIGGER_TYPE_BEFORE | TRIGGER_TYPE_DELETE) ||
+			t->tgnargs != 0 || t->tgqual != NULL ||
+			get_func_namespace(t->tgfoid) != RelationGetNamespace(rel))
+			continue;
+		fname = get_func_name(t->tgfoid);
+		ok = fname != NULL && strcmp(fname, "_outbox_keys_deleted") == 0;
+	}
+	relation_close(rel, NoLock);
+	return ok;
+}
+
 static IdemStore *
 outbox_keys_open(void)
 {
@@ -492,6 +601,7 @@ outbox_keys_open(void)
 	{
 		idem_check_columns(idem_store_tupdesc(store), OUTBOX_KEYS_TABLE,
 						   columns, OK_NATTS);
+		outbox_keys_trigger_ok = outbox_keys_has_trigger();
 		outbox_keys_checked = OidIsValid(outbox_relid);
 	}
 	return store;
@@ -632,6 +742,7 @@ outbox_topic(List **cache, text *topic)
 	ScanKeyData skey;
 	TupleTableSlot *slot;
 	Snapshot	snap;
+	int			tries;
 	static const AttrNumber topic_cols[1] = {1};
 	static const IdemColumn topic_columns[OT_NATTS] = {
 		{"topic", TEXTOID, true, C_COLLATION_OID},
@@ -655,9 +766,40 @@ outbox_topic(List **cache, text *topic)
 	t->backoff_base = OUTBOX_DEFAULT_BACKOFF_BASE;
 	t->backoff_max = OUTBOX_DEFAULT_BACKOFF_MAX;
 
-	outbox_lookup_relids();
-	rel = table_open(outbox_topics_relid, AccessShareLock);
-	index = index_open(outbox_topics_pkey_oid, AccessShareLock);
+	/*
+	 * As outbox_open: the index may have been replaced (REINDEX
+	 * CONCURRENTLY) since its OID was looked up, which the table's lock
+	 * makes known.  The locks are kept to the end of the transaction, so
+	 * that nothing replaces them while this transaction uses them.
+	 */
+	for (tries = 0;; tries++)
+	{
+		outbox_lookup_relids();
+		rel = try_relation_open(outbox_topics_relid, AccessShareLock);
+		index = NULL;
+		if (rel != NULL)
+		{
+			outbox_lookup_relids();
+			index = try_relation_open(outbox_topics_pkey_oid, AccessShareLock);
+		}
+		if (index != NULL)
+			break;
+		if (rel != NULL)
+			relation_close(rel, AccessShareLock);
+		outbox_relid = InvalidOid;
+		if (tries > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_TABLE),
+					 errmsg("relation of the idem extension \"%s.%s\" or its primary key was dropped concurrently",
+							IDEM_SCHEMA, OUTBOX_TOPICS_TABLE)));
+	}
+	if (rel->rd_rel->relkind != RELKIND_RELATION ||
+		index->rd_rel->relkind != RELKIND_INDEX)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("\"%s.%s\" of the idem extension is not an ordinary table with its primary key",
+						IDEM_SCHEMA, OUTBOX_TOPICS_TABLE),
+				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
 	idem_check_index(index, rel, 1, topic_cols);
 	/* a table changed otherwise must not make every topic's settings go */
 	idem_check_columns(RelationGetDescr(rel), OUTBOX_TOPICS_TABLE,
@@ -689,8 +831,8 @@ outbox_topic(List **cache, text *topic)
 		ExecDropSingleTupleTableSlot(slot);
 		UnregisterSnapshot(snap);
 	}
-	index_close(index, AccessShareLock);
-	table_close(rel, AccessShareLock);
+	relation_close(index, NoLock);
+	relation_close(rel, NoLock);
 
 	*cache = lappend(*cache, t);
 	return t;
@@ -1125,10 +1267,12 @@ outbox_key_hash(text *topic, text *key)
 }
 
 /*
- * idem._outbox_keys_deleted(): the trigger after a DELETE of idem.outbox_keys
- * (idem_outbox_purge's, or one by hand) that makes every session forget the
- * keys it knew to have a row (see "Key rows known to exist"), when it next
- * takes a lock on the table.
+ * idem._outbox_keys_deleted(): the trigger before each DELETE of a row of
+ * idem.outbox_keys (idem_outbox_purge's, one by hand, one applied by logical
+ * replication).  It waits for the senders in flight, as the purge does,
+ * makes this session forget the keys it knew to have a row, and every other
+ * session when it next takes a lock on the table (see "Key rows known to
+ * exist").
  */
 PG_FUNCTION_INFO_V1(idem_outbox_keys_deleted);
 Datum
@@ -1136,12 +1280,18 @@ idem_outbox_keys_deleted(PG_FUNCTION_ARGS)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 
-	if (!CALLED_AS_TRIGGER(fcinfo))
+	if (!CALLED_AS_TRIGGER(fcinfo) ||
+		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		!TRIGGER_FIRED_BY_DELETE(trigdata->tg_event))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("idem._outbox_keys_deleted() was not called by the trigger manager")));
+				 errmsg("idem._outbox_keys_deleted() must be fired BEFORE DELETE FOR EACH ROW")));
+	/* taken once per transaction; then found in the local lock table */
+	LockRelationOid(RelationGetRelid(trigdata->tg_relation), ShareLock);
+	outbox_known_keys_forget();
 	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
-	return PointerGetDatum(NULL);
+	return PointerGetDatum(trigdata->tg_trigtuple);
 }
 
 /*
@@ -1265,6 +1415,8 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	 */
 	outbox_lookup_relids();
 	LockRelationOid(outbox_keys_relid, RowExclusiveLock);
+	/* also when this transaction held the lock already */
+	AcceptInvalidationMessages();
 	if (!outbox_keys_checked || !outbox_known_key(key_hash, topic, key))
 		outbox_ensure_key(topic, key, key_hash);
 
@@ -1301,8 +1453,6 @@ outbox_ensure_key(text *topic, text *key, int64 key_hash)
 	Datum		kvalues[OK_NATTS];
 	bool		kisnull[OK_NATTS];
 	IdemStore  *store;
-	OutboxProbedKey *probed;
-	MemoryContext oldcxt;
 
 	store = outbox_keys_open();
 	memset(kisnull, true, sizeof(kisnull));
@@ -1333,17 +1483,7 @@ outbox_ensure_key(text *topic, text *key, int64 key_hash)
 	idem_store_close(store);
 
 	outbox_register_callbacks();
-	if (list_length(outbox_probed_keys) >= OUTBOX_KNOWN_MAX)
-		return;
-	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
-	probed = palloc(sizeof(OutboxProbedKey));
-	probed->hash = key_hash;
-	probed->topic = (text *) palloc(VARSIZE_ANY(topic));
-	memcpy(probed->topic, topic, VARSIZE_ANY(topic));
-	probed->key = (text *) palloc(VARSIZE_ANY(key));
-	memcpy(probed->key, key, VARSIZE_ANY(key));
-	outbox_probed_keys = lappend(outbox_probed_keys, probed);
-	MemoryContextSwitchTo(oldcxt);
+	outbox_known_keys_probed(key_hash, topic, key);
 }
 
 static bool uuid_datum_eq(Datum a, pg_uuid_t *b);
@@ -1952,6 +2092,22 @@ typedef struct LeaseSeenKey
 	text	   *key;
 } LeaseSeenKey;
 
+/* Frees a run of keys seen, with their copies of topic and key. */
+static void
+lease_free_run(List *run)
+{
+	ListCell   *lc;
+
+	foreach(lc, run)
+	{
+		LeaseSeenKey *seen = lfirst(lc);
+
+		pfree(seen->topic);
+		pfree(seen->key);
+	}
+	list_free_deep(run);
+}
+
 /*
  * Fill heap with the candidates among the keys that have a message visible
  * to snap, as lease_scan_keys does from every key row (after: the last
@@ -2026,7 +2182,7 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 		}
 		else
 		{
-			list_free_deep(run);
+			lease_free_run(run);
 			run = NIL;
 			run_hash = hash;
 		}
@@ -2071,7 +2227,7 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 	index_endscan(kscan);
 	index_endscan(scan);
 	ExecClearTuple(r->slot);
-	list_free_deep(run);
+	lease_free_run(run);
 	return ok;
 }
 
@@ -2087,6 +2243,9 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
  * than max_messages could be leased and the pass saw more candidates than
  * it kept, it runs again under the same snapshot for the next ones.
  */
+/* the largest set of candidates a round keeps (16 bytes each) */
+#define LEASE_HEAP_MAX		(1 << 20)
+
 static int
 lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 		   LeaseArg *arg, int max_messages, List **topics)
@@ -2168,6 +2327,27 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 		{
 			last = heap.c[heap.n - 1];
 			have_last = true;
+		}
+
+		/*
+		 * Each round tries a bounded set of candidates and reads every key
+		 * row (or the index of heads) again.  Among many keys without a head
+		 * (all delivered, not purged yet) a pass of rounds of one size would
+		 * cost the square of their number: each round's set is twice the
+		 * last's, so a pass takes a number of rounds that grows as the
+		 * logarithm of theirs.  Once they outnumber the index's pages, the
+		 * rest of the pass also skips those the index shows without a head.
+		 */
+		if (more && nleased < max_messages)
+		{
+			if (heap.size < LEASE_HEAP_MAX)
+			{
+				heap.size = Min(heap.size * 2, LEASE_HEAP_MAX);
+				heap.c = repalloc(heap.c, sizeof(LeaseCandidate) * heap.size);
+			}
+			if (!by_messages && present == NULL && arg->misses > 0 &&
+				RelationGetNumberOfBlocks(r->key_seq) < (BlockNumber) arg->misses)
+				present = lease_present_hashes(r, &npresent);
 		}
 	} while (more && nleased < max_messages);
 	ExecDropSingleTupleTableSlot(kslot);
