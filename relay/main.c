@@ -412,6 +412,15 @@ statement_failed(PGresult *res, const char *what)
 	int			lost = PQstatus(conn) == CONNECTION_BAD;
 
 	result_error(res, msg, sizeof(msg));
+	if (stop_now && res != NULL && PQresultErrorField(res, PG_DIAG_SQLSTATE) != NULL &&
+		strcmp(PQresultErrorField(res, PG_DIAG_SQLSTATE), "57014") == 0)
+	{
+		/* cancelled by a second signal: the relay stops, as asked */
+		PQclear(res);
+		relay_log(LOG_INFO, "%s cancelled: stopping", what);
+		drop_connection();
+		return -1;
+	}
 	if (res)
 		PQclear(res);
 	relay_log(LOG_ERROR, "%s failed: %s", what, msg);
@@ -426,6 +435,66 @@ statement_failed(PGresult *res, const char *what)
 		exit(EXIT_RELAY_QUERY);
 	}
 	return -1;
+}
+
+/*
+ * PQexecPrepared that a second signal can interrupt: a statement may wait
+ * for a lock for long (ALTER EXTENSION idem UPDATE locks idem's tables), and
+ * a relay asked twice to stop must not wait with it.  The statement is then
+ * cancelled, and fails with 57014.
+ */
+static PGresult *
+exec_prepared(const char *name, int nparams, const char *const *params)
+{
+	PGresult   *res = NULL;
+	PGresult   *r;
+	int			cancelled = 0;
+
+	if (!PQsendQueryPrepared(conn, name, nparams, params, NULL, NULL, 0))
+		return NULL;
+	for (;;)
+	{
+		struct pollfd fds[2];
+
+		if (PQconsumeInput(conn) == 0)
+			break;
+		if (!PQisBusy(conn))
+			break;
+		if (stop_now && !cancelled)
+		{
+			PGcancel   *c = PQgetCancel(conn);
+			char		errbuf[256];
+
+			if (c != NULL)
+			{
+				(void) PQcancel(c, errbuf, sizeof(errbuf));
+				PQfreeCancel(c);
+			}
+			cancelled = 1;
+		}
+		fds[0].fd = PQsocket(conn);
+		fds[0].events = POLLIN;
+		fds[1].fd = wake_pipe[0];
+		fds[1].events = POLLIN;
+		if (poll(fds, 2, 1000) < 0 && errno != EINTR)
+			break;
+		if (fds[1].revents & POLLIN)
+		{
+			char		buf[64];
+
+			/* the signals are in their flags, which the main loop reads */
+			while (read(wake_pipe[0], buf, sizeof(buf)) > 0)
+				;
+		}
+	}
+	/* the last result is the statement's; the others are cleared */
+	while ((r = PQgetResult(conn)) != NULL)
+	{
+		if (res != NULL)
+			PQclear(res);
+		res = r;
+	}
+	return res;
 }
 
 /* Runs sql, which returns nothing or rows; the result, or NULL (handled). */
@@ -776,7 +845,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	if (ndelivered > 0)
 	{
 		const char *params[1] = {ids.data};
-		PGresult   *res = PQexecPrepared(conn, "ack", 1, params, NULL, NULL, 0);
+		PGresult   *res = exec_prepared("ack", 1, params);
 
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		{
@@ -795,7 +864,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	{
 		/* naming itself: a nack never ends a lease another relay took since */
 		const char *params[5] = {nids.data, errs.data, waits.data, settings.name, perms.data};
-		PGresult   *res = PQexecPrepared(conn, "nack", 5, params, NULL, NULL, 0);
+		PGresult   *res = exec_prepared("nack", 5, params);
 
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		{
@@ -844,7 +913,7 @@ lease_and_publish(void)
 	params[0] = settings.name;
 	params[1] = batch;
 	params[2] = lease;
-	res = PQexecPrepared(conn, "lease", 3, params, NULL, NULL, 0);
+	res = exec_prepared("lease", 3, params);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		statement_failed(res, "idem_outbox_lease");

@@ -132,6 +132,18 @@ watch_end(void)
 #define RMQ_SHORTSTR_MAX	255
 /* what publish_one returns for a routing key longer than that */
 #define RMQ_KEY_TOO_LONG	1
+#define RMQ_BODY_TOO_LARGE	2
+#define RMQ_HEADERS_TOO_LARGE 3
+
+/*
+ * RabbitMQ's max_message_size, by default 128 MiB and at most 512 MiB: a
+ * larger body makes the broker close the channel (406), which would retry
+ * the whole batch, for ever, for one message that can never be taken.
+ */
+#define RMQ_DEFAULT_MAX_MESSAGE_SIZE (128L * 1024 * 1024)
+#define RMQ_MAX_MESSAGE_SIZE	(512L * 1024 * 1024)
+/* room for the properties other than the headers' values, in a frame */
+#define RMQ_PROPERTIES_SLACK	1024
 
 typedef struct RabbitSink
 {
@@ -141,6 +153,7 @@ typedef struct RabbitSink
 	struct amqp_connection_info info;
 	char	   *exchange;
 	char	   *routing_key;	/* a template */
+	long		max_message_size;	/* bytes of a body the broker takes */
 	int			mandatory;
 	long		timeout_ms;
 	long		reconnect_max_ms;	/* the relay's reconnect_max */
@@ -154,7 +167,7 @@ typedef struct RabbitSink
 } RabbitSink;
 
 static const char *const rabbitmq_settings[] = {
-	"url", "exchange", "routing_key", "mandatory", NULL
+	"url", "exchange", "routing_key", "mandatory", "max_message_size", NULL
 };
 
 static void
@@ -354,6 +367,8 @@ rabbitmq_init(const SinkSettings *ss, char *err, size_t errlen)
 	const char *exchange = sink_setting(ss, "exchange");
 	const char *rkey = sink_setting(ss, "routing_key");
 	const char *mandatory = sink_setting(ss, "mandatory");
+	const char *maxsize = sink_setting(ss, "max_message_size");
+	long		max_message_size = RMQ_DEFAULT_MAX_MESSAGE_SIZE;
 	RabbitSink *s;
 	char		shown[512];
 	int			m = 1;
@@ -364,6 +379,20 @@ rabbitmq_init(const SinkSettings *ss, char *err, size_t errlen)
 	{
 		snprintf(err, errlen, "rabbitmq.mandatory must be true or false, not \"%s\"", mandatory);
 		return NULL;
+	}
+	if (maxsize != NULL)
+	{
+		char	   *end;
+
+		errno = 0;
+		max_message_size = strtol(maxsize, &end, 10);
+		if (errno != 0 || end == maxsize || *end != '\0' || max_message_size < 1 ||
+			max_message_size > RMQ_MAX_MESSAGE_SIZE)
+		{
+			snprintf(err, errlen, "rabbitmq.max_message_size must be a number of bytes from 1 to %ld, not \"%s\"",
+					 RMQ_MAX_MESSAGE_SIZE, maxsize);
+			return NULL;
+		}
 	}
 	if (rkey == NULL)
 		rkey = "{topic}";
@@ -401,6 +430,7 @@ rabbitmq_init(const SinkSettings *ss, char *err, size_t errlen)
 	s->exchange = xstrdup(exchange ? exchange : "");
 	s->routing_key = xstrdup(rkey);
 	s->mandatory = m;
+	s->max_message_size = max_message_size;
 	s->timeout_ms = ss->timeout_ms;
 	/* checked by the relay already */
 	s->reconnect_max_ms = config_get(ss->cfg, "reconnect_max") ?
@@ -477,6 +507,17 @@ publish_one(RabbitSink *s, const RelayMessage *m, StrBuf *rk)
 	/* AMQP's short strings: the message, not the connection, is at fault */
 	if (rk->len > RMQ_SHORTSTR_MAX)
 		return RMQ_KEY_TOO_LONG;
+	if ((long) strlen(m->payload) > s->max_message_size)
+		return RMQ_BODY_TOO_LARGE;
+
+	/*
+	 * The properties go in one frame, which librabbitmq cannot encode past
+	 * the frame size: it fails and the connection is dropped.
+	 */
+	if (strlen(m->id) + strlen(m->topic) + strlen(m->key) +
+		(m->type ? strlen(m->type) : 0) + (m->headers ? strlen(m->headers) : 0) +
+		RMQ_PROPERTIES_SLACK > (size_t) amqp_get_frame_max(s->conn))
+		return RMQ_HEADERS_TOO_LARGE;
 	return amqp_basic_publish(s->conn, RMQ_CHANNEL, amqp_cstring_bytes(s->exchange),
 							  amqp_cstring_bytes(rk->data), s->mandatory, 0, &props,
 							  amqp_cstring_bytes(m->payload));
@@ -708,14 +749,23 @@ rabbitmq_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 		watch_start(amqp_get_sockfd(s->conn), now_ms() + s->timeout_ms, ctl->stop_now);
 		rc = publish_one(s, &msgs[i], &rk);
 		watch_end();
-		if (rc == RMQ_KEY_TOO_LONG)
+		if (rc == RMQ_KEY_TOO_LONG || rc == RMQ_BODY_TOO_LARGE || rc == RMQ_HEADERS_TOO_LARGE)
 		{
 			/* nothing was sent: refused for good, the batch goes on */
 			tags[i] = 0;
 			out[i].kind = OUTCOME_PERMANENT;
-			snprintf(out[i].error, sizeof(out[i].error),
-					 "rabbitmq: the routing key is %zu bytes long; AMQP allows at most %d",
-					 rk.len, RMQ_SHORTSTR_MAX);
+			if (rc == RMQ_KEY_TOO_LONG)
+				snprintf(out[i].error, sizeof(out[i].error),
+						 "rabbitmq: the routing key is %zu bytes long; AMQP allows at most %d",
+						 rk.len, RMQ_SHORTSTR_MAX);
+			else if (rc == RMQ_BODY_TOO_LARGE)
+				snprintf(out[i].error, sizeof(out[i].error),
+						 "rabbitmq: the payload is %zu bytes long; rabbitmq.max_message_size is %ld",
+						 strlen(msgs[i].payload), s->max_message_size);
+			else
+				snprintf(out[i].error, sizeof(out[i].error),
+						 "rabbitmq: the message's properties (its headers) do not fit in an AMQP frame of %d bytes",
+						 amqp_get_frame_max(s->conn));
 			continue;
 		}
 		if (rc != AMQP_STATUS_OK)

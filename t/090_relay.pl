@@ -554,6 +554,28 @@ is( sql(q{SELECT string_agg(last_error, ' / ' ORDER BY key) FROM idem.outbox_key
 	  . 'not published: idem-relay was stopped',
 	'the one in flight interrupted, the others not published');
 
+# A lease that waits for a lock (ALTER EXTENSION idem UPDATE takes one on
+# idem's tables): two signals cancel it, and the relay stops at once rather
+# than when the lock goes.
+my $locker = IPC::Run::start(
+	[ 'psql', '-X', '-h', $node->host, '-p', $node->port, '-d', 'postgres', '-c',
+		'BEGIN; LOCK TABLE idem.outbox_keys IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(600); COMMIT;' ],
+	'>', "$tmp/locker.out", '2>', "$tmp/locker.err");
+ok(wait_for('the lock', sub { sql(q{SELECT count(*) FROM pg_locks WHERE relation = 'idem.outbox_keys'::regclass
+                                       AND mode = 'AccessExclusiveLock' AND granted}) == 1 }),
+	'another session holds a lock on idem.outbox_keys');
+$r = start_relay({}, '--log-interval', '0');
+ok( wait_for('the relay waiting', sub { sql(q{SELECT count(*) FROM pg_stat_activity
+                                                WHERE application_name = 'idem-relay' AND wait_event_type = 'Lock'}) == 1 }),
+	'the relay\'s lease waits for it');
+$r->{h}->signal('TERM');
+usleep(100_000);
+is(stop_relay($r, 'TERM'), 0, 'two signals while waiting for the lock: exit code 0');
+ok($locker->pumpable, 'while the lock is still held');
+like(slurp_file($r->{err}), qr/idem_outbox_lease cancelled: stopping/, 'the lease was cancelled');
+sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'BEGIN; LOCK TABLE idem.outbox_keys%'});
+$locker->finish;
+
 ########################################################################
 # SIGHUP: the configuration file read again
 ########################################################################

@@ -335,6 +335,30 @@ like(sql(q{SELECT last_error FROM idem.outbox_keys WHERE topic = 'longkey' AND d
 	qr/^permanent: rabbitmq: the routing key is 300 bytes long/, 'the one with the long key is dead at once');
 unlike(slurp_file("$tmp/relay-lk.err"), qr/rabbitmq: could not publish/, 'the connection was not given up');
 
+# A body over the broker's max_message_size (it would close the channel, and
+# the batch would be retried until every message of it was dead) and headers
+# too large for an AMQP frame (librabbitmq cannot encode them, and the
+# connection was dropped): refused for good, before anything is sent.
+sql(q{
+SELECT idem_outbox_send('big', 'b1', '{"n": 1}');
+SELECT idem_outbox_send('big', 'b2', jsonb_build_object('x', repeat('a', 5000)));
+SELECT idem_outbox_send('big', 'b3', '{"n": 3}', jsonb_build_object('h', repeat('b', 200000)));
+SELECT idem_outbox_send('big', 'b4', '{"n": 4}');});
+my $big = IPC::Run::run([ $relay, '--name', 'relay-big', @relay_args, '--once',
+		'--set', 'rabbitmq.max_message_size=4096', '--set', 'rabbitmq.mandatory=false' ],
+	'>', "$tmp/relay-big.out", '2>', "$tmp/relay-big.err",
+	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; },
+	IPC::Run::timeout(60));
+ok($big, 'the relay stopped (--once)') or diag(slurp_file("$tmp/relay-big.err"));
+is(sql(q{SELECT string_agg(aggregateid, ',' ORDER BY aggregateid) FROM idem.outbox WHERE aggregatetype = 'big'}),
+	'b2,b3', 'the messages around them are delivered');
+like(sql(q{SELECT string_agg(key || ' ' || attempts || ' ' || last_error, E'\n' ORDER BY key)
+           FROM idem.outbox_keys WHERE topic = 'big' AND dead}),
+	qr/^b2 1 permanent: rabbitmq: the payload is 50\d\d bytes long; rabbitmq.max_message_size is 4096\nb3 1 permanent: rabbitmq: the message's properties \(its headers\) do not fit in an AMQP frame of \d+ bytes$/,
+	'each is dead at its first attempt, with the reason');
+unlike(slurp_file("$tmp/relay-big.err"), qr/rabbitmq: could not publish|closed by the broker/,
+	'the connection was not given up');
+
 ########################################################################
 # A broker that stops reading: a memory alarm blocks publishers
 ########################################################################
