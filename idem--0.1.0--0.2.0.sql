@@ -903,8 +903,9 @@ COMMENT ON FUNCTION idem_outbox_stats() IS
 
 -- Keys whose messages were all delivered keep their row until this runs.
 -- Senders hold ROW EXCLUSIVE on idem.outbox_keys until they commit; the
--- SHARE lock waits for them, so that a key row is never removed under a
--- message still being sent.  It gives up at once when it cannot have the
+-- SHARE ROW EXCLUSIVE lock waits for them, so that a key row is never
+-- removed under a message still being sent, and for another purge (with
+-- SHARE, two purges could each wait for the other's DELETE).  It gives up at once when it cannot have the
 -- lock within lock_wait, so that senders never queue behind it for long.
 -- At most max_rows key rows go per call: the lock, which holds senders and
 -- relays back, is held for a bounded time; call it again while it returns
@@ -951,12 +952,12 @@ BEGIN
         -- a lock_timeout of 0 would wait for ever: 0 is NOWAIT, and a wait
         -- shorter than a millisecond is one millisecond
         IF lock_wait OPERATOR(pg_catalog.=) '0'::pg_catalog.interval THEN
-            LOCK TABLE idem.outbox_keys IN SHARE MODE NOWAIT;
+            LOCK TABLE idem.outbox_keys IN SHARE ROW EXCLUSIVE MODE NOWAIT;
         ELSE
             PERFORM pg_catalog.set_config('lock_timeout',
                 pg_catalog.ceil(pg_catalog.date_part('epoch', lock_wait) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8::pg_catalog.text
                     OPERATOR(pg_catalog.||) 'ms', true);
-            LOCK TABLE idem.outbox_keys IN SHARE MODE;
+            LOCK TABLE idem.outbox_keys IN SHARE ROW EXCLUSIVE MODE;
         END IF;
     EXCEPTION WHEN lock_not_available THEN
         RETURN 0;

@@ -221,9 +221,20 @@ static List *outbox_probed_keys = NIL;
 static Size outbox_probed_bytes = 0;
 
 /* the entries made before this transaction's commit, and when */
-static List *outbox_staged_keys = NIL;	/* of OutboxKnownKey, in
-										 * TopTransactionContext */
+static OutboxKnownKey **outbox_staged_keys = NULL;	/* in
+													 * TopTransactionContext */
+static int	outbox_nstaged = 0;
 static uint64 outbox_staged_generation = 0;
+
+/*
+ * The set's allocator: NULL when out of memory, so that HASH_ENTER_NULL can
+ * answer NULL before a commit rather than fail it.
+ */
+static void *
+outbox_known_alloc(Size size)
+{
+	return MemoryContextAllocExtended(outbox_known_cxt, size, MCXT_ALLOC_NO_OOM);
+}
 
 static void
 outbox_known_keys_forget(void)
@@ -276,8 +287,9 @@ outbox_known_keys_probed(int64 hash, text *topic, text *key)
 		ctl.keysize = sizeof(int64);
 		ctl.entrysize = sizeof(OutboxKnownKey);
 		ctl.hcxt = outbox_known_cxt;
+		ctl.alloc = outbox_known_alloc;
 		outbox_known = hash_create("idem outbox keys known", 1024, &ctl,
-								   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+								   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT | HASH_ALLOC);
 	}
 	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
 	probed = palloc(sizeof(OutboxProbedKey));
@@ -299,14 +311,19 @@ static void
 outbox_known_keys_stage(void)
 {
 	ListCell   *lc;
-	MemoryContext oldcxt;
 
-	outbox_staged_keys = NIL;
+	outbox_staged_keys = NULL;
+	outbox_nstaged = 0;
 	outbox_staged_generation = outbox_known_generation;
 	outbox_known_stages++;
-	if (outbox_probed_keys == NIL)
+	if (outbox_probed_keys == NIL || outbox_known == NULL)
 		return;
-	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
+	outbox_staged_keys = MemoryContextAllocExtended(TopTransactionContext,
+													sizeof(OutboxKnownKey *) *
+													list_length(outbox_probed_keys),
+													MCXT_ALLOC_NO_OOM);
+	if (outbox_staged_keys == NULL)
+		return;
 	foreach(lc, outbox_probed_keys)
 	{
 		OutboxProbedKey *p = lfirst(lc);
@@ -315,16 +332,11 @@ outbox_known_keys_stage(void)
 		Size		bytes = VARSIZE_ANY(p->topic) + VARSIZE_ANY(p->key);
 		text	   *t;
 		text	   *k;
-		List	   *staged;
 
-		if (outbox_known == NULL)
-			break;
+		/* full: the keys of this commit are not remembered */
 		if (hash_get_num_entries(outbox_known) >= OUTBOX_KNOWN_MAX ||
 			outbox_known_bytes + bytes > OUTBOX_KNOWN_MAX_BYTES)
-		{
-			/* full: the keys of this commit are not remembered */
 			break;
-		}
 		e = hash_search(outbox_known, &p->hash, HASH_ENTER_NULL, &found);
 		if (e == NULL)
 			break;
@@ -341,11 +353,8 @@ outbox_known_keys_stage(void)
 			e->valid = false;
 			e->topic = NULL;
 			e->key = NULL;
-			t = MemoryContextAllocExtended(outbox_known_cxt, VARSIZE_ANY(p->topic),
-										   MCXT_ALLOC_NO_OOM);
-			k = t == NULL ? NULL :
-				MemoryContextAllocExtended(outbox_known_cxt, VARSIZE_ANY(p->key),
-										   MCXT_ALLOC_NO_OOM);
+			t = outbox_known_alloc(VARSIZE_ANY(p->topic));
+			k = t == NULL ? NULL : outbox_known_alloc(VARSIZE_ANY(p->key));
 			if (k == NULL)
 			{
 				(void) hash_search(outbox_known, &p->hash, HASH_REMOVE, NULL);
@@ -358,10 +367,8 @@ outbox_known_keys_stage(void)
 			outbox_known_bytes += bytes;
 		}
 		e->staged = outbox_known_stages;
-		staged = lappend(outbox_staged_keys, e);
-		outbox_staged_keys = staged;
+		outbox_staged_keys[outbox_nstaged++] = e;
 	}
-	MemoryContextSwitchTo(oldcxt);
 	outbox_probed_keys = NIL;
 	outbox_probed_bytes = 0;
 }
@@ -370,12 +377,13 @@ outbox_known_keys_stage(void)
 static void
 outbox_known_keys_commit(void)
 {
-	ListCell   *lc;
+	int			i;
 
 	if (outbox_staged_generation == outbox_known_generation)
-		foreach(lc, outbox_staged_keys)
-			((OutboxKnownKey *) lfirst(lc))->valid = true;
-	outbox_staged_keys = NIL;
+		for (i = 0; i < outbox_nstaged; i++)
+			outbox_staged_keys[i]->valid = true;
+	outbox_staged_keys = NULL;
+	outbox_nstaged = 0;
 	outbox_probed_keys = NIL;
 	outbox_probed_bytes = 0;
 }
@@ -551,7 +559,9 @@ outbox_close(OutboxRels *r)
 /*
  * Whether idem.outbox_keys (locked by the caller) has the trigger that makes
  * sessions forget the keys they knew, as idem made it: BEFORE DELETE FOR
- * EACH ROW, ALWAYS, calling idem._outbox_keys_deleted.  Without it, a
+ * EACH ROW, ALWAYS, calling idem._outbox_keys_deleted.  (A trigger before
+ * UPDATE, even of other columns, would make every UPDATE lock its row
+ * first, which a lease in the same transaction takes for another relay's.)  Without it, a
  * session looks for its key's row on every send.
  */
 static bool
@@ -569,7 +579,7 @@ outbox_keys_has_trigger(void)
 
 		if (t->tgenabled != TRIGGER_FIRES_ALWAYS ||
 			t->tgtype != (TRIGGER_TYPE_ROW | TRIGGER_TYPE_BEFORE | TRIGGER_TYPE_DELETE) ||
-			t->tgnargs != 0 || t->tgqual != NULL ||
+			t->tgnargs != 0 || t->tgqual != NULL || t->tgnattr != 0 ||
 			get_func_namespace(t->tgfoid) != RelationGetNamespace(rel))
 			continue;
 		fname = get_func_name(t->tgfoid);
@@ -1131,7 +1141,9 @@ outbox_xact_callback(XactEvent event, void *arg)
 			outbox_sent_topics = NIL;
 			outbox_sent_hash = NULL;
 			outbox_probed_keys = NIL;
-			outbox_staged_keys = NIL;
+			outbox_probed_bytes = 0;
+			outbox_staged_keys = NULL;
+			outbox_nstaged = 0;
 			break;
 		case XACT_EVENT_COMMIT:
 			outbox_wake_done(true);
@@ -1146,7 +1158,9 @@ outbox_xact_callback(XactEvent event, void *arg)
 			outbox_sent_topics = NIL;
 			outbox_sent_hash = NULL;
 			outbox_probed_keys = NIL;
-			outbox_staged_keys = NIL;
+			outbox_probed_bytes = 0;
+			outbox_staged_keys = NULL;
+			outbox_nstaged = 0;
 			break;
 		default:
 			break;
@@ -1162,7 +1176,10 @@ outbox_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 						SubTransactionId parentSubid, void *arg)
 {
 	if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
 		outbox_probed_keys = NIL;
+		outbox_probed_bytes = 0;
+	}
 }
 
 static void
@@ -1269,7 +1286,8 @@ outbox_key_hash(text *topic, text *key)
 /*
  * idem._outbox_keys_deleted(): the trigger before each DELETE of a row of
  * idem.outbox_keys (idem_outbox_purge's, one by hand, one applied by logical
- * replication).  It waits for the senders in flight, as the purge does,
+ * replication).  It waits for the senders in flight, as the purge
+ * does (so two such statements at once can deadlock, as two purges did),
  * makes this session forget the keys it knew to have a row, and every other
  * session when it next takes a lock on the table (see "Key rows known to
  * exist").
