@@ -440,43 +440,63 @@ statement_failed(PGresult *res, const char *what)
 /*
  * PQexecPrepared that a second signal can interrupt: a statement may wait
  * for a lock for long (ALTER EXTENSION idem UPDATE locks idem's tables), and
- * a relay asked twice to stop must not wait with it.  The statement is then
- * cancelled, and fails with 57014.
+ * a relay asked twice to stop must not wait with it.  A statement still
+ * running STOP_CANCEL_GRACE_MS after it was sent and after the second
+ * signal is cancelled, and fails with 57014: the ack and nack that wind up
+ * a batch after the second signal take that long only when they wait.  A
+ * cancel without an answer within STOP_GIVE_UP_MS drops the connection.
  */
+#define STOP_CANCEL_GRACE_MS	1000
+#define STOP_GIVE_UP_MS			5000
+
 static PGresult *
 exec_prepared(const char *name, int nparams, const char *const *params)
 {
 	PGresult   *res = NULL;
 	PGresult   *r;
-	int			cancelled = 0;
+	int64_t		sent = now_ms();
+	int64_t		stop_seen = 0;
+	int64_t		cancelled = 0;
 
 	if (!PQsendQueryPrepared(conn, name, nparams, params, NULL, NULL, 0))
 		return NULL;
 	for (;;)
 	{
 		struct pollfd fds[2];
+		int64_t		now;
 
 		if (PQconsumeInput(conn) == 0)
 			break;
 		if (!PQisBusy(conn))
 			break;
-		if (stop_now && !cancelled)
+		now = now_ms();
+		if (stop_now && stop_seen == 0)
+			stop_seen = now;
+		if (stop_now && cancelled == 0 &&
+			now - (sent > stop_seen ? sent : stop_seen) >= STOP_CANCEL_GRACE_MS)
 		{
 			PGcancel   *c = PQgetCancel(conn);
 			char		errbuf[256];
 
+			if (c == NULL || !PQcancel(c, errbuf, sizeof(errbuf)))
+				relay_log(LOG_WARNING, "could not cancel the statement in flight: %s",
+						  c == NULL ? "out of memory" : errbuf);
 			if (c != NULL)
-			{
-				(void) PQcancel(c, errbuf, sizeof(errbuf));
 				PQfreeCancel(c);
-			}
-			cancelled = 1;
+			cancelled = now;
+		}
+		if (cancelled != 0 && now - cancelled >= STOP_GIVE_UP_MS)
+		{
+			relay_log(LOG_WARNING, "the statement in flight did not end %d ms after its cancel: "
+					  "closing the connection", STOP_GIVE_UP_MS);
+			drop_connection();
+			return NULL;
 		}
 		fds[0].fd = PQsocket(conn);
 		fds[0].events = POLLIN;
 		fds[1].fd = wake_pipe[0];
 		fds[1].events = POLLIN;
-		if (poll(fds, 2, 1000) < 0 && errno != EINTR)
+		if (poll(fds, 2, 250) < 0 && errno != EINTR)
 			break;
 		if (fds[1].revents & POLLIN)
 		{

@@ -142,8 +142,12 @@ watch_end(void)
  */
 #define RMQ_DEFAULT_MAX_MESSAGE_SIZE (128L * 1024 * 1024)
 #define RMQ_MAX_MESSAGE_SIZE	(512L * 1024 * 1024)
-/* room for the properties other than the headers' values, in a frame */
-#define RMQ_PROPERTIES_SLACK	1024
+/*
+ * Room for what a content header frame holds beside the texts counted: the
+ * frame's own 8 bytes, 14 of the header, the fixed properties and the table's
+ * entries (about 130 bytes in all).
+ */
+#define RMQ_PROPERTIES_SLACK	192
 
 typedef struct RabbitSink
 {

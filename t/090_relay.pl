@@ -554,6 +554,26 @@ is( sql(q{SELECT string_agg(last_error, ' / ' ORDER BY key) FROM idem.outbox_key
 	  . 'not published: idem-relay was stopped',
 	'the one in flight interrupted, the others not published');
 
+# The same with a large batch: the nack that releases it after the second
+# signal is not itself cancelled (a statement is cancelled only when it
+# still runs a second after the signal and after it was sent).
+sql(q{SELECT idem_outbox_configure('term3', 10, '1 second', '1 second')});
+my $hang3 = send_msg('term3', 'v0000', { n => 0, reply => ['200 sleep=60'] });
+sql(q{SELECT count(idem_outbox_send('term3', 'v' || lpad(i::text, 4, '0'), jsonb_build_object('n', i)))
+        FROM generate_series(1, 2999) i});
+$r = start_relay({}, '--sink', 'webhook', '--webhook-url', "$url/term3", '--log-interval', '0',
+	'--batch', '3000', '--lease', '10min', '--timeout', '60s');
+ok( wait_for('the hanging request of the large batch', sub {
+			grep { $_->{idempotency_key} eq $hang3 } @{ received() } }),
+	'the relay is publishing a batch of 3,000');
+$r->{h}->signal('TERM');
+usleep(100_000);
+is(stop_relay($r, 'TERM'), 0, 'a second SIGTERM: exit code 0');
+is( sql(q{SELECT count(*), count(*) FILTER (WHERE leased_by IS NULL AND available_at <= now())
+	      FROM idem.outbox_keys WHERE topic = 'term3'}),
+	'3000|3000', 'every message of the large batch is released, available again at once');
+unlike(slurp_file($r->{err}), qr/cancelled/, 'the nack that released them was not cancelled');
+
 # A lease that waits for a lock (ALTER EXTENSION idem UPDATE takes one on
 # idem's tables): two signals cancel it, and the relay stops at once rather
 # than when the lock goes.
