@@ -114,7 +114,11 @@ config_read_file(Config *cfg, const char *path, char *err, size_t errlen)
 		size_t		vlen;
 
 		lineno++;
-		s = trim(line);
+		s = line;
+		/* a byte order mark, which some editors write, is not in the key */
+		if (lineno == 1 && strncmp(s, "\xEF\xBB\xBF", 3) == 0)
+			s += 3;
+		s = trim(s);
 		if (*s == '\0' || *s == '#')
 			continue;
 		eq = strchr(s, '=');

@@ -192,12 +192,24 @@ parse_duration_ms(const char *s)
 	char	   *end;
 	double		v;
 	double		unit = 1000;
+	size_t		ndigits;
+	size_t		nfrac = 0;
 
-	if (s == NULL || *s == '\0' || isspace((unsigned char) *s) || *s == '-' || *s == '+')
+	if (s == NULL)
+		return -1;
+
+	/*
+	 * Decimal digits with an optional fraction, as the usage says: strtod
+	 * alone would also take "0x10" (16), "1e3" and "inf".
+	 */
+	ndigits = strspn(s, "0123456789");
+	if (s[ndigits] == '.')
+		nfrac = strspn(s + ndigits + 1, "0123456789");
+	if (ndigits == 0 && nfrac == 0)
 		return -1;
 	errno = 0;
 	v = strtod(s, &end);
-	if (errno != 0 || end == s || v != v)
+	if (errno != 0 || end != s + ndigits + (s[ndigits] == '.' ? 1 + nfrac : 0))
 		return -1;
 	while (*end == ' ')
 		end++;

@@ -168,6 +168,9 @@ my @usage_errors = (
 	[ [ '--batch', '0' ], qr/batch must be an integer from 1 to 10000/ ],
 	[ [ '--lease', '10s', '--timeout', '6s' ], qr/timeout \(6000 ms\) must be at most half the lease/ ],
 	[ [ '--poll', 'soon' ], qr/poll must be a duration/ ],
+	# decimal seconds only: strtod alone read 16 s and 1000 s
+	[ [ '--once', '--poll', '0x10' ], qr/poll must be a duration/ ],
+	[ [ '--once', '--poll', '1e3' ], qr/poll must be a duration/ ],
 	[ [ '--sink', 'carrier-pigeon' ], qr/unknown sink "carrier-pigeon"/ ],
 	[ [ '--sink', 'webhook' ], qr/the webhook sink needs a URL/ ],
 	# a URL libcurl cannot use, found at start rather than by every message
@@ -194,6 +197,15 @@ close($bad);
 ($rc, $out, $err) = run_relay({}, '--config', "$tmp/bad.conf");
 is($rc, 1, 'exit code 1 for a malformed configuration file');
 like($err, qr/bad\.conf:3: expected "key = value"/, 'the file and line are named');
+
+# A byte order mark before the first key is not part of it.
+open($bad, '>', "$tmp/bom.conf") or die;
+print $bad "\xEF\xBB\xBFbatch = 0\n";
+close($bad);
+($rc, $out, $err) = run_relay({}, '--config', "$tmp/bom.conf");
+is($rc, 1, 'exit code 1 for batch = 0 after a byte order mark');
+like($err, qr/batch must be an integer from 1 to 10000, not "0" \(.*bom\.conf:1\)/,
+	'the first key after a byte order mark is read as the key');
 
 # Exit code 2: no server where the environment points.
 ($rc, $out, $err) = run_relay({ PGHOST => "$tmp/nowhere" },
