@@ -662,6 +662,10 @@ CREATE TABLE IF NOT EXISTS idem.outbox_keys (
     head_id         pg_catalog.uuid,
     leased_by       pg_catalog.text,
     last_error      pg_catalog.text,
+    -- the seq of the last message of the key's last run (a lease of several
+    -- consecutive messages, idem_outbox_lease's per_key): the messages up
+    -- to it have been leased once, and a lease hands them out one at a time
+    leased_through  pg_catalog.int8,
     CONSTRAINT outbox_keys_pkey PRIMARY KEY (topic, key)
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0,
         autovacuum_vacuum_threshold = 5000);
@@ -762,12 +766,13 @@ COMMENT ON FUNCTION idem_outbox_send(pg_catalog.text, pg_catalog.text, pg_catalo
 
 CREATE OR REPLACE FUNCTION idem_outbox_lease(relay pg_catalog.text,
                                              max_messages pg_catalog.int4 DEFAULT 100,
-                                             lease pg_catalog.interval DEFAULT '30 seconds')
+                                             lease pg_catalog.interval DEFAULT '30 seconds',
+                                             per_key pg_catalog.int4 DEFAULT 1)
 RETURNS SETOF idem_outbox_message
 AS 'MODULE_PATHNAME', 'idem_outbox_lease'
 LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE ROWS 100;
-COMMENT ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval) IS
-    'lease up to max_messages messages to deliver, at most one per key, each the oldest of its key';
+COMMENT ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.int4) IS
+    'lease up to max_messages messages to deliver: the oldest of each key, and with per_key above 1 up to per_key consecutive messages of a key leased for the first time';
 
 CREATE OR REPLACE FUNCTION idem_outbox_ack(ids pg_catalog.uuid[])
 RETURNS pg_catalog.int4
@@ -860,7 +865,8 @@ BEGIN
                   HINT = 'Give a non-empty identifier, or NULL for all.';
     END IF;
     UPDATE idem.outbox_keys k
-       SET dead = false, attempts = 0, available_at = pg_catalog.now(), leased_by = NULL
+       SET dead = false, attempts = 0, available_at = pg_catalog.now(), leased_by = NULL,
+           leased_through = NULL
      WHERE k.dead
        AND (idem_outbox_redrive.topic IS NULL OR k.topic OPERATOR(pg_catalog.=) idem_outbox_redrive.topic)
        AND (idem_outbox_redrive.key IS NULL OR k.key OPERATOR(pg_catalog.=) idem_outbox_redrive.key);
@@ -888,7 +894,11 @@ AS $$
                    CASE WHEN k.dead AND k.head_id OPERATOR(pg_catalog.=) o.id THEN 'dead'
                         -- behind a dead message of its key: waits for its redrive
                         WHEN k.dead THEN 'held_back'
-                        WHEN k.head_id OPERATOR(pg_catalog.=) o.id AND k.leased_by IS NOT NULL
+                        -- the head, or a message of the run leased with it
+                        WHEN (k.head_id OPERATOR(pg_catalog.=) o.id
+                              OR (k.attempts OPERATOR(pg_catalog.=) 1
+                                  AND o.seq OPERATOR(pg_catalog.<=) k.leased_through))
+                             AND k.leased_by IS NOT NULL
                              AND k.available_at OPERATOR(pg_catalog.>) pg_catalog.now() THEN 'leased'
                         ELSE 'pending' END AS state
               FROM idem.outbox o
@@ -981,7 +991,7 @@ $$;
 COMMENT ON FUNCTION idem_outbox_purge(pg_catalog.interval, pg_catalog.int4) IS
     'remove the rows of keys whose messages were all delivered, at most max_rows per call; gives up (returns 0) when senders hold the table longer than lock_wait';
 
-REVOKE ALL ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.int4) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_ack(pg_catalog.uuid[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_catalog.interval, pg_catalog.text, pg_catalog.bool) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_configure(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval) FROM PUBLIC;

@@ -105,7 +105,7 @@
 #define OB_KEY_HASH			8
 
 /* idem.outbox_keys */
-#define OK_NATTS			8
+#define OK_NATTS			9
 #define OK_TOPIC			0
 #define OK_KEY				1
 #define OK_DEAD				2
@@ -114,6 +114,7 @@
 #define OK_HEAD_ID			5
 #define OK_LEASED_BY		6
 #define OK_LAST_ERROR		7
+#define OK_LEASED_THROUGH	8
 
 /* idem.outbox_topics */
 #define OT_NATTS			4
@@ -600,7 +601,8 @@ outbox_keys_open(void)
 		{"available_at", TIMESTAMPTZOID, true, InvalidOid},
 		{"head_id", UUIDOID, false, InvalidOid},
 		{"leased_by", TEXTOID, false, InvalidOid},
-		{"last_error", TEXTOID, false, InvalidOid}
+		{"last_error", TEXTOID, false, InvalidOid},
+		{"leased_through", INT8OID, false, InvalidOid}
 	};
 	IdemStore  *store;
 
@@ -1694,6 +1696,9 @@ typedef struct LeaseArg
 	text	   *relay;
 	TimestampTz now;
 	int64		lease;
+	int			per_key;		/* the most messages of one key */
+	int			budget;			/* the most messages of this key, now */
+	MemoryContext runcxt;		/* the copies of one key's run, reset */
 	/* the answer */
 	int			misses;			/* keys whose head was sought, and none found */
 	bool		leased;			/* values hold a leased message */
@@ -1702,6 +1707,13 @@ typedef struct LeaseArg
 	bool		isnull[OM_NATTS];
 	pg_uuid_t	head_id;
 	ItemPointerData head_tid;	/* where the leased head is */
+	/* the head's columns when the slot is needed for its run */
+	Datum		head_values[OB_NATTS];
+	bool		head_isnull[OB_NATTS];
+	/* the messages after the head leased with it, and where they are */
+	int			nrun;
+	HeapTuple  *run;			/* per_key - 1 of them */
+	ItemPointerData *run_tids;
 } LeaseArg;
 
 static int
@@ -1767,7 +1779,64 @@ lease_heap_add(LeaseHeap *h, TimestampTz available_at, ItemPointer tid)
 	h->c[i] = cand;
 }
 
-/* Called by the store with the latest version of a key row. */
+/*
+ * The messages of the key (topic, key) after its head (seq above after),
+ * up to limit, in the order of seq: copies in arg->run (in arg->runcxt),
+ * where they are in arg->run_tids.
+ *
+ * The run ends before a message whose sender is still committing (or that
+ * a transaction is deleting): the messages up to leased_through must all
+ * be leased by the run, and a message committed later with a smaller seq
+ * than the run's last (two senders of the key committing out of their
+ * order) would be taken for one that was.  A dirty snapshot shows those.
+ */
+static void
+lease_run(LeaseArg *arg, text *topic, text *key, int64 after, int limit)
+{
+	OutboxRels *r = arg->rels;
+	ScanKeyData skey[2];
+	IndexScanDesc scan;
+	SnapshotData dirty;
+	MemoryContext oldcxt;
+
+	InitDirtySnapshot(dirty);
+	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_INT8EQ,
+				Int64GetDatum(outbox_key_hash(topic, key)));
+	ScanKeyInit(&skey[1], 2, BTGreaterStrategyNumber, F_INT8GT,
+				Int64GetDatum(after));
+	scan = index_beginscan(r->rel, r->key_seq, &dirty, 2, 0);
+	index_rescan(scan, skey, 2, NULL, 0);
+	while (arg->nrun < limit &&
+		   index_getnext_slot(scan, ForwardScanDirection, r->slot))
+	{
+		if (TransactionIdIsValid(dirty.xmin) || TransactionIdIsValid(dirty.xmax))
+			break;
+		slot_getallattrs(r->slot);
+		/* another (topic, key) with the same hash: not ours */
+		if (!outbox_text_eq(DatumGetTextPP(r->slot->tts_values[OB_TOPIC]), topic) ||
+			!outbox_text_eq(DatumGetTextPP(r->slot->tts_values[OB_KEY]), key))
+			continue;
+		oldcxt = MemoryContextSwitchTo(arg->runcxt);
+		arg->run[arg->nrun] = ExecCopySlotHeapTuple(r->slot);
+		MemoryContextSwitchTo(oldcxt);
+		arg->run_tids[arg->nrun] = r->slot->tts_tid;
+		arg->nrun++;
+	}
+	index_endscan(scan);
+	ExecClearTuple(r->slot);
+}
+
+/*
+ * Called by the store with the latest version of a key row.
+ *
+ * A head leased for the first time, and not part of the key's last run,
+ * may be leased with up to per_key - 1 messages after it (a run): every
+ * one of them is at its first attempt, and leased_through keeps the seq
+ * of the last.  A message up to leased_through that is not acknowledged
+ * when its run ends (the lease ran out, a nack) was leased once, and is
+ * leased alone from then on, at its second attempt: the attempts of every
+ * message stay exact without a write of the message.
+ */
 static bool
 lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 {
@@ -1775,9 +1844,14 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	OutboxRels *r = arg->rels;
 	TupleTableSlot *slot = r->slot;
 	int32		attempts;
+	int64		head_seq;
+	bool		run_ok;
+	text	   *topic;
+	text	   *key;
 
 	arg->leased = false;
 	arg->died = false;
+	arg->nrun = 0;
 	if (DatumGetBool(values[OK_DEAD]) ||
 		DatumGetTimestampTz(values[OK_AVAILABLE_AT]) > arg->now)
 		return false;
@@ -1798,6 +1872,15 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	if (isnull[OK_HEAD_ID] ||
 		!uuid_datum_eq(values[OK_HEAD_ID], DatumGetUUIDP(slot->tts_values[OB_ID])))
 		attempts = 0;
+	head_seq = DatumGetInt64(slot->tts_values[OB_SEQ]);
+	/* past the last run: forgotten */
+	if (!isnull[OK_LEASED_THROUGH] &&
+		head_seq > DatumGetInt64(values[OK_LEASED_THROUGH]))
+		isnull[OK_LEASED_THROUGH] = true;
+	/* in it: leased once with it */
+	if (attempts == 0 && !isnull[OK_LEASED_THROUGH])
+		attempts = 1;
+	run_ok = (attempts == 0);
 
 	memcpy(&arg->head_id, DatumGetUUIDP(slot->tts_values[OB_ID]), UUID_LEN);
 	arg->head_tid = slot->tts_tid;
@@ -1838,6 +1921,36 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	arg->values[7] = slot->tts_values[OB_CREATED_AT];
 	arg->isnull[7] = false;
 	arg->leased = true;
+
+	if (run_ok && arg->per_key > 1 && arg->budget > 1)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(arg->runcxt);
+		HeapTuple	head = ExecCopySlotHeapTuple(slot);
+
+		/* the head's columns outlive the slot, which the run's scan reuses */
+		MemoryContextSwitchTo(oldcxt);
+		heap_deform_tuple(head, RelationGetDescr(r->rel), arg->head_values,
+						  arg->head_isnull);
+		arg->values[1] = arg->head_values[OB_TOPIC];
+		arg->values[2] = arg->head_values[OB_KEY];
+		arg->values[3] = arg->head_values[OB_TYPE];
+		arg->values[4] = arg->head_values[OB_PAYLOAD];
+		arg->values[5] = arg->head_values[OB_HEADERS];
+		arg->values[7] = arg->head_values[OB_CREATED_AT];
+		topic = DatumGetTextPP(arg->values[1]);
+		key = DatumGetTextPP(arg->values[2]);
+		lease_run(arg, topic, key, head_seq,
+				  Min(arg->per_key, arg->budget) - 1);
+		if (arg->nrun > 0)
+		{
+			bool		isn;
+
+			values[OK_LEASED_THROUGH] =
+				heap_getattr(arg->run[arg->nrun - 1], OB_SEQ + 1,
+							 RelationGetDescr(r->rel), &isn);
+			isnull[OK_LEASED_THROUGH] = false;
+		}
+	}
 	return true;
 }
 
@@ -1958,12 +2071,13 @@ lease_present_hashes(OutboxRels *r, int *n)
 
 /*
  * Lease the head of the key whose row version, as the pass's snapshot sees
- * it, is in kslot (pinned) at tid.  True when a message was leased (it is
- * then in the result).  kslot is left empty.
+ * it, is in kslot (pinned) at tid, and its run (see lease_key) within
+ * budget messages.  Returns how many messages were leased (they are then
+ * in the result, the head first).  kslot is left empty.
  */
-static bool
+static int
 lease_try(IdemStore *store, TupleTableSlot *kslot, ItemPointer tid,
-		  ReturnSetInfo *rsinfo, LeaseArg *arg, List **topics)
+		  ReturnSetInfo *rsinfo, LeaseArg *arg, List **topics, int budget)
 {
 	IdemStoreUpdateResult res;
 	text	   *topic;
@@ -1975,7 +2089,7 @@ lease_try(IdemStore *store, TupleTableSlot *kslot, ItemPointer tid,
 	if (lease_row_changed(kslot))
 	{
 		ExecClearTuple(kslot);
-		return false;
+		return 0;
 	}
 	slot_getallattrs(kslot);
 	topic = DatumGetTextPCopy(kslot->tts_values[OK_TOPIC]);
@@ -1985,24 +2099,59 @@ lease_try(IdemStore *store, TupleTableSlot *kslot, ItemPointer tid,
 	 * The row is updated where the pass saw it, if no transaction has changed
 	 * it since: one that has, or is changing it, is skipped.
 	 */
+	arg->budget = budget;
 	res = idem_store_try_update_at(store, tid, kslot->tts_values,
 								   kslot->tts_isnull, lease_key, arg);
 	ExecClearTuple(kslot);
 	if (res == IDEM_UPDATE_DONE && arg->leased)
 	{
+		ItemPointerData key_tid = idem_store_updated_tid(store);
+		TupleDesc	desc = RelationGetDescr(arg->rels->rel);
+		int			i;
+
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
 							 arg->values, arg->isnull);
-		outbox_remember_lease(&arg->head_id, &arg->head_tid,
-							  idem_store_updated_tid(store));
-		idem_stat_count_text(IDEM_KIND_OUTBOX, topic, IDEM_OUTBOX_LEASED, 1);
+		outbox_remember_lease(&arg->head_id, &arg->head_tid, key_tid);
+		for (i = 0; i < arg->nrun; i++)
+		{
+			Datum		mv[OB_NATTS];
+			bool		mn[OB_NATTS];
+			Datum		v[OM_NATTS];
+			bool		n[OM_NATTS];
+
+			heap_deform_tuple(arg->run[i], desc, mv, mn);
+			v[0] = mv[OB_ID];
+			n[0] = false;
+			v[1] = mv[OB_TOPIC];
+			n[1] = false;
+			v[2] = mv[OB_KEY];
+			n[2] = false;
+			v[3] = mv[OB_TYPE];
+			n[3] = mn[OB_TYPE];
+			v[4] = mv[OB_PAYLOAD];
+			n[4] = false;
+			v[5] = mv[OB_HEADERS];
+			n[5] = mn[OB_HEADERS];
+			v[6] = Int32GetDatum(1);
+			n[6] = false;
+			v[7] = mv[OB_CREATED_AT];
+			n[7] = false;
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
+			outbox_remember_lease(DatumGetUUIDP(mv[OB_ID]), &arg->run_tids[i],
+								  key_tid);
+		}
+		MemoryContextReset(arg->runcxt);
+		idem_stat_count_text(IDEM_KIND_OUTBOX, topic, IDEM_OUTBOX_LEASED,
+							 1 + arg->nrun);
 		if (DatumGetInt32(arg->values[6]) > 1)
 			idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
 								 IDEM_OUTBOX_REDELIVERED, 1);
-		return true;
+		return 1 + arg->nrun;
 	}
+	MemoryContextReset(arg->runcxt);
 	if (res == IDEM_UPDATE_DONE && arg->died)
 		idem_stat_count_text(IDEM_KIND_OUTBOX, topic, IDEM_OUTBOX_DEAD, 1);
-	return false;
+	return 0;
 }
 
 /*
@@ -2338,8 +2487,8 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 			if (!table_tuple_fetch_row_version(keys_rel, &heap.c[i].tid, snap,
 											   kslot))
 				continue;
-			if (lease_try(store, kslot, &heap.c[i].tid, rsinfo, arg, topics))
-				nleased++;
+			nleased += lease_try(store, kslot, &heap.c[i].tid, rsinfo, arg,
+								 topics, max_messages - nleased);
 		}
 		if (heap.n > 0)
 		{
@@ -2379,12 +2528,13 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 }
 
 /*
- * idem_outbox_lease(relay, max_messages, lease) returns setof
+ * idem_outbox_lease(relay, max_messages, lease, per_key) returns setof
  * idem_outbox_message
  *
  * Up to max_messages heads of keys that may be leased now, the keys that
- * have waited longest first.  A key another relay is leasing at this very
- * moment is skipped, not waited for.
+ * have waited longest first, each followed by the rest of its run when
+ * per_key is above 1 (see lease_key).  A key another relay is leasing at
+ * this very moment is skipped, not waited for.
  */
 PG_FUNCTION_INFO_V1(idem_outbox_lease);
 Datum
@@ -2394,6 +2544,7 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	text	   *relay = idem_arg_key(fcinfo, 0, "relay", OUTBOX_MAX_RELAY_LEN);
 	int32		max_messages;
 	int64		lease;
+	int32		per_key;
 	IdemStore  *store;
 	OutboxRels	r;
 	int			nleased = 0;
@@ -2419,6 +2570,18 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 				 errmsg("lease must not be null")));
 	lease = outbox_span(PG_GETARG_INTERVAL_P(2), "lease", false,
 						"Give how long a relay may take to deliver a batch, such as '30 seconds'.");
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("per_key must not be null"),
+				 errhint("Give 1 to lease only the oldest message of each key.")));
+	per_key = PG_GETARG_INT32(3);
+	if (per_key < 1 || per_key > OUTBOX_MAX_LEASE_BATCH)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("per_key must be between 1 and %d",
+						OUTBOX_MAX_LEASE_BATCH),
+				 errdetail("The value given was %d.", per_key)));
 	idem_check_writable("idem_outbox_lease()");
 
 	InitMaterializedSRF(fcinfo, 0);
@@ -2434,6 +2597,19 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	arg.rels = &r;
 	arg.relay = relay;
 	arg.lease = lease;
+	arg.per_key = per_key;
+	arg.nrun = 0;
+	arg.run = NULL;
+	arg.run_tids = NULL;
+	arg.runcxt = AllocSetContextCreate(callcxt, "idem_outbox_lease run",
+									   ALLOCSET_DEFAULT_SIZES);
+	if (per_key > 1)
+	{
+		int			most = Min(per_key, max_messages) - 1;
+
+		arg.run = palloc(sizeof(HeapTuple) * Max(most, 1));
+		arg.run_tids = palloc(sizeof(ItemPointerData) * Max(most, 1));
+	}
 	/* idle since an earlier call: this look is the last one */
 	if (outbox_relay_is_idle())
 		outbox_wake_owe();
@@ -2463,7 +2639,10 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 typedef struct AckArg
 {
 	pg_uuid_t  *id;
+	int64		seq;			/* the message's */
 	TimestampTz now;
+	bool		acked;			/* ack: the message was leased */
+	bool		need_lock;		/* ack: the key row is not updated yet */
 	/* nack only */
 	OutboxTopic *topic;
 	text	   *error;
@@ -2473,14 +2652,48 @@ typedef struct AckArg
 	bool		died;
 } AckArg;
 
-/* An ack: the key's next message becomes its head. */
+/*
+ * Whether the key is leased in a run (see lease_key): leased_through is
+ * kept until a lease passes it, but only a run's lease leaves attempts at
+ * 1 with it set and a relay holding it (a nack and a release clear
+ * leased_by).
+ */
+static bool
+outbox_key_in_run(Datum *values, bool *isnull)
+{
+	return !isnull[OK_LEASED_THROUGH] && !isnull[OK_LEASED_BY] &&
+		DatumGetInt32(values[OK_ATTEMPTS]) == 1;
+}
+
+/*
+ * An ack of a message leased: the key's head, or one up to the end of its
+ * last run.  The key is released (its next message becomes its head) by
+ * the ack of the last message its lease handed out: its head, or the last
+ * of its run.  The messages of a run before it are deleted and the key
+ * stays leased to the relay delivering the rest; its row is updated all
+ * the same (unchanged), once per call and key (need_lock): a lease skips a
+ * key row another transaction is changing, and must not read a message as
+ * the key's head while its deletion is not committed.
+ */
 static bool
 ack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 {
 	AckArg	   *arg = argp;
+	bool		is_head;
+	bool		last;
 
-	if (isnull[OK_HEAD_ID] || !uuid_datum_eq(values[OK_HEAD_ID], arg->id))
+	is_head = !isnull[OK_HEAD_ID] && uuid_datum_eq(values[OK_HEAD_ID], arg->id);
+	arg->acked = is_head ||
+		(!isnull[OK_LEASED_THROUGH] &&
+		 arg->seq <= DatumGetInt64(values[OK_LEASED_THROUGH]));
+	if (!arg->acked)
 		return false;
+	if (DatumGetBool(values[OK_DEAD]) || !outbox_key_in_run(values, isnull))
+		last = is_head;
+	else
+		last = arg->seq == DatumGetInt64(values[OK_LEASED_THROUGH]);
+	if (!last)
+		return arg->need_lock;
 	values[OK_DEAD] = BoolGetDatum(false);
 	values[OK_ATTEMPTS] = Int32GetDatum(0);
 	values[OK_AVAILABLE_AT] = TimestampTzGetDatum(arg->now);
@@ -2496,10 +2709,16 @@ nack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 {
 	AckArg	   *arg = argp;
 	int32		attempts;
+	bool		is_head;
 
 	arg->died = false;
-	if (isnull[OK_HEAD_ID] || !uuid_datum_eq(values[OK_HEAD_ID], arg->id) ||
-		isnull[OK_LEASED_BY] || DatumGetBool(values[OK_DEAD]))
+	if (isnull[OK_LEASED_BY] || DatumGetBool(values[OK_DEAD]))
+		return false;
+	is_head = !isnull[OK_HEAD_ID] && uuid_datum_eq(values[OK_HEAD_ID], arg->id);
+	/* or a message of the run leased with the head */
+	if (!is_head &&
+		!(outbox_key_in_run(values, isnull) &&
+		  arg->seq <= DatumGetInt64(values[OK_LEASED_THROUGH])))
 		return false;
 	/* a relay whose lease ran out must not end the lease of another */
 	if (arg->relay != NULL)
@@ -2512,6 +2731,18 @@ nack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 			return false;
 	}
 	attempts = DatumGetInt32(values[OK_ATTEMPTS]);
+	if (!is_head)
+	{
+		/*
+		 * The messages of the run before it were delivered: it is the head
+		 * the next lease retries, once they are acknowledged, at its second
+		 * attempt.
+		 */
+		values[OK_HEAD_ID] = UUIDPGetDatum(arg->id);
+		isnull[OK_HEAD_ID] = false;
+		attempts = 1;
+		values[OK_ATTEMPTS] = Int32GetDatum(attempts);
+	}
 	values[OK_LAST_ERROR] = PointerGetDatum(arg->error);
 	isnull[OK_LAST_ERROR] = false;
 	isnull[OK_LEASED_BY] = true;
@@ -2526,6 +2757,14 @@ nack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 												   outbox_backoff(arg->topic, attempts)));
 	return true;
 }
+
+/* A key whose row an ack has updated (see ack_key), by key_hash. */
+typedef struct OutboxAckedKey
+{
+	int64		hash;
+	text	   *topic;
+	text	   *key;
+} OutboxAckedKey;
 
 /* NULL elements (0) first, then the ids in the order of their bytes */
 static int
@@ -2542,10 +2781,11 @@ ack_id_cmp(const void *a, const void *b)
 /*
  * idem_outbox_ack(ids) returns int
  *
- * Each message that is the leased head of its key (its lease may have run
- * out) is delivered: deleted, and the key's next message becomes its head.
- * Returns how many were; an id acked before, unknown, or never leased
- * counts 0.
+ * Each message that is the leased head of its key, or of the run leased
+ * with it (the lease may have run out), is delivered: deleted, and once the
+ * last message its lease handed out is, the key's next message becomes its
+ * head (see ack_key).  Returns how many were; an id acked before, unknown,
+ * or never leased counts 0.
  */
 PG_FUNCTION_INFO_V1(idem_outbox_ack);
 Datum
@@ -2560,6 +2800,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	IdemStore  *store;
 	OutboxRels	r;
 	AckArg		arg;
+	HTAB	   *updated = NULL;
 
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
@@ -2596,6 +2837,10 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		ItemPointerData key_tid;
 		text	   *topic;
 		text	   *key;
+		int64		key_hash;
+		OutboxAckedKey *e = NULL;
+		bool		kept = false;
+		IdemStoreUpdateResult res;
 
 		CHECK_FOR_INTERRUPTS();
 		if (elems[i] == (Datum) 0)
@@ -2611,10 +2856,42 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		tid = r.slot->tts_tid;
 		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
 		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);
+		arg.seq = DatumGetInt64(r.slot->tts_values[OB_SEQ]);
+		key_hash = DatumGetInt64(r.slot->tts_values[OB_KEY_HASH]);
 		ExecClearTuple(r.slot);
 
-		if (idem_store_update_at(store, &key_tid, PointerGetDatum(topic),
-								 PointerGetDatum(key), ack_key, &arg) == IDEM_UPDATE_DONE)
+		if (updated != NULL)
+			e = hash_search(updated, &key_hash, HASH_FIND, NULL);
+		arg.need_lock = !(e != NULL && outbox_text_eq(e->topic, topic) &&
+						  outbox_text_eq(e->key, key));
+		arg.acked = false;
+		res = idem_store_update_at(store, &key_tid, PointerGetDatum(topic),
+								   PointerGetDatum(key), ack_key, &arg);
+		if (res == IDEM_UPDATE_DONE && e == NULL)
+		{
+			bool		found;
+
+			if (updated == NULL)
+			{
+				HASHCTL		ctl;
+
+				ctl.keysize = sizeof(int64);
+				ctl.entrysize = sizeof(OutboxAckedKey);
+				ctl.hcxt = CurrentMemoryContext;
+				updated = hash_create("idem outbox acked keys", 64, &ctl,
+									  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+			}
+			e = hash_search(updated, &key_hash, HASH_ENTER, &found);
+			/* a hash shared with another key: that one keeps the entry */
+			if (!found)
+			{
+				e->topic = topic;
+				e->key = key;
+				kept = true;
+			}
+		}
+		if (res == IDEM_UPDATE_DONE ||
+			(res == IDEM_UPDATE_DECLINED && arg.acked))
 		{
 			TM_FailureData tmfd;
 			TM_Result	result;
@@ -2635,22 +2912,29 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 				elog(ERROR, "unexpected result %d deleting from \"%s\"",
 					 (int) result, RelationGetRelationName(r.rel));
 		}
-		pfree(topic);
-		pfree(key);
+		if (!kept)
+		{
+			pfree(topic);
+			pfree(key);
+		}
 	}
 	outbox_close(&r);
 	idem_store_close(store);
+	if (updated != NULL)
+		hash_destroy(updated);
 	PG_RETURN_INT32(acked);
 }
 
 /*
  * idem_outbox_nack(id, error, retry_after, relay, permanent) returns boolean
  *
- * The delivery of a leased head failed: it may be leased again after
- * retry_after exactly when given, else after the topic's backoff; once it
+ * The delivery of a leased head, or of a message of the run leased with it,
+ * failed: the key may be leased again after retry_after exactly when given,
+ * else after the topic's backoff, from its oldest message; once the message
  * has had the topic's maximum attempts, or at once when the failure is
- * permanent (the receiver refused the message itself), it is dead.  Returns whether id was
- * the leased head of its key (leased to relay, when given).
+ * permanent (the receiver refused the message itself), it is dead.  The
+ * messages of a run after it are released with it.  Returns whether id was
+ * leased so (to relay, when given).
  */
 PG_FUNCTION_INFO_V1(idem_outbox_nack);
 Datum
@@ -2709,6 +2993,7 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 	{
 		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
 		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);
+		arg.seq = DatumGetInt64(r.slot->tts_values[OB_SEQ]);
 		ExecClearTuple(r.slot);
 		arg.topic = outbox_topic(&topics, topic);
 		done = (idem_store_update(store, PointerGetDatum(topic),

@@ -57,7 +57,7 @@ my $jtext = JSON::PP->new->canonical;
 # The relay's role: the three grants of the README, nothing else.
 $node->safe_psql('postgres', q{
 	CREATE ROLE relay LOGIN;
-	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval), idem_outbox_ack(uuid[]),
+	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval, int), idem_outbox_ack(uuid[]),
 	                          idem_outbox_nack(uuid, text, interval, text, boolean) TO relay;
 	CREATE DATABASE noidem;
 });

@@ -151,7 +151,7 @@ js('consumer-create', 'IDEM', 'workers', 2);
 sql(q{
 	CREATE ROLE relay_a LOGIN;
 	CREATE ROLE relay_b LOGIN;
-	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval),
+	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval, int),
 	                          idem_outbox_nack(uuid, text, interval, text, boolean) TO relay_a, relay_b;
 	GRANT EXECUTE ON FUNCTION idem_outbox_ack(uuid[]) TO relay_b;
 	REVOKE EXECUTE ON FUNCTION idem_outbox_ack(uuid[]) FROM PUBLIC;

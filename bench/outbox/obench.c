@@ -12,6 +12,8 @@
  *         idem_outbox, as idem's README says a relay does, and after a lease
  *         that found nothing wait for a notification or the poll interval,
  *         whichever comes first (the others sleep the poll interval)
+ *   idemr the same, the lease handing out runs of up to 100 messages of a
+ *         key (idem_outbox_lease's per_key)
  *   sl    hand-written, unordered: INSERT; SELECT ... ORDER BY id LIMIT B
  *         FOR UPDATE SKIP LOCKED, DELETE of the batch and COMMIT (the lease is
  *         the relay's transaction)
@@ -74,7 +76,8 @@ typedef enum
 	PEER_IDEM,
 	PEER_SL,
 	PEER_ORD,
-	PEER_PGQ
+	PEER_PGQ,
+	PEER_IDEMR					/* idem, leasing runs of up to 100 a key */
 } Peer;
 
 typedef enum
@@ -85,7 +88,7 @@ typedef enum
 	PHASE_STEADY
 } Phase;
 
-static const char *peer_names[] = {"idem", "sl", "ord", "pgq"};
+static const char *peer_names[] = {"idem", "sl", "ord", "pgq", "idemr"};
 static const char *phase_names[] = {"produce", "consume", "e2e", "steady"};
 
 static const char *conninfo = "";
@@ -238,6 +241,7 @@ send_sql(void)
 	switch (peer)
 	{
 		case PEER_IDEM:
+		case PEER_IDEMR:
 			return "SELECT idem_outbox_send('t', $1, $2::jsonb)";
 		case PEER_SL:
 			return "INSERT INTO sl.outbox (topic, key, payload) VALUES ('t', $1, $2::jsonb)";
@@ -257,6 +261,7 @@ send_batch_sql(void)
 	switch (peer)
 	{
 		case PEER_IDEM:
+		case PEER_IDEMR:
 			return "SELECT count(idem_outbox_send('t', k, p)) "
 				"FROM unnest($1::text[], $2::jsonb[]) AS u(k, p)";
 		case PEER_SL:
@@ -518,8 +523,11 @@ relay(void *arg)
 	switch (peer)
 	{
 		case PEER_IDEM:
+		case PEER_IDEMR:
 			exec_ok(conn, "LISTEN idem_outbox");
-			prepare(conn, "lease", "SELECT id, key, payload FROM idem_outbox_lease($1, $2)");
+			prepare(conn, "lease", peer == PEER_IDEMR ?
+					"SELECT id, key, payload FROM idem_outbox_lease($1, $2, per_key => 100)" :
+					"SELECT id, key, payload FROM idem_outbox_lease($1, $2)");
 			prepare(conn, "ack", "SELECT idem_outbox_ack($1::uuid[])");
 			break;
 		case PEER_SL:
@@ -555,6 +563,7 @@ relay(void *arg)
 		switch (peer)
 		{
 			case PEER_IDEM:
+			case PEER_IDEMR:
 				{
 					const char *v[2] = {name, bs};
 
@@ -643,13 +652,13 @@ relay(void *arg)
 		if (n > 0)
 		{
 			record(rid, d, n, t_ack);
-			if (peer == PEER_IDEM)
+			if (peer == PEER_IDEM || peer == PEER_IDEMR)
 				drain_notifies(conn);
 		}
 		else
 		{
 			atomic_fetch_add(&empty_leases, 1);
-			if (peer == PEER_IDEM)
+			if (peer == PEER_IDEM || peer == PEER_IDEMR)
 				wait_notify(conn);
 			else
 				usleep(poll_us);
@@ -766,7 +775,7 @@ cmp_key_seq(const void *a, const void *b)
 static void
 usage(const char *argv0)
 {
-	fprintf(stderr, "usage: %s -c CONNINFO -p idem|sl|ord|pgq -P produce|consume|e2e|steady "
+	fprintf(stderr, "usage: %s -c CONNINFO -p idem|idemr|sl|ord|pgq -P produce|consume|e2e|steady "
 			"[-m single|batch] [-n N] [-k KEYS] [-w PRODUCERS] [-r RELAYS] [-b BATCH] "
 			"[-t SECONDS] [-e EXPECT] [-s STEADY_SECONDS] [-R STEADY_RATE] [-i POLL_MS]\n", argv0);
 	exit(2);
@@ -805,8 +814,8 @@ main(int argc, char **argv)
 				conninfo = optarg;
 				break;
 			case 'p':
-				for (i = 0; i < 4 && strcmp(optarg, peer_names[i]) != 0; i++);
-				if (i == 4)
+				for (i = 0; i < 5 && strcmp(optarg, peer_names[i]) != 0; i++);
+				if (i == 5)
 					usage(argv[0]);
 				peer = (Peer) i;
 				break;
