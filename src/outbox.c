@@ -1780,42 +1780,56 @@ lease_heap_add(LeaseHeap *h, TimestampTz available_at, ItemPointer tid)
 }
 
 /*
- * The messages of the key (topic, key) after its head (seq above after),
+ * The messages of the key (topic, key) after its head (whose seq is head),
  * up to limit, in the order of seq: copies in arg->run (in arg->runcxt),
  * where they are in arg->run_tids.
  *
- * The run ends before a message whose sender is still committing (or that
- * a transaction is deleting): the messages up to leased_through must all
- * be leased by the run, and a message committed later with a smaller seq
- * than the run's last (two senders of the key committing out of their
- * order) would be taken for one that was.  A dirty snapshot shows those.
+ * The messages up to leased_through must all be leased by the run: a
+ * message committed later with a smaller seq than the run's last (two
+ * senders of the key committing out of their order of sending) would be
+ * taken for one the run leased.  So, read with a dirty snapshot, there is
+ * no run when the key has a message before its head (committed since the
+ * head was read, or whose sender is still committing), and the run ends
+ * before a message whose sender is still committing (or that a
+ * transaction is deleting).
  */
 static void
-lease_run(LeaseArg *arg, text *topic, text *key, int64 after, int limit)
+lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int limit)
 {
 	OutboxRels *r = arg->rels;
-	ScanKeyData skey[2];
+	ScanKeyData skey;
 	IndexScanDesc scan;
 	SnapshotData dirty;
 	MemoryContext oldcxt;
 
 	InitDirtySnapshot(dirty);
-	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_INT8EQ,
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_INT8EQ,
 				Int64GetDatum(outbox_key_hash(topic, key)));
-	ScanKeyInit(&skey[1], 2, BTGreaterStrategyNumber, F_INT8GT,
-				Int64GetDatum(after));
-	scan = index_beginscan(r->rel, r->key_seq, &dirty, 2, 0);
-	index_rescan(scan, skey, 2, NULL, 0);
+	scan = index_beginscan(r->rel, r->key_seq, &dirty, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
 	while (arg->nrun < limit &&
 		   index_getnext_slot(scan, ForwardScanDirection, r->slot))
 	{
-		if (TransactionIdIsValid(dirty.xmin) || TransactionIdIsValid(dirty.xmax))
-			break;
+		int64		seq;
+		bool		busy = TransactionIdIsValid(dirty.xmin) ||
+			TransactionIdIsValid(dirty.xmax);
+
 		slot_getallattrs(r->slot);
 		/* another (topic, key) with the same hash: not ours */
 		if (!outbox_text_eq(DatumGetTextPP(r->slot->tts_values[OB_TOPIC]), topic) ||
 			!outbox_text_eq(DatumGetTextPP(r->slot->tts_values[OB_KEY]), key))
 			continue;
+		seq = DatumGetInt64(r->slot->tts_values[OB_SEQ]);
+		if (seq < head)
+		{
+			/* the index gives these first: nothing was taken yet */
+			Assert(arg->nrun == 0);
+			break;
+		}
+		if (seq == head)
+			continue;
+		if (busy)
+			break;
 		oldcxt = MemoryContextSwitchTo(arg->runcxt);
 		arg->run[arg->nrun] = ExecCopySlotHeapTuple(r->slot);
 		MemoryContextSwitchTo(oldcxt);
@@ -2766,6 +2780,39 @@ typedef struct OutboxAckedKey
 	text	   *key;
 } OutboxAckedKey;
 
+/*
+ * A message an ack found: where it is, and its key by its hash (its topic
+ * and key are read again when its turn comes, so that a call with many ids
+ * keeps no copy of them).
+ */
+typedef struct OutboxAckMsg
+{
+	pg_uuid_t  *id;
+	ItemPointerData msg_tid;
+	ItemPointerData key_tid;	/* where its lease left the key row, or not */
+	int64		key_hash;
+	int64		seq;
+} OutboxAckMsg;
+
+/*
+ * By key_hash, then the latest first: the ack of a run's last message,
+ * whose update releases the key, then holds its row for the acks of the
+ * others, which need no update of their own.  (Two keys with one hash
+ * mix; acks that update both could deadlock, once in 2^64 pairs of keys.)
+ */
+static int
+ack_msg_cmp(const void *a, const void *b)
+{
+	const OutboxAckMsg *x = a;
+	const OutboxAckMsg *y = b;
+
+	if (x->key_hash != y->key_hash)
+		return x->key_hash < y->key_hash ? -1 : 1;
+	if (x->seq != y->seq)
+		return x->seq > y->seq ? -1 : 1;
+	return 0;
+}
+
 /* NULL elements (0) first, then the ids in the order of their bytes */
 static int
 ack_id_cmp(const void *a, const void *b)
@@ -2801,6 +2848,8 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	OutboxRels	r;
 	AckArg		arg;
 	HTAB	   *updated = NULL;
+	OutboxAckMsg *msgs;
+	int			nmsgs = 0;
 
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
@@ -2817,55 +2866,70 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	if (nelems == 0)
 		PG_RETURN_INT32(0);
 
-	/*
-	 * In the order of the ids: two acks of the same messages (a relay's late
-	 * ack, and the ack of the relay that leased them again) lock their rows
-	 * in one order, and cannot deadlock.
-	 */
 	for (i = 0; i < nelems; i++)
 		if (nulls[i])
 			elems[i] = (Datum) 0;
+	/* in the order of the ids, so that an id given twice comes twice in a row */
 	qsort(elems, nelems, sizeof(Datum), ack_id_cmp);
 
 	store = outbox_keys_open();
 	outbox_open(&r, RowExclusiveLock);
 	arg.now = GetCurrentTimestamp();
+
+	/*
+	 * The messages first, then their keys' rows in the order of the keys:
+	 * two acks that update rows of the same keys (a relay's late ack of a
+	 * run, and the ack of the relay that leased its messages again) lock
+	 * them in one order, and cannot deadlock.
+	 */
+	msgs = palloc(sizeof(OutboxAckMsg) * nelems);
 	for (i = 0; i < nelems; i++)
 	{
-		ItemPointerData tid;
-		ItemPointerData msg_tid;
-		ItemPointerData key_tid;
-		text	   *topic;
-		text	   *key;
-		int64		key_hash;
-		OutboxAckedKey *e = NULL;
-		bool		kept = false;
-		IdemStoreUpdateResult res;
+		OutboxAckMsg *m = &msgs[nmsgs];
 
 		CHECK_FOR_INTERRUPTS();
 		if (elems[i] == (Datum) 0)
 			continue;
-		arg.id = DatumGetUUIDP(elems[i]);
-		if (!outbox_recall_lease(arg.id, &msg_tid, &key_tid))
+		m->id = DatumGetUUIDP(elems[i]);
+		if (!outbox_recall_lease(m->id, &m->msg_tid, &m->key_tid))
 		{
-			ItemPointerSetInvalid(&msg_tid);
-			ItemPointerSetInvalid(&key_tid);
+			ItemPointerSetInvalid(&m->msg_tid);
+			ItemPointerSetInvalid(&m->key_tid);
 		}
-		if (!outbox_find(&r, arg.id, &msg_tid))
+		if (!outbox_find(&r, m->id, &m->msg_tid))
 			continue;
-		tid = r.slot->tts_tid;
+		m->msg_tid = r.slot->tts_tid;
+		m->seq = DatumGetInt64(r.slot->tts_values[OB_SEQ]);
+		m->key_hash = DatumGetInt64(r.slot->tts_values[OB_KEY_HASH]);
+		ExecClearTuple(r.slot);
+		nmsgs++;
+	}
+	qsort(msgs, nmsgs, sizeof(OutboxAckMsg), ack_msg_cmp);
+
+	for (i = 0; i < nmsgs; i++)
+	{
+		OutboxAckMsg *m = &msgs[i];
+		OutboxAckedKey *e = NULL;
+		IdemStoreUpdateResult res;
+		text	   *topic;
+		text	   *key;
+		bool		kept = false;
+
+		CHECK_FOR_INTERRUPTS();
+		/* gone: the same id given twice */
+		if (!outbox_find(&r, m->id, &m->msg_tid))
+			continue;
 		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
 		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);
-		arg.seq = DatumGetInt64(r.slot->tts_values[OB_SEQ]);
-		key_hash = DatumGetInt64(r.slot->tts_values[OB_KEY_HASH]);
 		ExecClearTuple(r.slot);
-
+		arg.id = m->id;
+		arg.seq = m->seq;
 		if (updated != NULL)
-			e = hash_search(updated, &key_hash, HASH_FIND, NULL);
+			e = hash_search(updated, &m->key_hash, HASH_FIND, NULL);
 		arg.need_lock = !(e != NULL && outbox_text_eq(e->topic, topic) &&
 						  outbox_text_eq(e->key, key));
 		arg.acked = false;
-		res = idem_store_update_at(store, &key_tid, PointerGetDatum(topic),
+		res = idem_store_update_at(store, &m->key_tid, PointerGetDatum(topic),
 								   PointerGetDatum(key), ack_key, &arg);
 		if (res == IDEM_UPDATE_DONE && e == NULL)
 		{
@@ -2881,7 +2945,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 				updated = hash_create("idem outbox acked keys", 64, &ctl,
 									  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 			}
-			e = hash_search(updated, &key_hash, HASH_ENTER, &found);
+			e = hash_search(updated, &m->key_hash, HASH_ENTER, &found);
 			/* a hash shared with another key: that one keeps the entry */
 			if (!found)
 			{
@@ -2898,7 +2962,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 
 			/* the row may have been sent by this very command */
 			CommandCounterIncrement();
-			result = table_tuple_delete(r.rel, &tid, GetCurrentCommandId(true),
+			result = table_tuple_delete(r.rel, &m->msg_tid, GetCurrentCommandId(true),
 										InvalidSnapshot, InvalidSnapshot,
 										true, &tmfd, false);
 			if (result == TM_Ok)
@@ -2918,6 +2982,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 			pfree(key);
 		}
 	}
+	pfree(msgs);
 	outbox_close(&r);
 	idem_store_close(store);
 	if (updated != NULL)

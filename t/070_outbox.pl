@@ -21,6 +21,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep);
 use IdemTest;
+use IPC::Run;
 
 my $node = idem_node('outbox', 'max_prepared_transactions = 10',
 	'restart_after_crash = on', 'wal_level = logical',
@@ -345,5 +346,47 @@ for my $db ('ob_ascii', 'ob_1252')
 		"caf\xc3\xa9|\xe2\x82\xac",
 		"$db: a text with a UTF-8 form is sent and leased as UTF-8");
 }
+# Acks of messages of the same keys at once, a relay's late ack of runs
+# whose lease ran out and the ack of the heads another relay leased again
+# since, lock the keys' rows in one order (the keys'), not in the order of
+# the ids, which the two acks have opposite here: no deadlock.
+$node->safe_psql('postgres', q{CREATE DATABASE ob_runs});
+$node->safe_psql('ob_runs', q{CREATE EXTENSION idem});
+for my $round (1 .. 3)
+{
+	$node->safe_psql('ob_runs', q{
+		SELECT count(idem_outbox_send('t', 'k' || k, jsonb_build_object('n', 1))) FROM generate_series(1, 1000) k;
+		SELECT count(idem_outbox_send('t', 'k' || k, jsonb_build_object('n', 2))) FROM generate_series(1000, 1, -1) k;
+		SELECT count(idem_outbox_send('t', 'k' || k, jsonb_build_object('n', 3))) FROM generate_series(1, 1000) k;
+		CREATE TABLE l1 AS SELECT * FROM idem_outbox_lease('r1', 10000, '1 millisecond', 3);
+		SELECT pg_sleep(0.05);
+		CREATE TABLE l2 AS SELECT * FROM idem_outbox_lease('r2', 10000, '1 hour', 3);
+	});
+	is($node->safe_psql('ob_runs', q{SELECT count(*), min(attempt), max(attempt) FROM l2}),
+		'1000|2|2', "round $round: r2 leased the heads of r1's runs again, alone");
+	my $late = $node->safe_psql('ob_runs', q{SELECT string_agg(id::text, ',' ORDER BY id) FROM l1 WHERE payload->>'n' = '2'});
+	my $heads = $node->safe_psql('ob_runs', q{SELECT string_agg(id::text, ',' ORDER BY id) FROM l2});
+	my $at = $node->safe_psql('ob_runs', q{SELECT clock_timestamp() + interval '1 second'});
+	my @acks;
+	for my $ids ($late, $heads)
+	{
+		my %a = (out => '', err => '');
+		$a{h} = IPC::Run::start(
+			[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('ob_runs'),
+			  '-c', "SELECT pg_sleep_until('$at')", '-c', "SELECT idem_outbox_ack('{$ids}'::uuid[])" ],
+			'>', \$a{out}, '2>', \$a{err});
+		push @acks, \%a;
+	}
+	$_->{h}->finish for @acks;
+	is(join('|', map { $_->{err} } @acks), '|', "round $round: no error (no deadlock) in the two acks");
+	is(join('|', map { (split /\n/, $_->{out})[-1] // '' } @acks), '1000|1000',
+		"round $round: each ack counts its 1000 messages");
+	$node->safe_psql('ob_runs', q{
+		DROP TABLE l1, l2;
+		DELETE FROM idem.outbox;
+		DELETE FROM idem.outbox_keys;
+	});
+}
+
 $node->stop;
 done_testing();
