@@ -2882,7 +2882,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	 * run, and the ack of the relay that leased its messages again) lock
 	 * them in one order, and cannot deadlock.
 	 */
-	msgs = palloc(sizeof(OutboxAckMsg) * nelems);
+	msgs = palloc_extended(sizeof(OutboxAckMsg) * nelems, MCXT_ALLOC_HUGE);
 	for (i = 0; i < nelems; i++)
 	{
 		OutboxAckMsg *m = &msgs[nmsgs];
@@ -2916,9 +2916,13 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		bool		kept = false;
 
 		CHECK_FOR_INTERRUPTS();
-		/* gone: the same id given twice */
+		/* the same id given twice: acknowledged once */
+		if (i > 0 && memcmp(m->id->data, msgs[i - 1].id->data, UUID_LEN) == 0)
+			continue;
+		/* as it stands now: deleted, or updated by hand, since */
 		if (!outbox_find(&r, m->id, &m->msg_tid))
 			continue;
+		m->msg_tid = r.slot->tts_tid;
 		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
 		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);
 		ExecClearTuple(r.slot);
@@ -2960,11 +2964,21 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 			TM_FailureData tmfd;
 			TM_Result	result;
 
-			/* the row may have been sent by this very command */
-			CommandCounterIncrement();
-			result = table_tuple_delete(r.rel, &m->msg_tid, GetCurrentCommandId(true),
-										InvalidSnapshot, InvalidSnapshot,
-										true, &tmfd, false);
+			for (;;)
+			{
+				/* the row may have been sent by this very command */
+				CommandCounterIncrement();
+				result = table_tuple_delete(r.rel, &m->msg_tid,
+											GetCurrentCommandId(true),
+											InvalidSnapshot, InvalidSnapshot,
+											true, &tmfd, false);
+				/* updated by hand since it was read: its new version */
+				if (result != TM_Updated || !outbox_find(&r, m->id, NULL))
+					break;
+				m->msg_tid = r.slot->tts_tid;
+				ExecClearTuple(r.slot);
+				CHECK_FOR_INTERRUPTS();
+			}
 			if (result == TM_Ok)
 			{
 				acked++;
