@@ -2772,12 +2772,17 @@ nack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	return true;
 }
 
-/* A key whose row an ack has updated (see ack_key), by key_hash. */
+/*
+ * A key whose row an ack has updated (see ack_key), by key_hash, and where
+ * the row's new version is: the acks of the other messages of its run read
+ * it there without a probe.
+ */
 typedef struct OutboxAckedKey
 {
 	int64		hash;
 	text	   *topic;
 	text	   *key;
+	ItemPointerData key_tid;
 } OutboxAckedKey;
 
 /*
@@ -2930,10 +2935,13 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		arg.seq = m->seq;
 		if (updated != NULL)
 			e = hash_search(updated, &m->key_hash, HASH_FIND, NULL);
-		arg.need_lock = !(e != NULL && outbox_text_eq(e->topic, topic) &&
-						  outbox_text_eq(e->key, key));
+		if (e != NULL && !(outbox_text_eq(e->topic, topic) &&
+						   outbox_text_eq(e->key, key)))
+			e = NULL;
+		arg.need_lock = (e == NULL);
 		arg.acked = false;
-		res = idem_store_update_at(store, &m->key_tid, PointerGetDatum(topic),
+		res = idem_store_update_at(store, e != NULL ? &e->key_tid : &m->key_tid,
+								   PointerGetDatum(topic),
 								   PointerGetDatum(key), ack_key, &arg);
 		if (res == IDEM_UPDATE_DONE && e == NULL)
 		{
@@ -2957,7 +2965,11 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 				e->key = key;
 				kept = true;
 			}
+			else
+				e = NULL;
 		}
+		if (res == IDEM_UPDATE_DONE && e != NULL)
+			e->key_tid = idem_store_updated_tid(store);
 		if (res == IDEM_UPDATE_DONE ||
 			(res == IDEM_UPDATE_DECLINED && arg.acked))
 		{
