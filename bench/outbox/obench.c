@@ -3,7 +3,7 @@
  *
  *   obench -c CONNINFO -p PEER -P PHASE [-m single|batch] [-n N] [-k KEYS]
  *          [-w PRODUCERS] [-r RELAYS] [-b BATCH] [-t SECONDS] [-e EXPECT]
- *          [-s STEADY_SECONDS] [-R STEADY_RATE] [-i POLL_MS]
+ *          [-s STEADY_SECONDS] [-R STEADY_RATE] [-i POLL_MS] [-L LINGER_MS]
  *
  * One invocation is one measured phase, for one way of writing an outbox:
  *
@@ -23,7 +23,7 @@
  *         oldest message in a second statement (a snapshot taken after the
  *         locks), DELETEs them and commits
  *   pgq   PgQ: pgq.insert_event; pgq.next_batch, pgq.get_batch_events,
- *         pgq.finish_batch; a ticker thread calls pgq.ticker() every 5 ms
+ *         pgq.finish_batch; a ticker thread calls pgq.ticker() every 1 ms
  *         (and, in the steady phase, runs pgq.maint_operations() every 10 s,
  *         as pgqd does)
  *
@@ -51,6 +51,10 @@
  * another relay before the relay holding the previous one had sent its
  * acknowledgement: two messages of a key in flight at once), duplicates and
  * lost messages.
+ *
+ * A relay whose lease was not full (fewer than BATCH messages) waits
+ * LINGER_MS before its next lease (default 0: at once), so that the next
+ * one finds more; PgQ's consumer waits for its ticker instead.
  *
  * The clock starts when every connection is made and every statement
  * prepared.  -t bounds a phase (a steady phase's drain): a phase cut short
@@ -105,6 +109,7 @@ static long expect = -1;
 static double steady_s = 600.0;
 static double steady_rate = 1000.0;
 static long poll_us = 1000;
+static long linger_us = 0;
 
 static int64_t t0_ns;
 static pthread_barrier_t ready;
@@ -654,6 +659,8 @@ relay(void *arg)
 			record(rid, d, n, t_ack);
 			if (peer == PEER_IDEM || peer == PEER_IDEMR)
 				drain_notifies(conn);
+			if (n < B && linger_us > 0 && peer != PEER_PGQ)
+				usleep(linger_us);
 		}
 		else
 		{
@@ -736,7 +743,13 @@ ticker(void *arg)
 			pgq_maintenance(conn);
 			next_maint = now_ns() + 10000000000LL;
 		}
-		usleep(5000);
+		/*
+		 * A tick is made once ticker_max_count (100) events wait: calls
+		 * every millisecond keep PgQ's batches near the other peers' 100
+		 * (every 5 ms, a producer of 100 per transaction filled batches of
+		 * 400).
+		 */
+		usleep(1000);
 	}
 	PQfinish(conn);
 	return NULL;
@@ -777,7 +790,7 @@ usage(const char *argv0)
 {
 	fprintf(stderr, "usage: %s -c CONNINFO -p idem|idemr|sl|ord|pgq -P produce|consume|e2e|steady "
 			"[-m single|batch] [-n N] [-k KEYS] [-w PRODUCERS] [-r RELAYS] [-b BATCH] "
-			"[-t SECONDS] [-e EXPECT] [-s STEADY_SECONDS] [-R STEADY_RATE] [-i POLL_MS]\n", argv0);
+			"[-t SECONDS] [-e EXPECT] [-s STEADY_SECONDS] [-R STEADY_RATE] [-i POLL_MS] [-L LINGER_MS]\n", argv0);
 	exit(2);
 }
 
@@ -806,7 +819,7 @@ main(int argc, char **argv)
 	long		overflow = 0;
 	long		i;
 
-	while ((opt = getopt(argc, argv, "c:p:P:m:n:k:w:r:b:t:e:s:R:i:")) != -1)
+	while ((opt = getopt(argc, argv, "c:p:P:m:n:k:w:r:b:t:e:s:R:i:L:")) != -1)
 	{
 		switch (opt)
 		{
@@ -857,6 +870,9 @@ main(int argc, char **argv)
 				break;
 			case 'i':
 				poll_us = (long) (atof(optarg) * 1000);
+				break;
+			case 'L':
+				linger_us = (long) (atof(optarg) * 1000);
 				break;
 			default:
 				usage(argv[0]);

@@ -23,6 +23,9 @@
 #   c4   4 relays deliver them
 #   e2e  4 one-message producers and 4 relays at once
 #   eb   4 producers of 100 messages per transaction and 4 relays at once
+#   el   e2e again, with relays that wait LINGER ms after a lease that was
+#        not full (PgQ, whose consumer waits for its ticker's batches, and
+#        pg-boss are left out)
 #
 # The messages have 1,000 keys; every relay checks, per key over the whole
 # phase, that no message is lost or delivered twice and that the order per
@@ -52,6 +55,8 @@
 #   SYNC_COMMIT   synchronous_commit, default off
 #   AUTOVACUUM    autovacuum during the measured phases, default off (each
 #                 phase starts on a fresh outbox; the steady load has it on)
+#   LINGER        milliseconds the relays of el wait after a lease that was
+#                 not full, default 10 (PgQ's ticker_max_lag here)
 #   DEADLINE      seconds a phase may take, default 60 (a phase cut short is
 #                 marked * and its rate is what it moved)
 #   PEERS         default "idem idemr sl ord pgq pgboss"
@@ -85,6 +90,7 @@ SYNC_COMMIT=${SYNC_COMMIT:-off}
 AUTOVACUUM=${AUTOVACUUM:-off}
 PRELOAD=${PRELOAD:-1}
 DEADLINE=${DEADLINE:-60}
+LINGER=${LINGER:-10}
 PGBOSS=${PGBOSS:-1}
 PEERS=${PEERS:-"idem idemr sl ord pgq pgboss"}
 PGQ_ROTATION=${PGQ_ROTATION:-1 minute}
@@ -98,6 +104,7 @@ RESULTS="$here/bench/results"
 [[ "$STEADY_RATE" =~ ^[1-9][0-9]*$ ]] || die "STEADY_RATE must be a positive integer"
 [[ "$SAMPLE_EVERY" =~ ^[1-9][0-9]*$ ]] || die "SAMPLE_EVERY must be a positive integer"
 [[ "$DEADLINE" =~ ^[1-9][0-9]*$ ]] || die "DEADLINE must be a positive integer"
+[[ "$LINGER" =~ ^[0-9]+$ ]] || die "LINGER must be a number of milliseconds"
 case $SYNC_COMMIT in on|off|local|remote_write|remote_apply) ;; *) die "SYNC_COMMIT: on or off" ;; esac
 case $AUTOVACUUM in on|off) ;; *) die "AUTOVACUUM: on or off" ;; esac
 [ "$PGBOSS" = 1 ] || PEERS=$(echo " $PEERS " | sed 's/ pgboss / /g')
@@ -187,7 +194,7 @@ raw=$dir/raw.txt
         "pgq=$(dpkg-query -W -f='${Version}' postgresql-15-pgq3)" \
         "pgboss=$([ "$PGBOSS" = 1 ] && sed -n 's/^  "version": "\(.*\)",$/\1/p' "$node_dir/node_modules/pg-boss/package.json" || echo -)" \
         "node=$([ -n "$NODE" ] && "$NODE" --version || echo -)"
-    echo "SETTINGS n=$N keys=$KEYS batch=$BATCH rounds=$ROUNDS sync_commit=$SYNC_COMMIT autovacuum=$AUTOVACUUM" \
+    echo "SETTINGS n=$N keys=$KEYS batch=$BATCH linger=$LINGER rounds=$ROUNDS sync_commit=$SYNC_COMMIT autovacuum=$AUTOVACUUM" \
         "deadline=$DEADLINE steady=$STEADY steady_rate=$STEADY_RATE sample_every=$SAMPLE_EVERY" \
         "pgq_rotation=\"$PGQ_ROTATION\"" \
         "date=$(date -u +%Y-%m-%dT%H:%MZ)"
@@ -348,6 +355,12 @@ peer_round() {   # round peer
     phase "$round" "$p" e2e e2e single 4 "$r4" "$N"
     setup_peer "$p"
     phase "$round" "$p" eb e2e batch 4 "$r4" "$N"
+    # relays that wait LINGER ms after a lease that was not full, as PgQ's
+    # ticker makes its consumer wait for a tick
+    if [ "$p" != pgq ] && [ "$p" != pgboss ]; then
+        setup_peer "$p"
+        phase "$round" "$p" el e2e single 4 "$r4" "$N" -L "$LINGER"
+    fi
     drop_peer "$p" >/dev/null
 }
 
