@@ -2916,6 +2916,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		OutboxAckMsg *m = &msgs[i];
 		OutboxAckedKey *e = NULL;
 		IdemStoreUpdateResult res;
+		ItemPointer latest;
 		text	   *topic;
 		text	   *key;
 		bool		kept = false;
@@ -2940,8 +2941,8 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 			e = NULL;
 		arg.need_lock = (e == NULL);
 		arg.acked = false;
-		res = idem_store_update_at(store, e != NULL ? &e->key_tid : &m->key_tid,
-								   PointerGetDatum(topic),
+		latest = (e != NULL) ? &e->key_tid : &m->key_tid;
+		res = idem_store_update_at(store, latest, PointerGetDatum(topic),
 								   PointerGetDatum(key), ack_key, &arg);
 		if (res == IDEM_UPDATE_DONE && e == NULL)
 		{

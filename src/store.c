@@ -1354,13 +1354,15 @@ store_fetch_version(IdemStore *store, ItemPointer tid, ScanKey skeys,
 	int			i;
 
 	/*
-	 * The size is asked once per store: the lock the store holds keeps the
-	 * table from shrinking, and a block added since is one this version
-	 * cannot be in.
+	 * The size is asked once per store, and again for a block past it: the
+	 * lock the store holds keeps the table from shrinking, but the caller
+	 * may have put a version in a block added since (an update that did not
+	 * fit on its page).
 	 */
 	if (!store->heap)
 		return false;
-	if (store->nblocks == InvalidBlockNumber)
+	if (store->nblocks == InvalidBlockNumber ||
+		ItemPointerGetBlockNumber(tid) >= store->nblocks)
 		store->nblocks = RelationGetNumberOfBlocks(store->rel);
 	if (ItemPointerGetBlockNumber(tid) >= store->nblocks)
 		return false;

@@ -23,9 +23,9 @@
 #   c4   4 relays deliver them
 #   e2e  4 one-message producers and 4 relays at once
 #   eb   4 producers of 100 messages per transaction and 4 relays at once
-#   el   e2e again, with relays that wait LINGER ms after a lease that was
-#        not full (PgQ, whose consumer waits for its ticker's batches, and
-#        pg-boss are left out)
+#   el   e2e again, with relays that wait LINGER ms after a lease that found 1
+#        to 99 messages (PgQ, whose consumer waits for its ticker's
+#        batches, and pg-boss are left out)
 #
 # The messages have 1,000 keys; every relay checks, per key over the whole
 # phase, that no message is lost or delivered twice and that the order per
@@ -55,8 +55,8 @@
 #   SYNC_COMMIT   synchronous_commit, default off
 #   AUTOVACUUM    autovacuum during the measured phases, default off (each
 #                 phase starts on a fresh outbox; the steady load has it on)
-#   LINGER        milliseconds the relays of el wait after a lease that was
-#                 not full, default 10 (PgQ's ticker_max_lag here)
+#   LINGER        milliseconds the relays of el wait after a lease that found 1
+#                 to 99 messages, default 10 (PgQ's ticker_max_lag here)
 #   DEADLINE      seconds a phase may take, default 60 (a phase cut short is
 #                 marked * and its rate is what it moved)
 #   PEERS         default "idem idemr sl ord pgq pgboss"
@@ -355,8 +355,8 @@ peer_round() {   # round peer
     phase "$round" "$p" e2e e2e single 4 "$r4" "$N"
     setup_peer "$p"
     phase "$round" "$p" eb e2e batch 4 "$r4" "$N"
-    # relays that wait LINGER ms after a lease that was not full, as PgQ's
-    # ticker makes its consumer wait for a tick
+    # relays that wait LINGER ms after a lease that found 1 to 99 messages,
+    # as PgQ's ticker makes its consumer wait for a tick
     if [ "$p" != pgq ] && [ "$p" != pgboss ]; then
         setup_peer "$p"
         phase "$round" "$p" el e2e single 4 "$r4" "$N" -L "$LINGER"
