@@ -284,6 +284,65 @@ cmp_ok($f->{nacks} // 0, '>', 0, 'failed deliveries nacked');
 cmp_ok($f->{redelivered} // 0, '>', 0, 'messages delivered more than once');
 cmp_ok($f->{absorbed} // 0, '>', 0, 'idem_claim absorbed redeliveries');
 
+# The same with runs: relays lease up to 8 consecutive messages of a key at
+# once (idem_outbox_lease's per_key) and stop a key's run at its first
+# failure, whose nack releases the rest of the run.  16 keys, so that every
+# lease holds runs; relays die in the middle of runs, runs run out of their
+# lease, one delivery in 25 fails, and the server crashes once.  The messages
+# of a run that were not delivered are leased again, alone, after the run's
+# later ones: the check counts as leased out of order only first leases.
+($rc, $out, $err) = chaos('setup', '--kind', 'outbox');
+is($rc, 0, 'setup of the outbox kind, runs') or diag($err);
+$log_offset = -s $log;
+($rc, $out, $err) = chaos(
+	'run',
+	'--kind'         => 'outbox',
+	'--per-key'      => 8,
+	'--messages'     => 3000,
+	'--producers'    => 4,
+	'--keys'         => 16,
+	'--consumers'    => 4,
+	'--seed'         => 31,
+	'--kill-every'   => 150,
+	'--nack-every'   => 25,
+	'--sigkill-ms'   => 1500,
+	'--terminate-ms' => 400,
+	'--lease-ms'     => 500,
+	'--timeout-s'    => 600,
+	'--crashes'      => 1,
+	'--crash-cmd'    => "pg_ctl -D '$pgdata' -m immediate stop >/dev/null 2>&1",
+	'--start-cmd'    => "pg_ctl -w -D '$pgdata' -l '$log' start >/dev/null 2>&1");
+is($rc, 0, 'the outbox run with runs under faults ends') or diag($err);
+$node->_update_pid(1);
+cmp_ok(recoveries($log_offset), '>=', 1,
+	'the server went through crash recovery (runs)');
+($rc, $out, $err) = chaos('check', '--kind', 'outbox');
+diag($out);
+$f = figures($out);
+is($rc, 0, 'check says every committed message was applied exactly once, in order (runs)');
+cmp_ok($f->{messages} // 0, '>=', 0.8 * 3000 * 0.9,
+	'most messages sent were committed (runs)');
+is($f->{lost}, 0, 'no committed message lost (runs)');
+is($f->{twice}, 0, 'no message applied twice (runs)');
+is($f->{strangers}, 0, 'no message of a rolled back transaction applied (runs)');
+is($f->{unacked}, 0, 'every committed message acked (runs)');
+is($f->{sum_ok}, 1, 'account balances equal the sum of the committed orders (runs)');
+like($out, qr/^leased out of order\s+0$/m, 'no message leased for the first time out of order');
+like($out, qr/^applied out of order\s+0$/m, 'nothing applied out of order per key (runs)');
+cmp_ok($f->{kills} // 0, '>=', 5, 'relays killed (runs)');
+cmp_ok($f->{nacks} // 0, '>', 0, 'failed deliveries nacked (runs)');
+cmp_ok($f->{redelivered} // 0, '>', 0, 'messages delivered more than once (runs)');
+cmp_ok(
+	$node->safe_psql('postgres',
+		"SELECT count(*) FROM idem.outbox_keys WHERE topic = 'chaos' AND leased_through IS NOT NULL"),
+	'>', 0, 'keys were leased in runs');
+cmp_ok(
+	$node->safe_psql('postgres',
+		"SELECT count(*) FROM (SELECT d.attempt, o.n, max(o.n) OVER (PARTITION BY o.key "
+		  . "ORDER BY d.id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before "
+		  . "FROM deliveries d JOIN orders o USING (msg_id)) x WHERE attempt > 1 AND before > n"),
+	'>', 0, 'messages of runs were leased again after later ones of their key');
+
 ########################################################################
 # Offsets: a consumer group of a partitioned log
 ########################################################################
@@ -423,6 +482,21 @@ is($rc, 1, 'check fails without order per key');
 unlike($out, qr/^leased out of order\s+0$/m, 'messages leased out of order are caught');
 unlike($out, qr/^applied out of order\s+0$/m, 'messages applied out of order are caught');
 is($f->{lost}, 0, 'without order per key nothing is lost');
+
+# Relays leasing runs that go on with a key's run after a failure apply the
+# failed message after later ones of its key.
+chaos('setup', '--kind', 'outbox');
+($rc, $out, $err) = chaos('run', '--kind', 'outbox', '--broken', 'run-on',
+	'--per-key' => 16, '--keys' => 8, '--nack-every' => 10,
+	'--messages' => 1500, '--seed' => 32);
+is($rc, 0, 'outbox run going on with runs after a failure');
+($rc, $out, $err) = chaos('check', '--kind', 'outbox');
+note($out);
+$f = figures($out);
+is($rc, 1, 'check fails when runs go on after a failure');
+unlike($out, qr/^applied out of order\s+0$/m,
+	'a run gone on with after a failure is caught applying out of order');
+is($f->{lost}, 0, 'going on after a failure loses nothing');
 
 # Consumers that commit the advance in a transaction of its own, before
 # the write, lose the messages of those that die in between: the offset

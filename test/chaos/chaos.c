@@ -40,7 +40,9 @@
  * and nacks.  The orders committed are the truth: each of their messages
  * must be applied exactly once, in send order per key (each key belongs to
  * one producer, which sends to it one transaction after the other), and no
- * message of a transaction that rolled back may ever be leased.
+ * message of a transaction that rolled back may ever be leased.  With
+ * --per-key above 1 the relays lease runs of a key's messages and stop a
+ * key's run at its first failure (the nack releases the rest of it).
  *
  * The offset kind is a consumer group of an ordered log: "chaos produce"
  * fills a table of numbered messages per partition (offsets with gaps, as
@@ -141,6 +143,7 @@ typedef struct Options
 	long		nack_every;		/* one failed delivery per this many, 0 none */
 	int			batch;
 	int			lease_ms;
+	int			per_key;		/* outbox kind: runs of up to this many a key */
 	long		kill_every;		/* one kill per this many deliveries, 0 none */
 	int			sigkill_ms;		/* external SIGKILL of a consumer, 0 none */
 	int			terminate_ms;	/* pg_terminate_backend period, 0 none */
@@ -151,8 +154,8 @@ typedef struct Options
 	int			reconnect_s;	/* give up reaching the server after this */
 	int			timeout_s;		/* give up a run after this */
 	int			partitions;		/* offset kind: partitions of the log */
-	const char *broken;			/* NULL, "no-idem", "ack-first", "unordered" or
-								 * "split" */
+	const char *broken;			/* NULL, "no-idem", "ack-first", "unordered",
+								 * "run-on" or "split" */
 	bool		quiet;
 } Options;
 
@@ -172,6 +175,7 @@ static Options opt = {
 	.nack_every = 0,
 	.batch = 32,
 	.lease_ms = 1000,
+	.per_key = 1,
 	.kill_every = 0,
 	.sigkill_ms = 0,
 	.terminate_ms = 0,
@@ -776,13 +780,19 @@ static const Kind kinds[] = {
 		},
 		.apply = claim_apply,
 		.checks_sql =
-	/* a later message of a key leased before an earlier one */
+	/*
+	 * a later message of a key leased before an earlier one (with runs, a
+	 * first lease: the messages of a run that were not delivered are leased
+	 * again after the run's later ones)
+	 */
 		"SELECT 'leased out of order', "
 		"       (SELECT count(*) FROM ("
-		"          SELECT o.n, max(o.n) OVER (PARTITION BY o.key ORDER BY d.id "
+		"          SELECT o.n, d.attempt, max(o.n) OVER (PARTITION BY o.key ORDER BY d.id "
 		"                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before "
 		"            FROM deliveries d JOIN orders o USING (msg_id)) x "
-		"         WHERE before > n) "
+		"         WHERE before > n "
+		"           AND (attempt = 1 OR coalesce((SELECT value FROM chaos_stats "
+		"                                          WHERE name = 'per_key'), 1) = 1)) "
 		"UNION ALL "
 		"SELECT 'applied out of order', (SELECT count(*) FROM ledger WHERE prev_n > n) "
 		"UNION ALL "
@@ -805,9 +815,9 @@ static const Kind kinds[] = {
 		"                    SELECT msg_id::text FROM orders "
 		"                    EXCEPT ALL SELECT msg_id FROM idem.claims WHERE ns = $1) y) END",
 		.lease_sql =
-		"PREPARE lease(int, int) AS "
+		"PREPARE lease(int, int, int) AS "
 		"WITH l AS (SELECT * FROM idem_outbox_lease(current_setting('application_name'), $1,"
-		"                                          $2 * interval '1 ms')), "
+		"                                          $2 * interval '1 ms', $3)), "
 		"     d AS (INSERT INTO deliveries(msg_id, attempt) SELECT id, attempt FROM l) "
 		"SELECT id, id::text, payload->>'amount', payload->>'account', key, payload->>'n' FROM l",
 		.ack_sql = "PREPARE ack(uuid[]) AS SELECT idem_outbox_ack($1)",
@@ -892,7 +902,7 @@ static const Kind kinds[] = {
  * would, and ack by deleting them.
  */
 static const char *unordered_lease_sql =
-"PREPARE lease(int, int) AS "
+"PREPARE lease(int, int, int) AS "
 "WITH l AS (SELECT id, aggregateid AS key, payload, 1 AS attempt FROM idem.outbox "
 "            WHERE aggregatetype = 'chaos' ORDER BY random() LIMIT $1), "
 "     d AS (INSERT INTO deliveries(msg_id, attempt) SELECT id, attempt FROM l) "
@@ -1203,13 +1213,17 @@ consumer_main(int slot, unsigned long generation)
 	Delivery   *batch = calloc(opt.batch, sizeof(Delivery));
 	char	   *seqs = malloc(opt.batch * sizeof(batch->seq) + 4);
 	bool		ack_first = opt.broken && strcmp(opt.broken, "ack-first") == 0;
+	bool		run_on = opt.broken && strcmp(opt.broken, "run-on") == 0;
+	bool	   *skip = calloc(opt.batch, sizeof(bool));
 	char		lease_ms[16];
 	char		batch_n[16];
+	char		per_key[16];
 	bool		reconnecting = generation > 0;
 
 	snprintf(c.appname, sizeof(c.appname), "chaos-consumer-%d", slot);
 	snprintf(lease_ms, sizeof(lease_ms), "%d", opt.lease_ms);
 	snprintf(batch_n, sizeof(batch_n), "%d", opt.batch);
+	snprintf(per_key, sizeof(per_key), "%d", opt.per_key);
 	rng_seed(&c.rng, opt.seed * 1000003 + slot * 7919 + generation);
 	c.use_idem = !(opt.broken && strcmp(opt.broken, "no-idem") == 0);
 	c.effect_params = kind->effect_params ? kind->effect_params : 4;
@@ -1218,7 +1232,7 @@ consumer_main(int slot, unsigned long generation)
 	{
 		PGresult   *res;
 		int			n;
-		const char *params[] = {batch_n, lease_ms};
+		const char *params[] = {batch_n, lease_ms, per_key};
 
 		if (c.conn == NULL)
 		{
@@ -1232,7 +1246,9 @@ consumer_main(int slot, unsigned long generation)
 			reconnecting = true;
 		}
 
-		if (run_prepared(&c, "lease", 2, params, PGRES_TUPLES_OK, &res) != O_DONE)
+		/* the outbox's lease also takes per_key */
+		if (run_prepared(&c, "lease", kind->lease_sql ? 3 : 2, params,
+						 PGRES_TUPLES_OK, &res) != O_DONE)
 		{
 			PQfinish(c.conn);
 			c.conn = NULL;
@@ -1246,6 +1262,7 @@ consumer_main(int slot, unsigned long generation)
 			snprintf(batch[i].amount, sizeof(batch[i].amount), "%s", PQgetvalue(res, i, 2));
 			snprintf(batch[i].account, sizeof(batch[i].account), "%s", PQgetvalue(res, i, 3));
 			batch[i].key[0] = batch[i].n[0] = '\0';
+			skip[i] = false;
 			if (PQnfields(res) >= 6)
 			{
 				snprintf(batch[i].key, sizeof(batch[i].key), "%s", PQgetvalue(res, i, 4));
@@ -1297,6 +1314,12 @@ consumer_main(int slot, unsigned long generation)
 		{
 			Outcome		o;
 
+			/*
+			 * A run of a key stops at its first failure: the nack released
+			 * the rest of it, to be leased again after the failed message.
+			 */
+			if (skip[i])
+				continue;
 			c.kill_at = P_NONE;
 			if (opt.kill_every > 0 && rng_below(&c.rng, opt.kill_every) == 0)
 				c.kill_at = (Point) (P_BEFORE_CLAIM + rng_below(&c.rng, 4));
@@ -1319,7 +1342,12 @@ consumer_main(int slot, unsigned long generation)
 					chaos_point(&c, P_AFTER_COMMIT);
 				}
 				else if (o == O_FAILED)
+				{
 					o = nack(&c, kind, &batch[i]);
+					for (int j = i + 1; j < n && !run_on; j++)
+						if (strcmp(batch[j].key, batch[i].key) == 0)
+							skip[j] = true;
+				}
 			}
 			if (o == O_LOST)
 			{
@@ -1447,7 +1475,7 @@ save_stats(long crashes, double seconds)
 			 "('kills_before_commit', %ld), ('kills_after_commit', %ld), "
 			 "('kills_external', %ld), ('no_idem', %d), ('ack_first', %d), ('ms', %ld), "
 			 "('nacks', %ld), ('sends', %ld), ('rolled_back', %ld), ('producer_txns', %ld), "
-			 "('producer_kills', %ld) "
+			 "('producer_kills', %ld), ('per_key', %d) "
 			 "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
 			 opt.consumers, shared->leased, shared->committed, shared->applied,
 			 shared->absorbed, shared->acks, shared->conn_lost, shared->reconnects,
@@ -1459,7 +1487,7 @@ save_stats(long crashes, double seconds)
 			 opt.broken && strcmp(opt.broken, "ack-first") == 0,
 			 (long) (seconds * 1000),
 			 shared->nacks, shared->sends, shared->rolled_back, shared->producer_txns,
-			 shared->producer_kills);
+			 shared->producer_kills, opt.per_key);
 	must_exec(conn, sql);
 	PQfinish(conn);
 }
@@ -2144,6 +2172,7 @@ usage(void)
 			"  --nack-every N             one delivery in N fails and is nacked (outbox kind)\n"
 			"  --batch N                  rows leased at a time (32)\n"
 			"  --lease-ms N               lease of a row before redelivery (1000)\n"
+			"  --per-key N                outbox kind: lease runs of up to N messages a key (1)\n"
 			"  --kill-every N             a consumer dies once per N deliveries on average\n"
 			"  --sigkill-ms N             SIGKILL a random consumer every N ms\n"
 			"  --terminate-ms N           pg_terminate_backend a consumer every N ms\n"
@@ -2153,8 +2182,9 @@ usage(void)
 			"  --reconnect-s N            give up reaching the server after N seconds (120)\n"
 			"  --timeout-s N              give up a run after N seconds (1800)\n"
 			"  --no-idem                  broken consumer: skip idem_claim\n"
-			"  --broken no-idem|ack-first|unordered|split\n"
-			"                             broken consumer, to prove the checker live\n"
+			"  --broken no-idem|ack-first|unordered|run-on|split\n"
+			"                             broken consumer, to prove the checker live (run-on:\n"
+			"                             goes on with a key's run after a failure)\n"
 			"  -q, --quiet                no progress on stderr\n");
 	exit(2);
 }
@@ -2178,6 +2208,7 @@ main(int argc, char **argv)
 		{"nack-every", required_argument, NULL, 'F'},
 		{"batch", required_argument, NULL, 'b'},
 		{"lease-ms", required_argument, NULL, 'l'},
+		{"per-key", required_argument, NULL, 'U'},
 		{"kill-every", required_argument, NULL, 'K'},
 		{"sigkill-ms", required_argument, NULL, 'S'},
 		{"terminate-ms", required_argument, NULL, 'T'},
@@ -2247,6 +2278,9 @@ main(int argc, char **argv)
 			case 'l':
 				opt.lease_ms = atoi(optarg);
 				break;
+			case 'U':
+				opt.per_key = atoi(optarg);
+				break;
 			case 'K':
 				opt.kill_every = atol(optarg);
 				break;
@@ -2278,8 +2312,9 @@ main(int argc, char **argv)
 				break;
 			case 'B':
 				if (strcmp(optarg, "no-idem") != 0 && strcmp(optarg, "ack-first") != 0 &&
-					strcmp(optarg, "unordered") != 0 && strcmp(optarg, "split") != 0)
-					die("--broken takes no-idem, ack-first, unordered or split");
+					strcmp(optarg, "unordered") != 0 && strcmp(optarg, "run-on") != 0 &&
+					strcmp(optarg, "split") != 0)
+					die("--broken takes no-idem, ack-first, unordered, run-on or split");
 				opt.broken = optarg;
 				break;
 			case 'q':
@@ -2301,6 +2336,11 @@ main(int argc, char **argv)
 		die("--keys must be between --producers and %d", MAX_KEYS);
 	if (opt.broken && strcmp(opt.broken, "unordered") == 0 && !find_kind(opt.kind)->lease_sql)
 		die("--broken unordered is for the outbox kind");
+	if (opt.per_key < 1 || opt.per_key > 10000)
+		die("--per-key must be between 1 and 10000");
+	if ((opt.per_key > 1 || (opt.broken && strcmp(opt.broken, "run-on") == 0)) &&
+		!find_kind(opt.kind)->lease_sql)
+		die("--per-key and --broken run-on are for the outbox kind");
 	if (opt.broken && (find_kind(opt.kind)->consume != NULL) != (strcmp(opt.broken, "split") == 0))
 		die("the offset kind takes --broken split, and only it does");
 	if (opt.partitions < 1)
