@@ -38,6 +38,7 @@ typedef struct Settings
 	const char *dbname;			/* NULL: the libpq environment */
 	char	   *name;
 	int			batch;
+	int			per_key;		/* runs of up to this many messages a key */
 	long		lease_ms;
 	long		poll_ms;
 	long		timeout_ms;
@@ -52,7 +53,7 @@ typedef struct Settings
 static Settings settings;
 
 static const char *const global_keys[] = {
-	"dbname", "name", "batch", "lease", "poll", "timeout", "log_interval",
+	"dbname", "name", "batch", "per_key", "lease", "poll", "timeout", "log_interval",
 	"reconnect_max", "connect_attempts", "exit_on_error", "once", "verbose",
 	"sink", NULL
 };
@@ -120,6 +121,9 @@ usage(FILE *f)
 			"\n"
 			"Delivery:\n"
 			"  -b, --batch=N            messages leased at once, 1 to 10000 (default 100)\n"
+			"      --per-key=N          lease runs of up to N consecutive messages of a key,\n"
+			"                           1 to 10000 (default 1); a run is published one\n"
+			"                           message after the other and stops at a failure\n"
 			"  -l, --lease=DUR          how long a lease lasts (default 30s)\n"
 			"  -p, --poll=DUR           wait for a notification at most this long (default 1s)\n"
 			"  -t, --timeout=DUR        longest publish of one message; shorter than the\n"
@@ -653,7 +657,8 @@ db_connect(void)
 			 "SELECT id, topic, key, type, payload, headers, attempt, "
 			 "pg_catalog.to_char(pg_catalog.timezone('UTC', created_at), "
 			 "'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') "
-			 "FROM %s.idem_outbox_lease($1::pg_catalog.text, $2::pg_catalog.int4, $3::pg_catalog.interval)",
+			 "FROM %s.idem_outbox_lease($1::pg_catalog.text, $2::pg_catalog.int4, $3::pg_catalog.interval, "
+			 "$4::pg_catalog.int4)",
 			 schema);
 	if (!prepare("lease", sql, &failure))
 		return failure;
@@ -730,6 +735,76 @@ publish_batch(const RelayMessage *msgs, int n, Outcome *out, const PublishContro
 	}
 	free(route);
 	free(done);
+	free(sub);
+	free(subout);
+	free(subidx);
+	return rc;
+}
+
+/*
+ * A batch of runs: the messages of a key's run follow its head, in order.
+ * They are published in rounds, each with the next message of every run
+ * whose previous one was delivered (so a sink is never given two messages
+ * of a key at once), until every run is done or stopped at a message that
+ * was not delivered: the messages after it are SKIPPED, neither
+ * acknowledged nor nacked, since that message's nack releases them.
+ */
+static int
+publish_runs(const RelayMessage *msgs, int n, Outcome *out, const PublishControl *ctl)
+{
+	int		   *start = xmalloc(sizeof(int) * (size_t) n);
+	int		   *len = xmalloc(sizeof(int) * (size_t) n);
+	RelayMessage *sub = xmalloc(sizeof(RelayMessage) * (size_t) n);
+	Outcome    *subout = xmalloc(sizeof(Outcome) * (size_t) n);
+	int		   *subidx = xmalloc(sizeof(int) * (size_t) n);
+	int			nruns = 0;
+	int			round;
+	int			i;
+	int			rc = 0;
+
+	for (i = 0; i < n; i++)
+	{
+		if (nruns > 0 && len[nruns - 1] > 0 &&
+			strcmp(msgs[i].topic, msgs[start[nruns - 1]].topic) == 0 &&
+			strcmp(msgs[i].key, msgs[start[nruns - 1]].key) == 0)
+		{
+			len[nruns - 1]++;
+			continue;
+		}
+		start[nruns] = i;
+		len[nruns++] = 1;
+	}
+	for (round = 0; rc == 0; round++)
+	{
+		int			m = 0;
+		int			r;
+
+		for (r = 0; r < nruns; r++)
+			if (round < len[r] &&
+				(round == 0 || out[start[r] + round - 1].kind == OUTCOME_DELIVERED))
+			{
+				sub[m] = msgs[start[r] + round];
+				subout[m] = out[start[r] + round];
+				subidx[m++] = start[r] + round;
+			}
+		if (m == 0)
+			break;
+		rc = publish_batch(sub, m, subout, ctl);
+		for (i = 0; i < m; i++)
+			out[subidx[i]] = subout[i];
+	}
+	/* what follows a message of its run that was not delivered */
+	for (i = 0; i < nruns; i++)
+	{
+		int			j;
+
+		for (j = 1; j < len[i]; j++)
+			if (out[start[i] + j - 1].kind != OUTCOME_DELIVERED &&
+				out[start[i] + j].kind == OUTCOME_UNSENT)
+				out[start[i] + j].kind = OUTCOME_SKIPPED;
+	}
+	free(start);
+	free(len);
 	free(sub);
 	free(subout);
 	free(subidx);
@@ -827,6 +902,10 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 				relay_log(LOG_WARNING, "message %s (topic %s, key %s, attempt %d) refused for good, "
 						  "dead: %s", m->id, topic, key, m->attempt, error);
 				break;
+			case OUTCOME_SKIPPED:
+				relay_log(LOG_DEBUG, "left %s (topic %s, key %s): an earlier message of its key "
+						  "was not delivered", m->id, topic, key);
+				continue;
 			case OUTCOME_UNSENT:
 				if (stop_now)
 					snprintf(error, sizeof(error), "not published: idem-relay was stopped");
@@ -917,7 +996,8 @@ lease_and_publish(void)
 	int			notified;
 	char		batch[16];
 	char		lease[32];
-	const char *params[3];
+	char		per_key[16];
+	const char *params[4];
 	PGresult   *res;
 	int64_t		start = now_ms();
 	int			n;
@@ -933,7 +1013,9 @@ lease_and_publish(void)
 	params[0] = settings.name;
 	params[1] = batch;
 	params[2] = lease;
-	res = exec_prepared("lease", 3, params);
+	snprintf(per_key, sizeof(per_key), "%d", settings.per_key);
+	params[3] = per_key;
+	res = exec_prepared("lease", 4, params);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		statement_failed(res, "idem_outbox_lease");
@@ -977,7 +1059,8 @@ lease_and_publish(void)
 	 */
 	ctl.deadline_ms = start + settings.lease_ms - settings.timeout_ms;
 	ctl.stop_now = &stop_now;
-	rc = publish_batch(msgs, n, out, &ctl);
+	rc = settings.per_key > 1 ? publish_runs(msgs, n, out, &ctl) :
+		publish_batch(msgs, n, out, &ctl);
 	ok = report(msgs, n, out, ctl.deadline_ms);
 	free(msgs);
 	free(out);
@@ -1185,6 +1268,7 @@ apply_config(const Config *cfg)
 		settings.name = xstrdup(name);
 	}
 	settings.batch = get_int(cfg, "batch", 100, 1, 10000);
+	settings.per_key = get_int(cfg, "per_key", 1, 1, 10000);
 	settings.lease_ms = get_duration(cfg, "lease", 30000, 1);
 	settings.poll_ms = get_duration(cfg, "poll", 1000, 1);
 	settings.timeout_ms = get_duration(cfg, "timeout", 10000, 1);
@@ -1363,8 +1447,9 @@ reload_config(void)
 	if (dbname_changed)
 		drop_connection();
 	next_log = settings.log_interval_ms > 0 ? now_ms() + settings.log_interval_ms : INT64_MAX;
-	relay_log(LOG_INFO, "configuration reloaded from %s: batch %d, lease %ld ms, poll %ld ms, "
-			  "timeout %ld ms, sink %s%s%s", config_file, settings.batch, settings.lease_ms,
+	relay_log(LOG_INFO, "configuration reloaded from %s: batch %d, per key %d, lease %ld ms, "
+			  "poll %ld ms, timeout %ld ms, sink %s%s%s", config_file, settings.batch,
+			  settings.per_key, settings.lease_ms,
 			  settings.poll_ms, settings.timeout_ms, settings.sink,
 			  nroutes > 1 ? " (and per topic)" : "",
 			  dbname_changed ? ", connecting to the new dbname" : "");
@@ -1458,6 +1543,7 @@ main(int argc, char **argv)
 		{"reconnect-max", required_argument, NULL, 6},
 		{"once", no_argument, NULL, 7},
 		{"nats-url", required_argument, NULL, 8},
+		{"per-key", required_argument, NULL, 9},
 		{NULL, 0, NULL, 0}
 	};
 	Config	   *cmdline = &cmdline_cfg;
@@ -1537,6 +1623,9 @@ main(int argc, char **argv)
 			case 5:
 				key = "connect_attempts";
 				break;
+			case 9:
+				key = "per_key";
+				break;
 			case 6:
 				key = "reconnect_max";
 				break;
@@ -1576,9 +1665,9 @@ main(int argc, char **argv)
 	apply_config(&cfg);
 	setup_signals();
 
-	relay_log(LOG_INFO, "idem-relay %s starting as \"%s\": batch %d, lease %ld ms, poll %ld ms, "
-			  "timeout %ld ms, sink %s%s", RELAY_VERSION, settings.name, settings.batch,
-			  settings.lease_ms, settings.poll_ms, settings.timeout_ms, settings.sink,
+	relay_log(LOG_INFO, "idem-relay %s starting as \"%s\": batch %d, per key %d, lease %ld ms, "
+			  "poll %ld ms, timeout %ld ms, sink %s%s", RELAY_VERSION, settings.name, settings.batch,
+			  settings.per_key, settings.lease_ms, settings.poll_ms, settings.timeout_ms, settings.sink,
 			  nroutes > 1 ? " (and per topic)" : "");
 	for (i = 1; i < nroutes; i++)
 		relay_log(LOG_INFO, "topic \"%s\": sink %s", routes[i].topic, routes[i].type->name);

@@ -86,8 +86,8 @@ extern void relay_log(LogLevel level, const char *fmt,...) PRINTF_LIKE(2, 3);
  * Settings are key = value pairs, from the configuration file and then from
  * the command line (which wins).  Keys:
  *
- *	dbname, name, batch, lease, poll, timeout, log_interval, exit_on_error,
- *	connect_attempts, reconnect_max, once, verbose, sink,
+ *	dbname, name, batch, per_key, lease, poll, timeout, log_interval,
+ *	exit_on_error, connect_attempts, reconnect_max, once, verbose, sink,
  *	<sink>.<setting>				a setting of a sink, for every topic
  *	topic.<topic>.sink				the sink of one topic
  *	topic.<topic>.<sink>.<setting>	a setting of a sink, for one topic
@@ -146,7 +146,10 @@ typedef enum OutcomeKind
 	OUTCOME_DELIVERED,			/* the sink confirmed: acknowledge */
 	OUTCOME_RETRY,				/* a transient failure: nack, retry later */
 	OUTCOME_PERMANENT,			/* refused for good: nack as dead */
-	OUTCOME_UNSENT				/* not tried (shutdown, lease running out) */
+	OUTCOME_UNSENT,				/* not tried (shutdown, lease running out) */
+	OUTCOME_SKIPPED				/* not tried: an earlier message of its key in
+								 * the batch was not delivered, and its nack
+								 * released this one */
 } OutcomeKind;
 
 #define OUTCOME_ERROR_LEN 512
@@ -212,7 +215,8 @@ typedef struct SinkType
 	/*
 	 * Publishes msgs[0..n-1] in this order, setting out[i] for each.  A
 	 * message of a key is never given before the previous one of that key
-	 * was confirmed (a batch holds one message per key).  Returns 0, or -1
+	 * was confirmed (a call holds one message per key: the messages of a
+	 * key's run are given one call after the other).  Returns 0, or -1
 	 * when the sink cannot go on (the relay then stops with exit code 4,
 	 * after reporting the outcomes set).
 	 */

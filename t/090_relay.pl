@@ -465,6 +465,50 @@ is(join(' ', map { join(',', @{ $late_got{$_} // [] }) } @late), '1,2 2 2',
 	'the first timed out and was retried; the others were published once, at their second lease');
 
 ########################################################################
+# Runs (--per-key)
+########################################################################
+
+# Three keys of ten messages, leased in runs of up to 8: a run is published
+# one message after the other and stops at a failure, whose nack releases
+# the rest of the run.  a4 fails once (500), b7 is refused for good (400).
+sql(q{SELECT idem_outbox_configure('runs', 5, '50 milliseconds', '100 milliseconds')});
+my %runs;
+sql(join(";\n", map {
+		my ($k, $n) = @$_;
+		my $reply = $k eq 'a' && $n == 4 ? q{, 'reply', jsonb_build_array('500 ra=0', '200')}
+		  : $k eq 'b' && $n == 7 ? q{, 'reply', jsonb_build_array('400')} : '';
+		"SELECT idem_outbox_send('runs', '$k', jsonb_build_object('n', $n$reply))"
+	} map { my $n = $_; map { [ $_, $n ] } qw(a b c) } 1 .. 10));
+%runs = map { my ($k, $n, $id) = split /\|/; ("$k$n" => $id) } split /\n/,
+  sql(q{SELECT aggregateid || '|' || (payload->>'n') || '|' || id FROM idem.outbox
+        WHERE aggregatetype = 'runs'});
+my $rbefore = scalar @{ received() };
+$r = start_relay({}, '--sink', 'webhook', '--webhook-url', "$url/runs", '--per-key', '8',
+	'--batch', '30', '--poll', '100ms', '--log-interval', '0', '--verbose');
+ok( wait_for('the runs', sub {
+			sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'runs'}) == 4
+			  && sql(q{SELECT dead FROM idem.outbox_keys WHERE topic = 'runs' AND key = 'b'}) eq 't' }),
+	'a relay leasing runs delivers every key up to its refused message');
+is(stop_relay($r, 'TERM'), 0, 'exit code 0');
+$rerr = slurp_file($r->{err});
+like(final_counts($rerr), qr/delivered 26, retried 1, dead 1, errors 0/,
+	'26 delivered, a4 retried once, b7 dead');
+like($rerr, qr/starting as "relay-\d+": batch 30, per key 8,/, 'the relay says it leases runs');
+like($rerr, qr/left \Q$runs{a5}\E \(topic runs, key a\): an earlier message of its key was not delivered/,
+	'the messages of a run after a failure are left to the nack of the failure');
+my $rall = received();
+my @rgot = grep { $_->{topic} eq 'runs' } @$rall[ $rbefore .. $#$rall ];
+my %rseq;
+push @{ $rseq{ $_->{key} } }, "$_->{body}{n}/$_->{attempt}" for @rgot;
+is(join(' ', @{ $rseq{a} }), '1/1 2/1 3/1 4/1 4/2 5/2 6/2 7/2 8/2 9/1 10/1',
+	'key a in order: a4 again after its 500, then the rest of its run at their second lease, then a new run');
+is(join(' ', @{ $rseq{b} }), '1/1 2/1 3/1 4/1 5/1 6/1 7/1',
+	'key b in order, up to its refused message');
+is(join(' ', @{ $rseq{c} }), join(' ', map { "$_/1" } 1 .. 10), 'key c in order, each message once');
+is(sql(q{SELECT string_agg(payload->>'n', ',' ORDER BY seq) FROM idem.outbox WHERE aggregatetype = 'runs'}),
+	'7,8,9,10', 'b7 dead holds back the rest of its key');
+
+########################################################################
 # SIGKILL in the middle of a batch
 ########################################################################
 
@@ -638,7 +682,7 @@ write_conf($hupconf, "sink = webhook\nwebhook.url = $url/hup2\npoll = 200ms\nbat
 $r->{h}->signal('HUP');
 ok( wait_for('the reload', sub { slurp_file($r->{err}) =~ /configuration reloaded from \Q$hupconf\E/ }),
 	'SIGHUP: the relay reads its configuration file again');
-like(slurp_file($r->{err}), qr/configuration reloaded from \S+: batch 7, lease 30000 ms, poll 200 ms/,
+like(slurp_file($r->{err}), qr/configuration reloaded from \S+: batch 7, per key 1, lease 30000 ms, poll 200 ms/,
 	'and says what is in force');
 my $hup2 = send_msg('hup', 'h', { n => 2 });
 ok(wait_for('the second path', sub { paths_of($hup2) eq '/hup2' }), 'the next message goes to the new URL');
