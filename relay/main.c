@@ -764,7 +764,7 @@ publish_runs(const RelayMessage *msgs, int n, Outcome *out, const PublishControl
 
 	for (i = 0; i < n; i++)
 	{
-		if (nruns > 0 && len[nruns - 1] > 0 &&
+		if (nruns > 0 &&
 			strcmp(msgs[i].topic, msgs[start[nruns - 1]].topic) == 0 &&
 			strcmp(msgs[i].key, msgs[start[nruns - 1]].key) == 0)
 		{
@@ -932,7 +932,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	if (nlate > 0)
 		relay_log(LOG_WARNING, "%d of %d messages were not published: less than the timeout (%ld ms) "
 				  "was left of their lease (%ld ms); they are released for another attempt "
-				  "(lower --batch or raise --lease)",
+				  "(lower --batch or --per-key, or raise --lease)",
 				  nlate, n, settings.timeout_ms, settings.lease_ms);
 	sb_putc(&ids, '}');
 	sb_putc(&nids, '}');

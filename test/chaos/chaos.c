@@ -761,7 +761,8 @@ static const Kind kinds[] = {
 		"CREATE TABLE key_state (key text PRIMARY KEY, last_n int NOT NULL, prev_n int);"
 	/* every lease, committed with it, in the order leases were made */
 		"CREATE TABLE deliveries (id bigserial PRIMARY KEY, msg_id uuid NOT NULL,"
-		"  attempt int NOT NULL);"
+		"  attempt int NOT NULL, lease bigint NOT NULL DEFAULT txid_current());"
+		"CREATE INDEX ON orders (key, n);"
 		"ALTER TABLE ledger ADD COLUMN key text, ADD COLUMN n int, ADD COLUMN prev_n int;"
 		"DELETE FROM idem.outbox WHERE aggregatetype = 'chaos';"
 		"DELETE FROM idem.outbox_keys WHERE topic = 'chaos';"
@@ -781,18 +782,27 @@ static const Kind kinds[] = {
 		.apply = claim_apply,
 		.checks_sql =
 	/*
-	 * a later message of a key leased before an earlier one (with runs, a
-	 * first lease: the messages of a run that were not delivered are leased
-	 * again after the run's later ones)
+	 * a message of a key leased after a lease of the key that began with a
+	 * later message (a run's messages that were not delivered are leased
+	 * again after the run's later ones, which were leased with them: that
+	 * lease began at or before them)
 	 */
 		"SELECT 'leased out of order', "
 		"       (SELECT count(*) FROM ("
-		"          SELECT o.n, d.attempt, max(o.n) OVER (PARTITION BY o.key ORDER BY d.id "
+		"          SELECT n, max(first) OVER (PARTITION BY key ORDER BY id "
 		"                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before "
-		"            FROM deliveries d JOIN orders o USING (msg_id)) x "
-		"         WHERE before > n "
-		"           AND (attempt = 1 OR coalesce((SELECT value FROM chaos_stats "
-		"                                          WHERE name = 'per_key'), 1) = 1)) "
+		"            FROM (SELECT d.id, o.key, o.n, "
+		"                         min(o.n) OVER (PARTITION BY o.key, d.lease) AS first "
+		"                    FROM deliveries d JOIN orders o USING (msg_id)) y) x "
+		"         WHERE before > n) "
+		"UNION ALL "
+	/* a lease of a key's messages that skipped one */
+		"SELECT 'leased with a gap', "
+		"       (SELECT count(*) FROM ("
+		"          SELECT o.key, d.lease, count(DISTINCT o.n) AS c, min(o.n) AS lo, max(o.n) AS hi "
+		"            FROM deliveries d JOIN orders o USING (msg_id) GROUP BY o.key, d.lease) l "
+		"         WHERE c <> (SELECT count(*) FROM orders w "
+		"                      WHERE w.key = l.key AND w.n BETWEEN l.lo AND l.hi)) "
 		"UNION ALL "
 		"SELECT 'applied out of order', (SELECT count(*) FROM ledger WHERE prev_n > n) "
 		"UNION ALL "
@@ -1344,7 +1354,7 @@ consumer_main(int slot, unsigned long generation)
 				else if (o == O_FAILED)
 				{
 					o = nack(&c, kind, &batch[i]);
-					for (int j = i + 1; j < n && !run_on; j++)
+					for (int j = i + 1; j < n && opt.per_key > 1 && !run_on; j++)
 						if (strcmp(batch[j].key, batch[i].key) == 0)
 							skip[j] = true;
 				}
