@@ -108,6 +108,39 @@ is(sql(q{SELECT string_agg(aggregateid, ',' ORDER BY aggregateid) FROM idem.outb
 like(sql(q{SELECT last_error FROM idem.outbox_keys WHERE topic = 'big' AND key = 'b2' AND dead}),
 	qr/^permanent: kafka: could not produce: .*too large/i, 'the one too large is dead at once, with the error');
 
+# Runs (--per-key): the producer has many messages in flight, but a run is
+# given to it one message after the other, and stops at its first message
+# not delivered.  r2's fourth message is too large: refused for good, dead;
+# the rest of r2 stays in the outbox, held back by it.
+sql(join(";\n", map {
+		my ($k, $s) = @$_;
+		my $body = $k eq 'r2' && $s == 4 ? "jsonb_build_object('seq', 4, 'blob', repeat('x', 20000))"
+		  : "jsonb_build_object('seq', $s)";
+		"SELECT idem_outbox_send('runs', '$k', $body)"
+	} map { my $s = $_; map { [ $_, $s ] } qw(r1 r2 r3) } 1 .. 10));
+my %run_msg = map { my ($id, $k, $s) = split /\|/; ($id => "$k:$s") } split /\n/,
+  sql(q{SELECT id || '|' || aggregateid || '|' || (payload->>'seq') FROM idem.outbox
+        WHERE aggregatetype = 'runs'});
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.test.mock.num.brokers=1',
+	'--set', 'kafka.property.message.max.bytes=10000', '--per-key', '8',
+	'--lease', '10s', '--timeout', '5s', '--once', '--verbose', '--log-interval', '0');
+is($rc, 0, 'the relay leasing runs stopped (--once)') or diag($err);
+is(sql(q{SELECT string_agg(aggregateid || ':' || (payload->>'seq'), ',' ORDER BY seq)
+         FROM idem.outbox WHERE aggregatetype = 'runs'}),
+	'r2:4,r2:5,r2:6,r2:7,r2:8,r2:9,r2:10',
+	'with runs, the messages of r2 after its refused one are not produced');
+is(sql(q{SELECT dead FROM idem.outbox_keys WHERE topic = 'runs' AND key = 'r2'}), 't',
+	'the refused one is dead and holds its key back');
+my %rseq;
+for my $id ($err =~ /delivered (\S+) \(topic runs/g)
+{
+	my ($k, $s) = split /:/, $run_msg{$id} // '?:?';
+	push @{ $rseq{$k} }, $s;
+}
+is(join(' ', map { "$_=" . join(',', @{ $rseq{$_} // [] }) } qw(r1 r2 r3)),
+	'r1=1,2,3,4,5,6,7,8,9,10 r2=1,2,3 r3=1,2,3,4,5,6,7,8,9,10',
+	'the reports of each key in order, r2 up to its refused message');
+
 # Settings that would weaken the guarantees are refused.
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.acks=1');
 is($rc, 1, 'acks=1 is refused');
