@@ -508,6 +508,34 @@ is(join(' ', @{ $rseq{c} }), join(' ', map { "$_/1" } 1 .. 10), 'key c in order,
 is(sql(q{SELECT string_agg(payload->>'n', ',' ORDER BY seq) FROM idem.outbox WHERE aggregatetype = 'runs'}),
 	'7,8,9,10', 'b7 dead holds back the rest of its key');
 
+# A run cut by its lease: with --lease 4s --timeout 2s no message is started
+# 2 s after the lease; the first round takes 2.4 s (x1 and y1 answer after
+# 1.2 s each, one after the other), so the second messages are not started:
+# released at once, and the rest of each run is left to that release.
+sql(q{SELECT idem_outbox_configure('cut', 5, '50 milliseconds', '100 milliseconds')});
+sql(join(";\n", map {
+		my ($k, $n) = @$_;
+		my $reply = $n == 1 ? q{, 'reply', jsonb_build_array('200 sleep=1.2')} : '';
+		"SELECT idem_outbox_send('cut', '$k', jsonb_build_object('n', $n$reply))"
+	} map { my $n = $_; map { [ $_, $n ] } qw(x y) } 1 .. 4));
+$rbefore = scalar @{ received() };
+$r = start_relay({}, '--sink', 'webhook', '--webhook-url', "$url/cut", '--per-key', '4',
+	'--lease', '4s', '--timeout', '2s', '--poll', '100ms', '--log-interval', '0', '--verbose');
+ok( wait_for('the cut runs', sub {
+			sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'cut'}) == 0 }),
+	'the runs cut by their lease are delivered in the end');
+is(stop_relay($r, 'TERM'), 0, 'exit code 0');
+$rerr = slurp_file($r->{err});
+like($rerr, qr/WARNING:  2 of 8 messages were not published: less than the timeout \(2000 ms\) was left of their lease/,
+	'the second message of each run was not started: too little of the lease was left');
+$rall = received();
+%rseq = ();
+push @{ $rseq{ $_->{key} } }, "$_->{body}{n}/$_->{attempt}"
+  for grep { $_->{topic} eq 'cut' } @$rall[ $rbefore .. $#$rall ];
+is(join(' ', map { "$_: " . join(' ', @{ $rseq{$_} // [] }) } qw(x y)),
+	'x: 1/1 2/2 3/2 4/2 y: 1/1 2/2 3/2 4/2',
+	'each run goes on after the cut at the second attempt, in order, each message published once');
+
 ########################################################################
 # SIGKILL in the middle of a batch
 ########################################################################
