@@ -28,6 +28,28 @@ my $seconds = $ENV{IDEM_FUZZ_SECONDS} // 15;
 my $seed = $ENV{IDEM_FUZZ_SEED} // int(rand(1_000_000));
 note "fuzz seed $seed, $seconds s (IDEM_FUZZ_SEED=$seed replays it)";
 
+# The log's verdict first, on two logs made up for it: an internal error
+# that PostgreSQL raises for a random statement's own arguments passes, one
+# raised in idem (or anywhere not known as PostgreSQL's own) fails.
+for my $case (
+	[ 'SetNextObjectId, varsup.c:600', 'cannot advance OID counter anymore', 0 ],
+	[ 'outbox_open, outbox.c:520', 'idem.outbox has changed', 1 ],
+	[ 'heap_update, heapam.c:3351', 'tuple concurrently updated', 1 ])
+{
+	my ($where, $msg, $bad) = @$case;
+	my $log = PostgreSQL::Test::Utils::tempdir() . '/server.log';
+	my $at = '2026-01-01 00:00:00.000 UTC [42] sqlsmith::dut XX000';
+	PostgreSQL::Test::Utils::append_to_file($log,
+		"$at: ERROR:  XX000: $msg\n$at: LOCATION:  $where\n"
+		  . "$at: STATEMENT:  select public.idem_metrics() from pg_class\n");
+	my $report = '';
+	my $passed = IPC::Run::run([ 'perl', "$fuzz/check_log.pl", $log ],
+		'>', \$report, '2>', \$report);
+	is(!$passed, !!$bad,
+		"log verdict on an internal error at $where in a statement that calls idem")
+	  or diag $report;
+}
+
 my $node = idem_node(
 	'fuzz',
 	'track_functions = all',
