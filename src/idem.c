@@ -7,9 +7,11 @@
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
 #include "access/xlog.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_enum.h"
+#include "catalog/pg_index.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "tcop/utility.h"
@@ -267,7 +269,7 @@ idem_check_columns(TupleDesc desc, const char *relname,
 /*
  * An index is scanned with keys of the types of the columns it is expected
  * on: one on other columns (an expression is column 0) would compare them
- * with the wrong functions.
+ * with the wrong functions, and a partial one would hide rows.
  */
 void
 idem_check_index(Relation index, Relation rel, int nkeys,
@@ -278,7 +280,8 @@ idem_check_index(Relation index, Relation rel, int nkeys,
 
 	ok = index->rd_index->indrelid == RelationGetRelid(rel) &&
 		index->rd_rel->relam == BTREE_AM_OID &&
-		index->rd_index->indnkeyatts == nkeys;
+		index->rd_index->indnkeyatts == nkeys &&
+		heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL);
 	for (i = 0; ok && i < nkeys; i++)
 		ok = index->rd_index->indkey.values[i] == attnums[i];
 	if (!ok)

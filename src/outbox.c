@@ -49,9 +49,11 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/index.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_collation.h"
+#include "catalog/pg_index.h"
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
@@ -467,6 +469,16 @@ outbox_lookup_relids(void)
 }
 
 /*
+ * Whether a send inserts the entries of the two indexes itself (see
+ * outbox_insert_message), as found when idem.outbox was last checked, and
+ * the IndexInfo of each, in outbox_index_cxt.
+ */
+static bool outbox_direct_index = false;
+static MemoryContext outbox_index_cxt = NULL;
+static IndexInfo *outbox_pkey_info = NULL;
+static IndexInfo *outbox_key_seq_info = NULL;
+
+/*
  * The message table and its two indexes, opened for one call.
  */
 typedef struct OutboxRels
@@ -479,6 +491,56 @@ typedef struct OutboxRels
 	BlockNumber nblocks;		/* rel's size once asked, or
 								 * InvalidBlockNumber */
 } OutboxRels;
+
+/*
+ * An index the executor would fill with nothing but its columns' values:
+ * no expression, predicate or INCLUDE column, ready for insertions, not an
+ * exclusion constraint, and unique (checked at once) exactly when expected.
+ */
+static bool
+outbox_index_plain(Relation index, bool unique)
+{
+	Form_pg_index ix = index->rd_index;
+
+	return ix->indisready && ix->indislive && ix->indimmediate &&
+		ix->indisunique == unique && !ix->indisexclusion &&
+		ix->indnatts == ix->indnkeyatts &&
+		heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
+		heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL);
+}
+
+/*
+ * Whether the table's indexes are exactly the two idem made, each plain:
+ * then a send inserts their entries without the executor's state.  An index
+ * a user added (or one REINDEX CONCURRENTLY is building) sends every
+ * insertion through the executor's routine, which keeps them all.
+ */
+static void
+outbox_check_direct_index(OutboxRels *r)
+{
+	List	   *indexes = RelationGetIndexList(r->rel);
+	MemoryContext old;
+
+	outbox_direct_index = list_length(indexes) == 2 &&
+		list_member_oid(indexes, RelationGetRelid(r->pkey)) &&
+		list_member_oid(indexes, RelationGetRelid(r->key_seq)) &&
+		outbox_index_plain(r->pkey, true) &&
+		outbox_index_plain(r->key_seq, false);
+	list_free(indexes);
+	if (!outbox_direct_index)
+		return;
+	if (outbox_index_cxt == NULL)
+		outbox_index_cxt = AllocSetContextCreate(TopMemoryContext,
+												 "idem outbox indexes",
+												 ALLOCSET_SMALL_SIZES);
+	MemoryContextReset(outbox_index_cxt);
+	outbox_pkey_info = NULL;
+	outbox_key_seq_info = NULL;
+	old = MemoryContextSwitchTo(outbox_index_cxt);
+	outbox_pkey_info = BuildIndexInfo(r->pkey);
+	outbox_key_seq_info = BuildIndexInfo(r->key_seq);
+	MemoryContextSwitchTo(old);
+}
 
 static void
 outbox_open(OutboxRels *r, LOCKMODE lockmode)
@@ -542,6 +604,8 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 						   OB_NATTS);
 		idem_check_index(r->pkey, r->rel, 1, pkey_cols);
 		idem_check_index(r->key_seq, r->rel, 2, key_seq_cols);
+		outbox_direct_index = false;
+		outbox_check_direct_index(r);
 		outbox_checked = OidIsValid(outbox_relid);
 	}
 	r->slot = table_slot_create(r->rel, NULL);
@@ -1365,16 +1429,45 @@ outbox_insert_message(Datum *values, bool *isnull)
 	List	   *recheck;
 
 	outbox_open(&r, RowExclusiveLock);
-	estate = CreateExecutorState();
-	rri = makeNode(ResultRelInfo);
-	InitResultRelInfo(rri, r.rel, 1, NULL, 0);
-	ExecOpenIndices(rri, false);
-
 	ExecClearTuple(r.slot);
 	memcpy(r.slot->tts_values, values, sizeof(Datum) * OB_NATTS);
 	memcpy(r.slot->tts_isnull, isnull, sizeof(bool) * OB_NATTS);
 	ExecStoreVirtualTuple(r.slot);
 	table_tuple_insert(r.rel, r.slot, GetCurrentCommandId(true), 0, NULL);
+
+	/*
+	 * The two indexes idem made, and no other: their entries are the
+	 * columns' values, inserted in the order the executor takes (that of
+	 * the indexes' OIDs), without the executor's state, which costs a send
+	 * as much as an insertion into an index.
+	 */
+	if (outbox_direct_index)
+	{
+		bool		pkey_first = RelationGetRelid(r.pkey) < RelationGetRelid(r.key_seq);
+		Datum		kv[2];
+		bool		kn[2] = {false, false};
+		int			i;
+
+		kv[0] = values[OB_KEY_HASH];
+		kv[1] = values[OB_SEQ];
+		for (i = 0; i < 2; i++)
+		{
+			if ((i == 0) == pkey_first)
+				index_insert(r.pkey, &values[OB_ID], &isnull[OB_ID],
+							 &r.slot->tts_tid, r.rel, UNIQUE_CHECK_YES, false,
+							 outbox_pkey_info);
+			else
+				index_insert(r.key_seq, kv, kn, &r.slot->tts_tid, r.rel,
+							 UNIQUE_CHECK_NO, false, outbox_key_seq_info);
+		}
+		outbox_close(&r);
+		return;
+	}
+
+	estate = CreateExecutorState();
+	rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(rri, r.rel, 1, NULL, 0);
+	ExecOpenIndices(rri, false);
 	recheck = ExecInsertIndexTuples(rri, r.slot, estate, false, false, NULL,
 									NIL);
 	list_free(recheck);
