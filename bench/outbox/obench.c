@@ -4,6 +4,7 @@
  *   obench -c CONNINFO -p PEER -P PHASE [-m single|batch] [-n N] [-k KEYS]
  *          [-w PRODUCERS] [-r RELAYS] [-b BATCH] [-t SECONDS] [-e EXPECT]
  *          [-s STEADY_SECONDS] [-R STEADY_RATE] [-i POLL_MS] [-L LINGER_MS]
+ *          [-T]
  *
  * One invocation is one measured phase, for one way of writing an outbox:
  *
@@ -57,6 +58,11 @@
  * one finds more; PgQ's consumer waits for its ticker instead.  A lease
  * that found nothing waits for a notification (idem) or POLL_MS, as
  * without -L.
+ *
+ * -T (PgQ): no ticker thread; each producer calls pgq.ticker() after each
+ * of its commits.  One producer of BATCH per transaction then fills the
+ * queue with batches of exactly BATCH events (ticker_max_count), the
+ * consume phase's input; producers that commit at once still share ticks.
  *
  * The clock starts when every connection is made and every statement
  * prepared.  -t bounds a phase (a steady phase's drain): a phase cut short
@@ -299,6 +305,10 @@ sleep_until(int64_t t)
 	}
 }
 
+/* -T: each producer ticks after its commits instead (with one producer of
+ * 100 per transaction, batches of exactly 100: a fill for the consume phase) */
+static int	tick_each = 0;
+
 static void *
 producer(void *arg)
 {
@@ -337,6 +347,8 @@ producer(void *arg)
 
 			make_msg(p, j, key, payload);
 			PQclear(run(conn, "send", 2, v));
+			if (tick_each)
+				exec_ok(conn, "SELECT pgq.ticker()");
 			j++;
 			atomic_fetch_add(&produced, 1);
 		}
@@ -365,6 +377,8 @@ producer(void *arg)
 			*po++ = '}';
 			*po = '\0';
 			PQclear(run(conn, "send", 2, v));
+			if (tick_each)
+				exec_ok(conn, "SELECT pgq.ticker()");
 			j += cnt;
 			atomic_fetch_add(&produced, cnt);
 		}
@@ -793,7 +807,7 @@ usage(const char *argv0)
 {
 	fprintf(stderr, "usage: %s -c CONNINFO -p idem|idemr|sl|ord|pgq -P produce|consume|e2e|steady "
 			"[-m single|batch] [-n N] [-k KEYS] [-w PRODUCERS] [-r RELAYS] [-b BATCH] "
-			"[-t SECONDS] [-e EXPECT] [-s STEADY_SECONDS] [-R STEADY_RATE] [-i POLL_MS] [-L LINGER_MS]\n", argv0);
+			"[-t SECONDS] [-e EXPECT] [-s STEADY_SECONDS] [-R STEADY_RATE] [-i POLL_MS] [-L LINGER_MS] [-T]\n", argv0);
 	exit(2);
 }
 
@@ -822,7 +836,7 @@ main(int argc, char **argv)
 	long		overflow = 0;
 	long		i;
 
-	while ((opt = getopt(argc, argv, "c:p:P:m:n:k:w:r:b:t:e:s:R:i:L:")) != -1)
+	while ((opt = getopt(argc, argv, "c:p:P:m:n:k:w:r:b:t:e:s:R:i:L:T")) != -1)
 	{
 		switch (opt)
 		{
@@ -877,6 +891,9 @@ main(int argc, char **argv)
 			case 'L':
 				linger_us = (long) (atof(optarg) * 1000);
 				break;
+			case 'T':
+				tick_each = 1;
+				break;
 			default:
 				usage(argv[0]);
 		}
@@ -920,7 +937,7 @@ main(int argc, char **argv)
 	pthread_barrier_wait(&ready);
 	getrusage(RUSAGE_SELF, &ru0);
 	t0_ns = now_ns();
-	if (peer == PEER_PGQ)
+	if (peer == PEER_PGQ && !tick_each)
 		pthread_create(&tick, NULL, ticker, NULL);
 	pthread_barrier_wait(&go);
 	for (i = 0; i < W; i++)
@@ -929,7 +946,7 @@ main(int argc, char **argv)
 		pthread_join(rel[i], NULL);
 	t1 = do_cons ? now_ns() : atomic_load(&prod_end_ns);
 	getrusage(RUSAGE_SELF, &ru1);
-	if (peer == PEER_PGQ)
+	if (peer == PEER_PGQ && !tick_each)
 	{
 		/* after a produce phase, tick the last events for the consume phase */
 		if (!do_cons)

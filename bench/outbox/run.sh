@@ -350,6 +350,15 @@ peer_round() {   # round peer
     phase "$round" "$p" c1 consume - 0 1 "$LAST"
     setup_peer "$p"
     phase "$round" "$p" pb produce batch 4 0 "$N"
+    if [ "$p" = pgq ]; then
+        # the ticker thread lets two or three commits of 100 into one tick
+        # (batches of about 220 after pb): a queue filled again by one
+        # producer that ticks after each commit of 100 gives PgQ's consumer
+        # batches of exactly 100, as the others lease
+        setup_peer "$p"
+        "$dir/obench" -c "$conninfo" -p pgq -P produce -m batch -n "$N" -k "$KEYS" -w 1 -r 0 \
+            -b "$BATCH" -t "$DEADLINE" -T > /dev/null || die "pgq: the fill of c4 failed"
+    fi
     phase "$round" "$p" c4 consume - 0 "$r4" "$LAST"
     setup_peer "$p"
     phase "$round" "$p" e2e e2e single 4 "$r4" "$N"
