@@ -34,6 +34,17 @@ DROP INDEX idem.outbox_key_seq_idx;
 CREATE INDEX outbox_key_seq_idx ON idem.outbox (key_hash, seq) WHERE aggregatetype <> 'relations';
 SELECT pg_temp.err($$SELECT count(*) FROM idem_outbox_lease('relay')$$);
 ROLLBACK;
+-- in descending order of seq: it would hand a key's later message out first
+BEGIN;
+DROP INDEX idem.outbox_key_seq_idx;
+CREATE INDEX outbox_key_seq_idx ON idem.outbox (key_hash, seq DESC);
+SELECT pg_temp.err($$SELECT count(*) FROM idem_outbox_lease('relay')$$);
+ROLLBACK;
+-- not valid, as a CREATE INDEX CONCURRENTLY that failed leaves it
+BEGIN;
+UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'idem.outbox_key_seq_idx'::regclass;
+SELECT pg_temp.err($$SELECT count(*) FROM idem_outbox_lease('relay')$$);
+ROLLBACK;
 
 -- a column renamed after this session has sent (and found the tables as
 -- idem made them): the next send hears of it

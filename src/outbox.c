@@ -43,6 +43,7 @@
 
 #include "access/genam.h"
 #include "access/heapam.h"
+#include "access/htup_details.h"
 #include "access/relation.h"
 #include "access/relscan.h"
 #include "access/stratnum.h"
@@ -54,6 +55,7 @@
 #include "catalog/pg_am.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_opfamily.h"
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
@@ -502,7 +504,7 @@ outbox_index_plain(Relation index, bool unique)
 {
 	Form_pg_index ix = index->rd_index;
 
-	return ix->indisready && ix->indislive && ix->indimmediate &&
+	return ix->indisready && ix->indimmediate &&
 		ix->indisunique == unique && !ix->indisexclusion &&
 		ix->indnatts == ix->indnkeyatts &&
 		heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
@@ -540,6 +542,26 @@ outbox_check_direct_index(OutboxRels *r)
 	outbox_pkey_info = BuildIndexInfo(r->pkey);
 	outbox_key_seq_info = BuildIndexInfo(r->key_seq);
 	MemoryContextSwitchTo(old);
+}
+
+/*
+ * The index of heads gives each key's messages in ascending seq: one in
+ * another order (DESC, another operator family) would hand a key's later
+ * message out first.
+ */
+static void
+outbox_check_key_seq_order(Relation index)
+{
+	int			i;
+
+	for (i = 0; i < 2; i++)
+		if (index->rd_indoption[i] != 0 ||
+			index->rd_opfamily[i] != INTEGER_BTREE_FAM_OID)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("index \"%s.%s\" of the idem extension is not the one idem made",
+							IDEM_SCHEMA, RelationGetRelationName(index)),
+					 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
 }
 
 static void
@@ -604,7 +626,7 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 						   OB_NATTS);
 		idem_check_index(r->pkey, r->rel, 1, pkey_cols);
 		idem_check_index(r->key_seq, r->rel, 2, key_seq_cols);
-		outbox_direct_index = false;
+		outbox_check_key_seq_order(r->key_seq);
 		outbox_check_direct_index(r);
 		outbox_checked = OidIsValid(outbox_relid);
 	}
@@ -1438,8 +1460,9 @@ outbox_insert_message(Datum *values, bool *isnull)
 	/*
 	 * The two indexes idem made, and no other: their entries are the
 	 * columns' values, inserted in the order the executor takes (that of
-	 * the indexes' OIDs), without the executor's state, which costs a send
-	 * as much as an insertion into an index.
+	 * the indexes' OIDs), without building the executor's state for each
+	 * send.  (Both are btree, whose insertion does not read the IndexInfo;
+	 * the ones kept are given all the same.)
 	 */
 	if (outbox_direct_index)
 	{
@@ -1470,7 +1493,18 @@ outbox_insert_message(Datum *values, bool *isnull)
 	ExecOpenIndices(rri, false);
 	recheck = ExecInsertIndexTuples(rri, r.slot, estate, false, false, NULL,
 									NIL);
-	list_free(recheck);
+
+	/*
+	 * A deferrable unique constraint a user added is checked by a trigger
+	 * queued here by the executor; a send fires no trigger, so it refuses
+	 * rather than leave the constraint unchecked.
+	 */
+	if (recheck != NIL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("idem_outbox_send() does not support a deferrable unique constraint on \"%s.%s\"",
+						IDEM_SCHEMA, OUTBOX_TABLE),
+				 errhint("Make the constraint NOT DEFERRABLE, or drop it.")));
 
 	ExecCloseIndices(rri);
 	FreeExecutorState(estate);
