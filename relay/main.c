@@ -832,7 +832,32 @@ array_elem(StrBuf *sb, const char *s)
 	sb_putc(sb, '"');
 }
 
-/* Acks what was delivered and nacks the rest.  False when the database failed. */
+/* A message of a batch and its key's key_hash, to order the nacks. */
+typedef struct ReportOrder
+{
+	int64_t		hash;
+	int			index;
+} ReportOrder;
+
+static int
+report_order_cmp(const void *a, const void *b)
+{
+	const ReportOrder *x = a;
+	const ReportOrder *y = b;
+
+	if (x->hash != y->hash)
+		return x->hash < y->hash ? -1 : 1;
+	return x->index - y->index;
+}
+
+/*
+ * Acks what was delivered and nacks the rest.  False when the database failed.
+ *
+ * The nacks go in the order of their keys' key_hash, the order in which
+ * idem_outbox_ack updates key rows: a nack of several keys and the ack of
+ * another relay that holds messages of the same keys (after a lease ran
+ * out) lock the rows in one order, and cannot deadlock.
+ */
 static int
 report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 {
@@ -845,8 +870,16 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	int			ndelivered = 0;
 	int			nlate = 0;
 	int			i;
+	int			j;
 	int			ok = 1;
+	ReportOrder *order = xmalloc(sizeof(ReportOrder) * (size_t) (n > 0 ? n : 1));
 
+	for (i = 0; i < n; i++)
+	{
+		order[i].hash = relay_key_hash(msgs[i].topic, msgs[i].key);
+		order[i].index = i;
+	}
+	qsort(order, (size_t) n, sizeof(ReportOrder), report_order_cmp);
 	sb_init(&ids);
 	sb_init(&nids);
 	sb_init(&errs);
@@ -857,9 +890,9 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	sb_putc(&nids, '{');
 	sb_putc(&errs, '{');
 	sb_putc(&waits, '{');
-	for (i = 0; i < n; i++)
+	for (j = 0; j < n; j++)
 	{
-		const RelayMessage *m = &msgs[i];
+		const RelayMessage *m = &msgs[order[j].index];
 		char		error[OUTCOME_ERROR_LEN + 64];
 		char		wait[64];
 		char		topic[64];
@@ -867,6 +900,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 		const char *w = NULL;
 		const char *perm = "f";
 
+		i = order[j].index;
 		printable_copy(topic, sizeof(topic), m->topic, strlen(m->topic));
 		printable_copy(key, sizeof(key), m->key, strlen(m->key));
 		switch (out[i].kind)
@@ -979,6 +1013,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	sb_free(&errs);
 	sb_free(&waits);
 	sb_free(&perms);
+	free(order);
 	return ok;
 }
 

@@ -66,6 +66,12 @@ extern long parse_duration_ms(const char *s);
 /* a copy of s cut to at most max bytes, control and non-ASCII bytes as '?' */
 extern void printable_copy(char *dst, size_t dstsize, const char *s, size_t len);
 
+/*
+ * idem's key_hash of a (topic, key) (outbox_key_hash in idem's outbox.c):
+ * nacks are sent in its order, the order in which an ack locks key rows
+ */
+extern int64_t relay_key_hash(const char *topic, const char *key);
+
 /* whether the NUL-terminated s is valid UTF-8 (no overlong forms, surrogates or code points past U+10FFFF) */
 extern int	valid_utf8(const char *s);
 

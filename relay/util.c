@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,6 +298,42 @@ printable_copy(char *dst, size_t dstsize, const char *s, size_t len)
 		dst[j++] = (c < 0x20 || c >= 0x7f) ? '?' : (char) c;
 	}
 	dst[j] = '\0';
+}
+
+#define FNV64_OFFSET	UINT64_C(0xcbf29ce484222325)
+#define FNV64_PRIME		UINT64_C(0x100000001b3)
+
+static uint64_t
+fnv64_bytes(uint64_t h, const unsigned char *p, size_t len)
+{
+	while (len-- > 0)
+	{
+		h ^= *p++;
+		h *= FNV64_PRIME;
+	}
+	return h;
+}
+
+/*
+ * FNV-1a over the topic's length (4 bytes, least significant first), the
+ * topic and the key, as idem computes key_hash from the server's bytes of
+ * them: the same in a UTF8 database, which the relay's client encoding is.
+ */
+int64_t
+relay_key_hash(const char *topic, const char *key)
+{
+	size_t		tlen = strlen(topic);
+	unsigned char lenbytes[4];
+	uint64_t	h;
+
+	lenbytes[0] = (unsigned char) tlen;
+	lenbytes[1] = (unsigned char) (tlen >> 8);
+	lenbytes[2] = (unsigned char) (tlen >> 16);
+	lenbytes[3] = (unsigned char) (tlen >> 24);
+	h = fnv64_bytes(FNV64_OFFSET, lenbytes, sizeof(lenbytes));
+	h = fnv64_bytes(h, (const unsigned char *) topic, tlen);
+	h = fnv64_bytes(h, (const unsigned char *) key, strlen(key));
+	return (int64_t) h;
 }
 
 /*

@@ -437,6 +437,25 @@ is( sql(qq{SELECT dead, last_error FROM idem.outbox_keys WHERE topic = 'hooks.v1
 is(sql(q{SELECT dead FROM idem_outbox_stats() WHERE topic = 'hooks.v1'}), 1,
 	'counted dead by idem_outbox_stats');
 
+# A batch's nacks in the order of their keys' key_hash, the order in which
+# an ack locks key rows (a nack of several keys and another relay's ack of
+# the same keys cannot deadlock): twelve keys whose messages all fail.
+sql(q{SELECT idem_outbox_configure('nackorder', 5, '1 hour', '1 hour')});
+send_msg('nackorder', "n$_", { n => $_, reply => ['500'] }) for 1 .. 12;
+($rc, $out, $err) = run_relay({}, '--sink', 'webhook', '--webhook-url', "$url/nackorder",
+	'--once', '--verbose');
+is($rc, 0, 'the relay of failing messages stops at the empty lease');
+is( join(',', $err =~ /retry \S+ \(topic nackorder, key (n\d+),/g),
+	sql(q{SELECT string_agg(key, ',' ORDER BY idem._outbox_key_hash(topic, key))
+	        FROM idem.outbox_keys WHERE topic = 'nackorder' AND last_error IS NOT NULL}),
+	"the nacks in the order of the keys' key_hash")
+  or diag $err;
+is( sql(q{SELECT count(*) FROM idem.outbox_keys
+	       WHERE topic = 'nackorder' AND available_at > now() + interval '25 minutes'}),
+	12, 'every failed message nacked');
+sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'nackorder'});
+sql(q{DELETE FROM idem.outbox_keys WHERE topic = 'nackorder'});
+
 ########################################################################
 # No publish outlives its lease
 ########################################################################
