@@ -553,6 +553,14 @@ prepare(const char *name, const char *sql, int *failure)
  * Connects, finds idem's schema, LISTENs and prepares the statements.
  * Returns 1, 0 when the connection failed, -1 when a statement failed.
  */
+/*
+ * Whether the database's encoding is another than UTF8 (or SQL_ASCII, whose
+ * bytes the server does not convert): the lease then also returns the
+ * server's bytes of each topic and key, which key_hash is computed from,
+ * since the relay reads the text as UTF-8.
+ */
+static int	hash_server_bytes = 0;
+
 static int
 db_connect(void)
 {
@@ -634,6 +642,12 @@ db_connect(void)
 	free(schema);
 	schema = xstrdup(PQgetvalue(res, 0, 0));
 	PQclear(res);
+	{
+		const char *enc = PQparameterStatus(conn, "server_encoding");
+
+		hash_server_bytes = enc != NULL && strcmp(enc, "UTF8") != 0 &&
+			strcmp(enc, "SQL_ASCII") != 0;
+	}
 
 	/*
 	 * Leases, acks and nacks each run in a transaction of their own at READ
@@ -656,9 +670,12 @@ db_connect(void)
 	snprintf(sql, sizeof(sql),
 			 "SELECT id, topic, key, type, payload, headers, attempt, "
 			 "pg_catalog.to_char(pg_catalog.timezone('UTC', created_at), "
-			 "'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') "
+			 "'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')%s "
 			 "FROM %s.idem_outbox_lease($1::pg_catalog.text, $2::pg_catalog.int4, $3::pg_catalog.interval, "
 			 "$4::pg_catalog.int4)",
+			 hash_server_bytes ?
+			 ", pg_catalog.convert_to(topic, pg_catalog.getdatabaseencoding()), "
+			 "pg_catalog.convert_to(key, pg_catalog.getdatabaseencoding())" : "",
 			 schema);
 	if (!prepare("lease", sql, &failure))
 		return failure;
@@ -853,10 +870,12 @@ report_order_cmp(const void *a, const void *b)
 /*
  * Acks what was delivered and nacks the rest.  False when the database failed.
  *
- * The nacks go in the order of their keys' key_hash, the order in which
- * idem_outbox_ack updates key rows: a nack of several keys and the ack of
- * another relay that holds messages of the same keys (after a lease ran
- * out) lock the rows in one order, and cannot deadlock.
+ * The messages go in the order of their keys' key_hash (those of a key in
+ * the order of the lease), the order in which idem_outbox_ack updates key
+ * rows: a nack of several keys and the ack of another relay that holds
+ * messages of the same keys (after a lease ran out) lock the rows in one
+ * order, and cannot deadlock (but for two keys with one hash, which the
+ * ack orders by seq: once in 2^64 pairs of keys).
  */
 static int
 report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
@@ -876,7 +895,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 
 	for (i = 0; i < n; i++)
 	{
-		order[i].hash = relay_key_hash(msgs[i].topic, msgs[i].key);
+		order[i].hash = msgs[i].key_hash;
 		order[i].index = i;
 	}
 	qsort(order, (size_t) n, sizeof(ReportOrder), report_order_cmp);
@@ -892,7 +911,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	sb_putc(&waits, '{');
 	for (j = 0; j < n; j++)
 	{
-		const RelayMessage *m = &msgs[order[j].index];
+		const RelayMessage *m;
 		char		error[OUTCOME_ERROR_LEN + 64];
 		char		wait[64];
 		char		topic[64];
@@ -901,6 +920,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 		const char *perm = "f";
 
 		i = order[j].index;
+		m = &msgs[i];
 		printable_copy(topic, sizeof(topic), m->topic, strlen(m->topic));
 		printable_copy(key, sizeof(key), m->key, strlen(m->key));
 		switch (out[i].kind)
@@ -1018,6 +1038,39 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 }
 
 /*
+ * key_hash of the message in row i of a lease: from its text, or from the
+ * server's bytes when the database's encoding is not UTF-8's.  A value that
+ * cannot be decoded only orders that nack as another key's would.
+ */
+static int64_t
+message_key_hash(const PGresult *res, int i)
+{
+	unsigned char *t;
+	unsigned char *k;
+	size_t		tlen;
+	size_t		klen;
+	int64_t		h;
+	const char *topic = PQgetvalue(res, i, 1);
+	const char *key = PQgetvalue(res, i, 2);
+
+	if (!hash_server_bytes || PQnfields(res) < 10)
+		return relay_key_hash((const unsigned char *) topic, strlen(topic),
+							  (const unsigned char *) key, strlen(key));
+	t = PQunescapeBytea((const unsigned char *) PQgetvalue(res, i, 8), &tlen);
+	k = PQunescapeBytea((const unsigned char *) PQgetvalue(res, i, 9), &klen);
+	if (t == NULL || k == NULL)
+		h = relay_key_hash((const unsigned char *) topic, strlen(topic),
+						   (const unsigned char *) key, strlen(key));
+	else
+		h = relay_key_hash(t, tlen, k, klen);
+	if (t != NULL)
+		PQfreemem(t);
+	if (k != NULL)
+		PQfreemem(k);
+	return h;
+}
+
+/*
  * Leases a batch, publishes and reports it.  Returns how many messages
  * were leased, or -1 when the database failed (the connection is then
  * dropped), or LEASE_AGAIN when it leased nothing but a notification came
@@ -1081,6 +1134,7 @@ lease_and_publish(void)
 		msgs[i].headers = PQgetisnull(res, i, 5) ? NULL : PQgetvalue(res, i, 5);
 		msgs[i].attempt = atoi(PQgetvalue(res, i, 6));
 		msgs[i].created_at = PQgetvalue(res, i, 7);
+		msgs[i].key_hash = message_key_hash(res, i);
 		out[i].kind = OUTCOME_UNSENT;
 		out[i].retry_after_ms = -1;
 		out[i].error[0] = '\0';

@@ -67,10 +67,12 @@ extern long parse_duration_ms(const char *s);
 extern void printable_copy(char *dst, size_t dstsize, const char *s, size_t len);
 
 /*
- * idem's key_hash of a (topic, key) (outbox_key_hash in idem's outbox.c):
- * nacks are sent in its order, the order in which an ack locks key rows
+ * idem's key_hash of a (topic, key) given as the server's bytes
+ * (outbox_key_hash in idem's outbox.c): nacks are sent in its order, the
+ * order in which an ack locks key rows
  */
-extern int64_t relay_key_hash(const char *topic, const char *key);
+extern int64_t relay_key_hash(const unsigned char *topic, size_t topic_len,
+							  const unsigned char *key, size_t key_len);
 
 /* whether the NUL-terminated s is valid UTF-8 (no overlong forms, surrogates or code points past U+10FFFF) */
 extern int	valid_utf8(const char *s);
@@ -145,6 +147,7 @@ typedef struct RelayMessage
 	const char *headers;		/* JSON text (an object), or NULL */
 	const char *created_at;		/* timestamptz, ISO 8601 */
 	int			attempt;		/* 1 on the first lease */
+	int64_t		key_hash;		/* idem's key_hash of (topic, key) */
 } RelayMessage;
 
 typedef enum OutcomeKind

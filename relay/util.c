@@ -316,23 +316,23 @@ fnv64_bytes(uint64_t h, const unsigned char *p, size_t len)
 
 /*
  * FNV-1a over the topic's length (4 bytes, least significant first), the
- * topic and the key, as idem computes key_hash from the server's bytes of
- * them: the same in a UTF8 database, which the relay's client encoding is.
+ * topic and the key, as idem computes key_hash from its bytes of them (in
+ * the database's encoding).
  */
 int64_t
-relay_key_hash(const char *topic, const char *key)
+relay_key_hash(const unsigned char *topic, size_t topic_len,
+			   const unsigned char *key, size_t key_len)
 {
-	size_t		tlen = strlen(topic);
 	unsigned char lenbytes[4];
 	uint64_t	h;
 
-	lenbytes[0] = (unsigned char) tlen;
-	lenbytes[1] = (unsigned char) (tlen >> 8);
-	lenbytes[2] = (unsigned char) (tlen >> 16);
-	lenbytes[3] = (unsigned char) (tlen >> 24);
+	lenbytes[0] = (unsigned char) topic_len;
+	lenbytes[1] = (unsigned char) (topic_len >> 8);
+	lenbytes[2] = (unsigned char) (topic_len >> 16);
+	lenbytes[3] = (unsigned char) (topic_len >> 24);
 	h = fnv64_bytes(FNV64_OFFSET, lenbytes, sizeof(lenbytes));
-	h = fnv64_bytes(h, (const unsigned char *) topic, tlen);
-	h = fnv64_bytes(h, (const unsigned char *) key, strlen(key));
+	h = fnv64_bytes(h, topic, topic_len);
+	h = fnv64_bytes(h, key, key_len);
 	return (int64_t) h;
 }
 

@@ -439,22 +439,37 @@ is(sql(q{SELECT dead FROM idem_outbox_stats() WHERE topic = 'hooks.v1'}), 1,
 
 # A batch's nacks in the order of their keys' key_hash, the order in which
 # an ack locks key rows (a nack of several keys and another relay's ack of
-# the same keys cannot deadlock): twelve keys whose messages all fail.
-sql(q{SELECT idem_outbox_configure('nackorder', 5, '1 hour', '1 hour')});
-send_msg('nackorder', "n$_", { n => $_, reply => ['500'] }) for 1 .. 12;
-($rc, $out, $err) = run_relay({}, '--sink', 'webhook', '--webhook-url', "$url/nackorder",
-	'--once', '--verbose');
-is($rc, 0, 'the relay of failing messages stops at the empty lease');
-is( join(',', $err =~ /retry \S+ \(topic nackorder, key (n\d+),/g),
-	sql(q{SELECT string_agg(key, ',' ORDER BY idem._outbox_key_hash(topic, key))
-	        FROM idem.outbox_keys WHERE topic = 'nackorder' AND last_error IS NOT NULL}),
-	"the nacks in the order of the keys' key_hash")
-  or diag $err;
-is( sql(q{SELECT count(*) FROM idem.outbox_keys
-	       WHERE topic = 'nackorder' AND available_at > now() + interval '25 minutes'}),
-	12, 'every failed message nacked');
-sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'nackorder'});
-sql(q{DELETE FROM idem.outbox_keys WHERE topic = 'nackorder'});
+# the same keys cannot deadlock): twelve keys whose messages all fail with
+# the same Retry-After, so that the nack statement, which reads the clock
+# at each call, gives later calls a later available_at.  In a UTF8
+# database, and in a WIN1252 one, whose bytes of a key other than ASCII are
+# not the UTF-8 the relay reads (it hashes the server's bytes there).
+$node->safe_psql('postgres',
+	q{CREATE DATABASE relay_1252 ENCODING 'WIN1252' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0});
+$node->safe_psql('relay_1252', 'CREATE EXTENSION idem');
+for my $db ('postgres', 'relay_1252')
+{
+	$node->safe_psql($db, q{
+		SELECT idem_outbox_configure('nackorder', 5, '1 hour', '1 hour');
+		SELECT idem_outbox_send('nackorder', 'k' || chr(192 + i),
+		                        jsonb_build_object('n', i, 'reply', jsonb_build_array('503 ra=3600')))
+		  FROM generate_series(1, 12) i});
+	($rc, $out, $err) = run_relay({ PGDATABASE => $db, PGUSER => undef },
+		'--sink', 'webhook', '--webhook-url', "$url/nackorder", '--once', '--verbose');
+	is($rc, 0, "$db: the relay of failing messages stops at the empty lease");
+	is( $node->safe_psql($db, q{
+		SELECT count(*), count(*) FILTER (WHERE available_at > now() + interval '50 minutes'),
+		       bool_and(ordered)
+		  FROM (SELECT available_at,
+		               available_at >= lag(available_at, 1, '-infinity')
+		                 OVER (ORDER BY idem._outbox_key_hash(topic, key)) AS ordered
+		          FROM idem.outbox_keys WHERE topic = 'nackorder') k}),
+		'12|12|t', "$db: every failed message nacked, in the order of the keys' key_hash")
+	  or diag $err;
+	$node->safe_psql($db, q{
+		DELETE FROM idem.outbox WHERE aggregatetype = 'nackorder';
+		DELETE FROM idem.outbox_keys WHERE topic = 'nackorder'});
+}
 
 ########################################################################
 # No publish outlives its lease
