@@ -623,8 +623,12 @@ CREATE OR REPLACE TRIGGER transitions_writers
 -- the sender's transaction and deleted when a relay acknowledges it.  The
 -- columns id, aggregatetype (the topic), aggregateid (the key), type and
 -- payload are those Debezium's outbox event router reads.  seq is the order
--- of sending; messages of one (topic, key) are delivered in that order.
-CREATE SEQUENCE IF NOT EXISTS idem.outbox_seq;
+-- of sending; messages of one (topic, key) are delivered in that order.  The
+-- id begins with a prefix of key_hash (a 64-bit hash of topic and key) and
+-- then seq, so that the primary key keeps a key's messages together in that
+-- order: the lease reads a key's oldest message there.  seq has 48 bits in
+-- the id.
+CREATE SEQUENCE IF NOT EXISTS idem.outbox_seq MAXVALUE 281474976710655;
 COMMENT ON SEQUENCE idem.outbox_seq IS 'order of sending of outbox messages';
 REVOKE ALL ON SEQUENCE idem.outbox_seq FROM PUBLIC;
 CREATE TABLE IF NOT EXISTS idem.outbox (
@@ -640,10 +644,6 @@ CREATE TABLE IF NOT EXISTS idem.outbox (
     CONSTRAINT outbox_pkey PRIMARY KEY (id)
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,
         autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 50000);
--- a key's messages in the order of sending: the lease reads its head here.
--- key_hash is a 64-bit hash of (topic, key): the index compares two
--- integers where it would compare two strings, and is small.
-CREATE INDEX IF NOT EXISTS outbox_key_seq_idx ON idem.outbox (key_hash, seq);
 COMMENT ON TABLE idem.outbox IS
     'transactional outbox: messages sent and not yet acknowledged (aggregatetype = topic, aggregateid = key)';
 REVOKE ALL ON TABLE idem.outbox FROM PUBLIC;
@@ -681,6 +681,26 @@ LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION idem._outbox_key_hash(pg_catalog.text, pg_catalog.text) IS
     'the key_hash of an outbox message of this topic and key';
 REVOKE ALL ON FUNCTION idem._outbox_key_hash(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+
+-- A new id for a message of this topic, key and seq, as idem_outbox_send
+-- makes it (with random bits of its own).
+CREATE OR REPLACE FUNCTION idem._outbox_id(topic pg_catalog.text, key pg_catalog.text, seq pg_catalog.int8)
+RETURNS pg_catalog.uuid
+AS 'MODULE_PATHNAME', 'idem_outbox_id'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idem._outbox_id(pg_catalog.text, pg_catalog.text, pg_catalog.int8) IS
+    'a new id for an outbox message of this topic, key and seq';
+REVOKE ALL ON FUNCTION idem._outbox_id(pg_catalog.text, pg_catalog.text, pg_catalog.int8) FROM PUBLIC;
+
+-- The first (or last) id a message of this topic and key can have: the ids
+-- of a key's messages are between the two.
+CREATE OR REPLACE FUNCTION idem._outbox_id_bound(topic pg_catalog.text, key pg_catalog.text, upper pg_catalog.bool)
+RETURNS pg_catalog.uuid
+AS 'MODULE_PATHNAME', 'idem_outbox_id_bound'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idem._outbox_id_bound(pg_catalog.text, pg_catalog.text, pg_catalog.bool) IS
+    'the first id (upper: the last) an outbox message of this topic and key can have';
+REVOKE ALL ON FUNCTION idem._outbox_id_bound(pg_catalog.text, pg_catalog.text, pg_catalog.bool) FROM PUBLIC;
 
 -- A sender skips the look for its key's row once its session knows the row
 -- exists.  Before any row of it is deleted (by idem_outbox_purge, by hand, or
@@ -980,7 +1000,8 @@ BEGIN
             SELECT i.ctid FROM idem.outbox_keys i
              WHERE NOT i.dead
                AND NOT EXISTS (SELECT 1 FROM idem.outbox o
-                                WHERE o.key_hash OPERATOR(pg_catalog.=) idem._outbox_key_hash(i.topic, i.key)
+                                WHERE o.id OPERATOR(pg_catalog.>=) idem._outbox_id_bound(i.topic, i.key, false)
+                                  AND o.id OPERATOR(pg_catalog.<=) idem._outbox_id_bound(i.topic, i.key, true)
                                   AND o.aggregatetype OPERATOR(pg_catalog.=) i.topic
                                   AND o.aggregateid OPERATOR(pg_catalog.=) i.key)
              LIMIT max_rows));

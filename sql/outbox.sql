@@ -28,7 +28,7 @@ CREATE FUNCTION pg_temp.keyrow(t text, k text) RETURNS text LANGUAGE sql AS $$
       FROM idem.outbox_keys WHERE topic = t AND key = k;
 $$;
 
--- a send is a row of idem.outbox, with a time-ordered (version 7) uuid
+-- a send is a row of idem.outbox, with a uuid of version 8 that begins with its key's hash and seq
 SELECT idem_outbox_send('orders', 'o-1', '{"n": 1}') IS NOT NULL AS sent;
 SELECT aggregatetype, aggregateid, type, payload, headers,
        substr(id::text, 15, 1) AS uuid_version, created_at <= now() AS created
@@ -38,9 +38,37 @@ SELECT idem_outbox_send('orders', 'o-1', '[3]') IS NOT NULL AS sent;
 UPDATE idem.outbox SET payload = '{"n": 3}' WHERE payload = '[3]';
 SELECT idem_outbox_send('orders', 'o-2', '{"n": 4}') IS NOT NULL AS sent;
 SELECT idem_outbox_send('refunds', 'o-1', '{"n": 5}') IS NOT NULL AS sent;
--- ids of one sender grow
-SELECT bool_and(substr(a.id::text, 1, 13) <= substr(b.id::text, 1, 13)) AS ids_grow
-  FROM idem.outbox a JOIN idem.outbox b ON b.seq = a.seq + 1;
+-- an id is in its key's range, and a key's ids grow with seq
+SELECT bool_and(id BETWEEN idem._outbox_id_bound(aggregatetype, aggregateid, false)
+                       AND idem._outbox_id_bound(aggregatetype, aggregateid, true)) AS in_key_range,
+       bool_and(key_hash = idem._outbox_key_hash(aggregatetype, aggregateid)) AS key_hashes
+  FROM idem.outbox;
+SELECT bool_and(a.id < b.id) AS by_seq
+  FROM idem.outbox a JOIN idem.outbox b
+    ON b.aggregatetype = a.aggregatetype AND b.aggregateid = a.aggregateid AND b.seq > a.seq;
+-- ids order a key's messages by seq (every byte of seq compared in order),
+-- whatever their random bits, and keys by key_hash, as signed integers: a
+-- key's ids are one range
+SELECT bool_and(idem._outbox_id('t', 'k', s) < idem._outbox_id('t', 'k', s + 1)) AS by_seq,
+       bool_and(idem._outbox_id('t', 'k', s) BETWEEN idem._outbox_id_bound('t', 'k', false)
+                                              AND idem._outbox_id_bound('t', 'k', true)) AS in_range
+  FROM unnest(ARRAY[0, 1, 255, 4095, 4096, 65535, 16777215, 16777216, 4294967295,
+                    140737488355327, 281474976710654]::int8[]) s, generate_series(1, 20) g;
+-- the same key and seq make another id each time (random bits): ids that
+-- another database, or the sequence started again, makes are not these
+SELECT count(DISTINCT idem._outbox_id('t', 'k', 1)) AS distinct_ids FROM generate_series(1, 100);
+SELECT bool_and(idem._outbox_id_bound('t', a.k, true) < idem._outbox_id_bound('t', b.k, false)) AS by_key_hash,
+       count(*) FILTER (WHERE idem._outbox_key_hash('t', a.k) < 0) > 0 AS some_negative,
+       count(*) FILTER (WHERE idem._outbox_key_hash('t', a.k) >= 0) > 0 AS some_positive
+  FROM (SELECT 'k' || i AS k FROM generate_series(1, 40) i) a
+  JOIN (SELECT 'k' || i AS k FROM generate_series(1, 40) i) b
+    ON idem._outbox_key_hash('t', a.k) < idem._outbox_key_hash('t', b.k);
+SELECT substr(idem._outbox_id('t', 'k', 0)::text, 15, 1) AS version,
+       substr(idem._outbox_id('t', 'k', 0)::text, 20, 1) IN ('8', '9', 'a', 'b') AS variant,
+       substr(idem._outbox_id_bound('t', 'k', true)::text, 15, 1) AS upper_version,
+       substr(idem._outbox_id_bound('t', 'k', true)::text, 20, 1) AS upper_variant;
+SELECT pg_temp.err($$SELECT idem._outbox_id('t', 'k', -1)$$);
+SELECT pg_temp.err($$SELECT idem._outbox_id('t', 'k', 281474976710656)$$);
 SELECT topic, key, dead, attempts FROM idem.outbox_keys ORDER BY topic, key;
 
 -- one message per key: the oldest of each

@@ -20,6 +20,6 @@ SELECT count(*) AS settings FROM idem.outbox_topics WHERE topic = repeat('t', 25
 
 -- one of the outbox's relations is missing: 42P01, as for idem's tables
 BEGIN;
-DROP INDEX idem.outbox_key_seq_idx;
+ALTER TABLE idem.outbox DROP CONSTRAINT outbox_pkey;
 SELECT pg_temp.err($$SELECT count(*) FROM idem_outbox_lease('relay')$$);
 ROLLBACK;

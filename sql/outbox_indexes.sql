@@ -1,5 +1,5 @@
--- A send keeps every index of idem.outbox complete: the two idem made,
--- whose entries it inserts itself when they are the only ones, and any
+-- A send keeps every index of idem.outbox complete: the primary key idem
+-- made, whose entry it inserts itself when it is the only index, and any
 -- index a user added, which sends every insertion through the executor.
 -- amcheck's heapallindexed check finds a row missing from an index.
 \set VERBOSITY terse
@@ -13,7 +13,7 @@ CREATE FUNCTION pg_temp.checked() RETURNS text LANGUAGE sql AS $$
        AND bt_index_check(i.indexrelid, true) IS NOT NULL
 $$;
 
--- the two indexes alone
+-- the primary key alone
 SELECT count(idem_outbox_send('indexes', 'k' || i % 7, jsonb_build_object('n', i)))
   FROM generate_series(1, 40) i;
 SELECT pg_temp.checked();
@@ -41,7 +41,7 @@ SELECT idem_outbox_send('indexes', 'k1', '{"n": 1}');
 
 DROP INDEX idem.outbox_unique_n;
 
--- and once they are gone, the two indexes alone again
+-- and once they are gone, the primary key alone again
 DROP INDEX idem.outbox_by_created, idem.outbox_by_type, idem.outbox_by_n;
 SELECT count(idem_outbox_send('indexes', 'k' || i % 7, jsonb_build_object('n', i)))
   FROM generate_series(81, 120) i;

@@ -29,7 +29,7 @@ SELECT count(*) AS leased, count(DISTINCT key) AS keys
 SELECT count(*) AS left FROM idem_outbox_lease('relay-a', 10000, '1 hour') WHERE topic = 'cand';
 
 -- after passes that sought the head of many keys without one, a lease reads
--- the index of heads whole first and seeks only the keys that have an
+-- the primary key of idem.outbox whole first and seeks only the keys that have an
 -- entry there: a key that sends again is leased, and the others are not
 DELETE FROM idem.outbox o USING idem.outbox_keys k
  WHERE k.topic = 'cand' AND o.aggregatetype = k.topic AND o.aggregateid = k.key AND k.head_id = o.id;

@@ -28,7 +28,7 @@ BEGIN
 END;
 $$;
 
--- a new session: its first lease tries the index of heads and gives up
+-- a new session: its first lease tries the primary key of idem.outbox and gives up
 \c
 SELECT leased, buffers < 30000 AS bounded FROM lease_buffers(1);
 SELECT leased, buffers < 30000 AS bounded FROM lease_buffers(1);

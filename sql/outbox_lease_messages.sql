@@ -1,5 +1,5 @@
 -- With many idle keys and a short backlog, a lease finds the keys that have
--- messages through the index of heads instead of scanning every key row:
+-- messages through the primary key of idem.outbox instead of scanning every key row:
 -- the same messages in the same order (the keys that have waited longest
 -- first, never a dead key or one in backoff, one message per key), without
 -- a scan of idem.outbox_keys.  A long backlog makes it scan the key rows.

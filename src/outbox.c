@@ -6,13 +6,15 @@
  *
  * A message is a row of idem.outbox, inserted by idem_outbox_send in the
  * caller's transaction and deleted by idem_outbox_ack.  Its seq, from the
- * sequence idem.outbox_seq, is the order of sending; the index on
- * (key_hash, seq) gives each key's head, its oldest message not yet
- * acknowledged: key_hash is a 64-bit hash of (topic, key) rather than the
- * two strings, and the head is the first entry whose row has the topic and
- * key sought.  A transaction that committed before
- * another began sending has the smaller seq, and any snapshot that sees the
- * later message sees the earlier one.
+ * sequence idem.outbox_seq, is the order of sending; its id, a UUID that
+ * begins with a prefix of key_hash (a 64-bit hash of topic and key) and
+ * then seq, puts each key's messages side by side in the primary key, in
+ * the order of sending (see outbox_make_id).  So the one index finds a
+ * message by its id and gives each key's head, its oldest message not yet
+ * acknowledged: the first entry of the key's range whose row has the topic
+ * and key sought (keys with one prefix share a range).  A transaction that
+ * committed before another began sending has the smaller seq, and any
+ * snapshot that sees the later message sees the earlier one.
  *
  * Only a key's head is ever leased, so the state of a delivery lives in one
  * row per (topic, key) of idem.outbox_keys, a keyed table of the store: the
@@ -59,6 +61,7 @@
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
+#include "commands/defrem.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
 #include "common/pg_prng.h"
@@ -90,7 +93,6 @@
 
 #define OUTBOX_TABLE		"outbox"
 #define OUTBOX_PKEY			"outbox_pkey"
-#define OUTBOX_KEY_SEQ_IDX	"outbox_key_seq_idx"
 #define OUTBOX_SEQ			"outbox_seq"
 #define OUTBOX_KEYS_TABLE	"outbox_keys"
 #define OUTBOX_TOPICS_TABLE "outbox_topics"
@@ -151,7 +153,6 @@
  */
 static Oid	outbox_relid = InvalidOid;
 static Oid	outbox_pkey_oid = InvalidOid;
-static Oid	outbox_key_seq_oid = InvalidOid;
 static Oid	outbox_seq_oid = InvalidOid;
 static Oid	outbox_keys_relid = InvalidOid;
 static Oid	outbox_topics_relid = InvalidOid;
@@ -397,7 +398,7 @@ static void
 outbox_relcache_callback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == outbox_relid ||
-		relid == outbox_pkey_oid || relid == outbox_key_seq_oid ||
+		relid == outbox_pkey_oid ||
 		relid == outbox_seq_oid || relid == outbox_keys_relid ||
 		relid == outbox_topics_relid || relid == outbox_topics_pkey_oid)
 	{
@@ -462,7 +463,6 @@ outbox_lookup_relids(void)
 				 errhint("Create the extension again with CREATE EXTENSION idem.")));
 	/* the callback may fire during the lookups: set outbox_relid last */
 	outbox_pkey_oid = outbox_lookup(nspid, OUTBOX_PKEY);
-	outbox_key_seq_oid = outbox_lookup(nspid, OUTBOX_KEY_SEQ_IDX);
 	outbox_seq_oid = outbox_lookup(nspid, OUTBOX_SEQ);
 	outbox_keys_relid = outbox_lookup(nspid, OUTBOX_KEYS_TABLE);
 	outbox_topics_relid = outbox_lookup(nspid, OUTBOX_TOPICS_TABLE);
@@ -471,23 +471,21 @@ outbox_lookup_relids(void)
 }
 
 /*
- * Whether a send inserts the entries of the two indexes itself (see
+ * Whether a send inserts the primary key's entry itself (see
  * outbox_insert_message), as found when idem.outbox was last checked, and
- * the IndexInfo of each, in outbox_index_cxt.
+ * the index's IndexInfo, in outbox_index_cxt.
  */
 static bool outbox_direct_index = false;
 static MemoryContext outbox_index_cxt = NULL;
 static IndexInfo *outbox_pkey_info = NULL;
-static IndexInfo *outbox_key_seq_info = NULL;
 
 /*
- * The message table and its two indexes, opened for one call.
+ * The message table and its primary key, opened for one call.
  */
 typedef struct OutboxRels
 {
 	Relation	rel;
 	Relation	pkey;
-	Relation	key_seq;
 	TupleTableSlot *slot;
 	LOCKMODE	lockmode;
 	BlockNumber nblocks;		/* rel's size once asked, or
@@ -512,10 +510,10 @@ outbox_index_plain(Relation index, bool unique)
 }
 
 /*
- * Whether the table's indexes are exactly the two idem made, each plain:
- * then a send inserts their entries without the executor's state.  An index
- * a user added (or one REINDEX CONCURRENTLY is building) sends every
- * insertion through the executor's routine, which keeps them all.
+ * Whether the table's only index is the primary key idem made, plain: then
+ * a send inserts its entry without the executor's state.  An index a user
+ * added (or one REINDEX CONCURRENTLY is building) sends every insertion
+ * through the executor's routine, which keeps them all.
  */
 static void
 outbox_check_direct_index(OutboxRels *r)
@@ -523,11 +521,9 @@ outbox_check_direct_index(OutboxRels *r)
 	List	   *indexes = RelationGetIndexList(r->rel);
 	MemoryContext old;
 
-	outbox_direct_index = list_length(indexes) == 2 &&
+	outbox_direct_index = list_length(indexes) == 1 &&
 		list_member_oid(indexes, RelationGetRelid(r->pkey)) &&
-		list_member_oid(indexes, RelationGetRelid(r->key_seq)) &&
-		outbox_index_plain(r->pkey, true) &&
-		outbox_index_plain(r->key_seq, false);
+		outbox_index_plain(r->pkey, true);
 	list_free(indexes);
 	if (!outbox_direct_index)
 		return;
@@ -537,27 +533,24 @@ outbox_check_direct_index(OutboxRels *r)
 												 ALLOCSET_SMALL_SIZES);
 	MemoryContextReset(outbox_index_cxt);
 	outbox_pkey_info = NULL;
-	outbox_key_seq_info = NULL;
 	old = MemoryContextSwitchTo(outbox_index_cxt);
 	outbox_pkey_info = BuildIndexInfo(r->pkey);
-	outbox_key_seq_info = BuildIndexInfo(r->key_seq);
 	MemoryContextSwitchTo(old);
 }
 
 /*
- * The index of heads gives each key's messages in ascending seq: one in
- * another order (DESC, another operator family) would hand a key's later
- * message out first.
+ * The primary key gives each key's messages in ascending seq only in the
+ * order of the ids' bytes: one in another order (DESC, another operator
+ * family) would hand a key's later message out first.
  */
 static void
-outbox_check_key_seq_order(Relation index)
+outbox_check_pkey_order(Relation index)
 {
-	int			i;
+	Oid			opclass = GetDefaultOpClass(UUIDOID, BTREE_AM_OID);
 
-	for (i = 0; i < 2; i++)
-		if (index->rd_indoption[i] != 0 ||
-			index->rd_opfamily[i] != INTEGER_BTREE_FAM_OID)
-			ereport(ERROR,
+	if (index->rd_indoption[0] != 0 || !OidIsValid(opclass) ||
+		index->rd_opfamily[0] != get_opclass_family(opclass))
+		ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("index \"%s.%s\" of the idem extension is not the one idem made",
 							IDEM_SCHEMA, RelationGetRelationName(index)),
@@ -579,7 +572,6 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 		{"key_hash", INT8OID, true, InvalidOid}
 	};
 	static const AttrNumber pkey_cols[1] = {OB_ID + 1};
-	static const AttrNumber key_seq_cols[2] = {OB_KEY_HASH + 1, OB_SEQ + 1};
 	int			tries;
 
 	r->lockmode = lockmode;
@@ -588,35 +580,29 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 		outbox_lookup_relids();
 		r->rel = try_relation_open(outbox_relid, lockmode);
 		r->pkey = NULL;
-		r->key_seq = NULL;
 		if (r->rel != NULL)
 			r->pkey = try_relation_open(outbox_pkey_oid, lockmode);
 		if (r->pkey != NULL)
-			r->key_seq = try_relation_open(outbox_key_seq_oid, lockmode);
-		if (r->key_seq != NULL)
 			break;
 
 		/*
 		 * Dropped since it was looked up (DROP EXTENSION; an index that
 		 * REINDEX CONCURRENTLY replaced): once more by name.
 		 */
-		if (r->pkey != NULL)
-			relation_close(r->pkey, lockmode);
 		if (r->rel != NULL)
 			relation_close(r->rel, lockmode);
 		outbox_relid = InvalidOid;
 		if (tries > 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_TABLE),
-					 errmsg("relation of the idem extension \"%s.%s\" or one of its indexes was dropped concurrently",
+					 errmsg("relation of the idem extension \"%s.%s\" or its primary key was dropped concurrently",
 							IDEM_SCHEMA, OUTBOX_TABLE)));
 	}
 	if (r->rel->rd_rel->relkind != RELKIND_RELATION ||
-		r->pkey->rd_rel->relkind != RELKIND_INDEX ||
-		r->key_seq->rd_rel->relkind != RELKIND_INDEX)
+		r->pkey->rd_rel->relkind != RELKIND_INDEX)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("\"%s.%s\" of the idem extension is not an ordinary table with its indexes",
+				 errmsg("\"%s.%s\" of the idem extension is not an ordinary table with its primary key",
 						IDEM_SCHEMA, OUTBOX_TABLE),
 				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
 	/* the opens above took the locks, and so heard of any change */
@@ -625,8 +611,7 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 		idem_check_columns(RelationGetDescr(r->rel), OUTBOX_TABLE, columns,
 						   OB_NATTS);
 		idem_check_index(r->pkey, r->rel, 1, pkey_cols);
-		idem_check_index(r->key_seq, r->rel, 2, key_seq_cols);
-		outbox_check_key_seq_order(r->key_seq);
+		outbox_check_pkey_order(r->pkey);
 		outbox_check_direct_index(r);
 		outbox_checked = OidIsValid(outbox_relid);
 	}
@@ -638,7 +623,6 @@ static void
 outbox_close(OutboxRels *r)
 {
 	ExecDropSingleTupleTableSlot(r->slot);
-	index_close(r->key_seq, NoLock);
 	index_close(r->pkey, NoLock);
 	table_close(r->rel, NoLock);
 }
@@ -1412,34 +1396,123 @@ idem_outbox_key_hash(PG_FUNCTION_ARGS)
 }
 
 /*
- * A time-ordered UUID (version 7): milliseconds since 1970 in the first 48
- * bits, then 74 random bits.  New ids land at the right end of the primary
- * key instead of on a random page of it.
+ * A message's id: a UUID of version 8 whose 122 free bits are, in order,
+ * the first 24 bits of its key_hash (the sign bit flipped, so that the
+ * bytes order hashes as signed integers), its seq (48 bits) and 50 random
+ * bits.  The primary key, which compares ids byte by byte, so keeps each
+ * key's messages together in the order of sending: a send inserts one
+ * entry, and the lease finds a key's head in the key's range of ids
+ * (outbox_key_range), which it shares with the keys of the same prefix.
+ * The random bits keep ids apart that the same key and seq would make in
+ * another database, or after the sequence started again (the extension
+ * created again, a standby promoted before it had every value handed
+ * out): consumers deduplicate by id.
  */
-static void
-outbox_new_id(pg_uuid_t *uuid)
+#define OUTBOX_PREFIX_BITS	24
+#define OUTBOX_SEQ_BITS		48
+#define OUTBOX_RANDOM_BITS	50
+#define OUTBOX_SEQ_MAX		((INT64CONST(1) << OUTBOX_SEQ_BITS) - 1)
+#define OUTBOX_RANDOM_MASK	((UINT64CONST(1) << OUTBOX_RANDOM_BITS) - 1)
+
+/* The prefix of a key_hash that its messages' ids begin with. */
+static inline int64
+outbox_hash_prefix(int64 key_hash)
 {
-	TimestampTz now = GetCurrentTimestamp();
-	uint64		ms;
-	uint64		r1;
-	uint64		r2;
+	return (int64) (((uint64) key_hash ^ (UINT64CONST(1) << 63)) >>
+					(64 - OUTBOX_PREFIX_BITS));
+}
+
+static void
+outbox_make_id(pg_uuid_t *uuid, int64 key_hash, int64 seq, uint64 rnd)
+{
+	uint64		a = (uint64) outbox_hash_prefix(key_hash);
+	uint64		s = (uint64) seq;
+	uint64		hi;
+	uint64		lo;
 	int			i;
 
-	ms = (uint64) (now / 1000) +
-		(uint64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
-	/*
-	 * The random bits only keep ids apart, they guard no secret: the
-	 * backend's generator, seeded from a strong source when the backend
-	 * started, serves them without a system call per message.
-	 */
-	r1 = pg_prng_uint64(&pg_global_prng_state);
-	r2 = pg_prng_uint64(&pg_global_prng_state);
-	memcpy(uuid->data + 6, &r1, sizeof(r1));
-	memcpy(uuid->data + 14, &r2, UUID_LEN - 14);
-	for (i = 0; i < 6; i++)
-		uuid->data[i] = (uint8) (ms >> (8 * (5 - i)));
-	uuid->data[6] = 0x70 | (uuid->data[6] & 0x0F);
-	uuid->data[8] = 0x80 | (uuid->data[8] & 0x3F);
+	Assert(seq >= 0 && seq <= OUTBOX_SEQ_MAX);
+	StaticAssertStmt(OUTBOX_PREFIX_BITS + OUTBOX_SEQ_BITS == 72 &&
+					 OUTBOX_RANDOM_BITS == 50, "an id has 122 free bits");
+	/* 48 bits: the prefix, seq's first 24; the version; seq's next 12 */
+	hi = (((a << 24) | (s >> 24)) << 16) | (UINT64CONST(0x8) << 12) |
+		((s >> 12) & 0xFFF);
+	/* the variant; seq's last 12 bits; the random bits */
+	lo = (UINT64CONST(0x2) << 62) | ((s & 0xFFF) << 50) |
+		(rnd & OUTBOX_RANDOM_MASK);
+	for (i = 0; i < 8; i++)
+	{
+		uuid->data[i] = (uint8) (hi >> (56 - 8 * i));
+		uuid->data[8 + i] = (uint8) (lo >> (56 - 8 * i));
+	}
+}
+
+/* The prefix of key_hash an id begins with (any UUID gives one). */
+static int64
+outbox_id_prefix(const pg_uuid_t *uuid)
+{
+	return (int64) (((uint64) uuid->data[0] << 16) |
+					((uint64) uuid->data[1] << 8) | uuid->data[2]);
+}
+
+/*
+ * idem._outbox_id(topic, key, seq) returns uuid
+ *
+ * A new id for a message of that topic and key with that seq, as a send
+ * makes it.
+ */
+PG_FUNCTION_INFO_V1(idem_outbox_id);
+Datum
+idem_outbox_id(PG_FUNCTION_ARGS)
+{
+	int64		seq = PG_GETARG_INT64(2);
+	pg_uuid_t  *id = palloc(sizeof(pg_uuid_t));
+
+	if (seq < 0 || seq > OUTBOX_SEQ_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("seq must be between 0 and " INT64_FORMAT, OUTBOX_SEQ_MAX),
+				 errdetail("seq was " INT64_FORMAT ".", seq)));
+	outbox_make_id(id, outbox_key_hash(PG_GETARG_TEXT_PP(0),
+									   PG_GETARG_TEXT_PP(1)),
+				   seq, pg_prng_uint64(&pg_global_prng_state));
+	PG_RETURN_UUID_P(id);
+}
+
+/*
+ * idem._outbox_id_bound(topic, key, upper) returns uuid
+ *
+ * The first id (or, when upper, the last) a message of that topic and key
+ * can have: what the functions written in SQL use to find a key's messages.
+ */
+PG_FUNCTION_INFO_V1(idem_outbox_id_bound);
+Datum
+idem_outbox_id_bound(PG_FUNCTION_ARGS)
+{
+	pg_uuid_t  *id = palloc(sizeof(pg_uuid_t));
+	int64		key_hash = outbox_key_hash(PG_GETARG_TEXT_PP(0),
+										   PG_GETARG_TEXT_PP(1));
+
+	if (PG_GETARG_BOOL(2))
+		outbox_make_id(id, key_hash, OUTBOX_SEQ_MAX, OUTBOX_RANDOM_MASK);
+	else
+		outbox_make_id(id, key_hash, 0, 0);
+	PG_RETURN_UUID_P(id);
+}
+
+/*
+ * Scan keys on the primary key for every id a message of key_hash can
+ * have; lo and hi must live as long as the scan.
+ */
+static void
+outbox_key_range(ScanKey skeys, pg_uuid_t *lo, pg_uuid_t *hi, int64 key_hash)
+{
+	outbox_make_id(lo, key_hash, 0, 0);
+	outbox_make_id(hi, key_hash, OUTBOX_SEQ_MAX, OUTBOX_RANDOM_MASK);
+	ScanKeyInit(&skeys[0], 1, BTGreaterEqualStrategyNumber, F_UUID_GE,
+				UUIDPGetDatum(lo));
+	ScanKeyInit(&skeys[1], 1, BTLessEqualStrategyNumber, F_UUID_LE,
+				UUIDPGetDatum(hi));
 }
 
 static void
@@ -1458,31 +1531,16 @@ outbox_insert_message(Datum *values, bool *isnull)
 	table_tuple_insert(r.rel, r.slot, GetCurrentCommandId(true), 0, NULL);
 
 	/*
-	 * The two indexes idem made, and no other: their entries are the
-	 * columns' values, inserted in the order the executor takes (that of
-	 * the indexes' OIDs), without building the executor's state for each
-	 * send.  (Both are btree, whose insertion does not read the IndexInfo;
-	 * the ones kept are given all the same.)
+	 * The primary key idem made, and no other index: its entry is the id,
+	 * inserted without building the executor's state for each send.  (A
+	 * btree's insertion does not read the IndexInfo; the one kept is given
+	 * all the same.)
 	 */
 	if (outbox_direct_index)
 	{
-		bool		pkey_first = RelationGetRelid(r.pkey) < RelationGetRelid(r.key_seq);
-		Datum		kv[2];
-		bool		kn[2] = {false, false};
-		int			i;
-
-		kv[0] = values[OB_KEY_HASH];
-		kv[1] = values[OB_SEQ];
-		for (i = 0; i < 2; i++)
-		{
-			if ((i == 0) == pkey_first)
-				index_insert(r.pkey, &values[OB_ID], &isnull[OB_ID],
-							 &r.slot->tts_tid, r.rel, UNIQUE_CHECK_YES, false,
-							 outbox_pkey_info);
-			else
-				index_insert(r.key_seq, kv, kn, &r.slot->tts_tid, r.rel,
-							 UNIQUE_CHECK_NO, false, outbox_key_seq_info);
-		}
+		index_insert(r.pkey, &values[OB_ID], &isnull[OB_ID],
+					 &r.slot->tts_tid, r.rel, UNIQUE_CHECK_YES, false,
+					 outbox_pkey_info);
 		outbox_close(&r);
 		return;
 	}
@@ -1531,6 +1589,7 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	text	   *type = NULL;
 	pg_uuid_t  *id = palloc(sizeof(pg_uuid_t));
 	int64		key_hash;
+	int64		seq;
 	Datum		values[OB_NATTS];
 	bool		isnull[OB_NATTS];
 
@@ -1569,14 +1628,29 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 
 	/* the message */
 	outbox_lookup_relids();
-	outbox_new_id(id);
+	seq = nextval_internal(outbox_seq_oid, false);
+	/* the sequence was made with this range; its owner may have changed it */
+	if (seq < 0 || seq > OUTBOX_SEQ_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
+				 errmsg("value " INT64_FORMAT " of sequence \"%s.%s\" is out of the range of outbox messages",
+						seq, IDEM_SCHEMA, OUTBOX_SEQ),
+				 errdetail("An outbox message's seq is between 0 and " INT64_FORMAT ".",
+						   OUTBOX_SEQ_MAX),
+				 errhint("Give the sequence back the range idem made it with.")));
+	/*
+	 * The random bits only keep ids apart, they guard no secret: the
+	 * backend's generator, seeded from a strong source when the backend
+	 * started, serves them without a system call per message.
+	 */
+	outbox_make_id(id, key_hash, seq, pg_prng_uint64(&pg_global_prng_state));
 	values[OB_ID] = UUIDPGetDatum(id);
 	values[OB_TOPIC] = PointerGetDatum(topic);
 	values[OB_KEY] = PointerGetDatum(key);
 	values[OB_TYPE] = PointerGetDatum(type);
 	values[OB_PAYLOAD] = JsonbPGetDatum(payload);
 	values[OB_HEADERS] = JsonbPGetDatum(headers);
-	values[OB_SEQ] = Int64GetDatum(nextval_internal(outbox_seq_oid, false));
+	values[OB_SEQ] = Int64GetDatum(seq);
 	values[OB_CREATED_AT] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
 	values[OB_KEY_HASH] = Int64GetDatum(key_hash);
 	memset(isnull, false, sizeof(isnull));
@@ -1696,17 +1770,18 @@ outbox_text_eq(text *a, text *b)
 static bool
 outbox_head(OutboxRels *r, Datum topic, Datum key)
 {
-	ScanKeyData skey;
+	ScanKeyData skeys[2];
+	pg_uuid_t	lo;
+	pg_uuid_t	hi;
 	IndexScanDesc scan;
 	Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
 	text	   *t = DatumGetTextPP(topic);
 	text	   *k = DatumGetTextPP(key);
 	bool		found = false;
 
-	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_INT8EQ,
-				Int64GetDatum(outbox_key_hash(t, k)));
-	scan = index_beginscan(r->rel, r->key_seq, snap, 1, 0);
-	index_rescan(scan, &skey, 1, NULL, 0);
+	outbox_key_range(skeys, &lo, &hi, outbox_key_hash(t, k));
+	scan = index_beginscan(r->rel, r->pkey, snap, 2, 0);
+	index_rescan(scan, skeys, 2, NULL, 0);
 	while (index_getnext_slot(scan, ForwardScanDirection, r->slot))
 	{
 		text	   *mt;
@@ -1924,16 +1999,17 @@ static void
 lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int limit)
 {
 	OutboxRels *r = arg->rels;
-	ScanKeyData skey;
+	ScanKeyData skeys[2];
+	pg_uuid_t	lo;
+	pg_uuid_t	hi;
 	IndexScanDesc scan;
 	SnapshotData dirty;
 	MemoryContext oldcxt;
 
 	InitDirtySnapshot(dirty);
-	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_INT8EQ,
-				Int64GetDatum(outbox_key_hash(topic, key)));
-	scan = index_beginscan(r->rel, r->key_seq, &dirty, 1, 0);
-	index_rescan(scan, &skey, 1, NULL, 0);
+	outbox_key_range(skeys, &lo, &hi, outbox_key_hash(topic, key));
+	scan = index_beginscan(r->rel, r->pkey, &dirty, 2, 0);
+	index_rescan(scan, skeys, 2, NULL, 0);
 	while (arg->nrun < limit &&
 		   index_getnext_slot(scan, ForwardScanDirection, r->slot))
 	{
@@ -2161,8 +2237,8 @@ lease_hash_cmp(const void *a, const void *b)
 }
 
 /*
- * The key_hash values that have an entry in the index on (key_hash, seq),
- * in order, each once: the keys that may have a head.  The index is read
+ * The prefixes of key_hash (see outbox_make_id) that begin an id in the
+ * primary key, in order, each once: those of the keys that may have a head.  The index is read
  * whole, without the table: one read of each of its pages instead of a
  * descent per key, which pays when it has fewer pages than a pass has
  * candidates (a short backlog, keys whose messages were all delivered).
@@ -2184,17 +2260,19 @@ lease_present_hashes(OutboxRels *r, int *n)
 	int64	   *hashes = palloc(sizeof(int64) * size);
 
 	*n = 0;
-	scan = index_beginscan(r->rel, r->key_seq, snap, 0, 0);
+	scan = index_beginscan(r->rel, r->pkey, snap, 0, 0);
 	scan->xs_want_itup = true;
 	index_rescan(scan, NULL, 0, NULL, 0);
 	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)
 	{
 		bool		isnull;
-		int64		hash;
+		Datum		id;
+		int64		hash = 0;
 
 		CHECK_FOR_INTERRUPTS();
-		hash = DatumGetInt64(index_getattr(scan->xs_itup, 1,
-										   scan->xs_itupdesc, &isnull));
+		id = index_getattr(scan->xs_itup, 1, scan->xs_itupdesc, &isnull);
+		if (!isnull)
+			hash = outbox_id_prefix(DatumGetUUIDP(id));
 		/* the index is in order of key_hash: a repeat follows its first */
 		if (isnull || (*n > 0 && hashes[*n - 1] == hash))
 			continue;
@@ -2338,7 +2416,8 @@ lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
 			/* no entry in the index: no head */
 			if (tnull || knull)
 				continue;
-			hash = outbox_key_hash(DatumGetTextPP(t), DatumGetTextPP(k));
+			hash = outbox_hash_prefix(outbox_key_hash(DatumGetTextPP(t),
+													  DatumGetTextPP(k)));
 			if (bsearch(&hash, present, npresent, sizeof(int64),
 						lease_hash_cmp) == NULL)
 			{
@@ -2361,9 +2440,10 @@ lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
  * messages: with many idle keys (keys are often the ids of orders or
  * accounts, and a key's row stays until idem_outbox_purge) and a short
  * backlog, as when relays keep up, that is most of a lease's work, paid
- * again by every lease that finds nothing.  So a pass first reads the index
- * of heads, (key_hash, seq), in order, under the pass's snapshot, and finds
- * the key row of each key seen there through the primary key: the same
+ * again by every lease that finds nothing.  So a pass first reads the
+ * primary key of idem.outbox (ids in the order of key_hash, then seq) in
+ * order, under the pass's snapshot, and finds the key row of each key seen
+ * there through the primary key of idem.outbox_keys: the same
  * candidates, kept and tried in the same order, as a scan of the key rows
  * would give, from the keys that have messages only (the others have no
  * head to lease).
@@ -2393,7 +2473,7 @@ lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
 static int	lease_messages_skip = 0;
 static int	lease_messages_backoff = LEASE_MESSAGES_SKIP;
 
-/* A (topic, key) seen in the index, among those with one key_hash. */
+/* A (topic, key) seen in the index, among those of one prefix of ids. */
 typedef struct LeaseSeenKey
 {
 	text	   *topic;
@@ -2443,7 +2523,7 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 	budget = (int64) RelationGetNumberOfBlocks(keys_rel) * LEASE_ROWS_PER_PAGE +
 		LEASE_MIN_BUDGET;
 
-	scan = index_beginscan(r->rel, r->key_seq, snap, 0, 0);
+	scan = index_beginscan(r->rel, r->pkey, snap, 0, 0);
 	index_rescan(scan, NULL, 0, NULL, 0);
 	kscan = index_beginscan(keys_rel, keys_index, snap, 2, 0);
 	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)
@@ -2469,12 +2549,13 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 		if (!index_fetch_heap(scan, r->slot))
 			continue;
 		slot_getallattrs(r->slot);
-		hash = DatumGetInt64(r->slot->tts_values[OB_KEY_HASH]);
+		/* the index gives the entries of each prefix of ids together */
+		hash = outbox_id_prefix(DatumGetUUIDP(r->slot->tts_values[OB_ID]));
 		topic = DatumGetTextPP(r->slot->tts_values[OB_TOPIC]);
 		key = DatumGetTextPP(r->slot->tts_values[OB_KEY]);
 		if (run != NIL && hash == run_hash)
 		{
-			/* a later message of a key seen, or a key with the same hash */
+			/* a later message of a key seen, or a key with the same prefix */
 			foreach(lc, run)
 			{
 				seen = lfirst(lc);
@@ -2543,7 +2624,7 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
  * One look for keys whose head may be leased now: their heads go into the
  * result, up to max_messages.  Returns how many.
  *
- * The candidates come from the index of heads (lease_candidates_by_messages)
+ * The candidates come from the primary key (lease_candidates_by_messages)
  * or, past its cost, from a scan of every key row (lease_scan_keys).  The
  * pass keeps only the best candidates, about twice as many as may be
  * leased; the rows are read again when they are tried, under the pass's
@@ -2587,7 +2668,7 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 	else
 		by_messages = idem_store_index(store) != NULL;
 	if (!by_messages && lease_last_misses > 0 &&
-		RelationGetNumberOfBlocks(r->key_seq) < (BlockNumber) lease_last_misses)
+		RelationGetNumberOfBlocks(r->pkey) < (BlockNumber) lease_last_misses)
 		present = lease_present_hashes(r, &npresent);
 	/* this call's own updates (a first pass) must be seen */
 	CommandCounterIncrement();
@@ -2639,7 +2720,7 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 
 		/*
 		 * Each round tries a bounded set of candidates and reads every key
-		 * row (or the index of heads) again.  Among many keys without a head
+		 * row (or the primary key) again.  Among many keys without a head
 		 * (all delivered, not purged yet) a pass of rounds of one size would
 		 * cost the square of their number: each round's set is twice the
 		 * last's, so a pass takes a number of rounds that grows as the
@@ -2654,7 +2735,7 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 				heap.c = repalloc(heap.c, sizeof(LeaseCandidate) * heap.size);
 			}
 			if (!by_messages && present == NULL && arg->misses > 0 &&
-				RelationGetNumberOfBlocks(r->key_seq) < (BlockNumber) arg->misses)
+				RelationGetNumberOfBlocks(r->pkey) < (BlockNumber) arg->misses)
 				present = lease_present_hashes(r, &npresent);
 		}
 	} while (more && nleased < max_messages);

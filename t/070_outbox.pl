@@ -348,8 +348,8 @@ for my $db ('ob_ascii', 'ob_1252')
 }
 # Acks of messages of the same keys at once, a relay's late ack of runs
 # whose lease ran out and the ack of the heads another relay leased again
-# since, lock the keys' rows in one order (the keys'), not in the order of
-# the ids, which the two acks have opposite here: no deadlock.
+# since, lock the keys' rows in one order (the keys'), not in the order the
+# ids are given in, which the two acks have opposite here: no deadlock.
 $node->safe_psql('postgres', q{CREATE DATABASE ob_runs});
 $node->safe_psql('ob_runs', q{CREATE EXTENSION idem});
 for my $round (1 .. 3)
@@ -365,7 +365,7 @@ for my $round (1 .. 3)
 	is($node->safe_psql('ob_runs', q{SELECT count(*), min(attempt), max(attempt) FROM l2}),
 		'1000|2|2', "round $round: r2 leased the heads of r1's runs again, alone");
 	my $late = $node->safe_psql('ob_runs', q{SELECT string_agg(id::text, ',' ORDER BY id) FROM l1 WHERE payload->>'n' = '2'});
-	my $heads = $node->safe_psql('ob_runs', q{SELECT string_agg(id::text, ',' ORDER BY id) FROM l2});
+	my $heads = $node->safe_psql('ob_runs', q{SELECT string_agg(id::text, ',' ORDER BY id DESC) FROM l2});
 	my $at = $node->safe_psql('ob_runs', q{SELECT clock_timestamp() + interval '1 second'});
 	my @acks;
 	for my $ids ($late, $heads)

@@ -104,10 +104,11 @@ reset_side() {
         sql <<SQL >/dev/null || die "reset of idem failed"
 TRUNCATE idem.outbox, idem.outbox_keys;
 INSERT INTO idem.outbox (id, aggregatetype, aggregateid, type, payload, headers, seq, created_at, key_hash)
-    SELECT gen_random_uuid(), t, k, NULL, ($payload)::jsonb, NULL, g, now(), idem._outbox_key_hash(t, k)
+    SELECT idem._outbox_id(t, k, g), t, k, NULL, ($payload)::jsonb, NULL, g, now(), idem._outbox_key_hash(t, k)
       FROM (SELECT g, 'events' AS t, 'k' || (g % $KEYS) AS k FROM generate_series(1, $MESSAGES) g
             UNION ALL
             SELECT $MESSAGES + g, 'events', 'd' || (g % $DEAD) FROM generate_series(1, $DEAD * $PER_DEAD) g) m;
+SELECT setval('idem.outbox_seq', $MESSAGES + $DEAD * $PER_DEAD);
 INSERT INTO idem.outbox_keys (topic, key, dead, attempts, available_at)
     SELECT DISTINCT aggregatetype, aggregateid, aggregateid LIKE 'd%', 0, now() FROM idem.outbox;
 UPDATE idem.outbox_keys k SET attempts = 10, last_error = 'rejected',
@@ -139,8 +140,9 @@ TRUNCATE idem.outbox, idem.outbox_keys;
 INSERT INTO idem.outbox_keys (topic, key, dead, attempts, available_at)
     SELECT 'events', 'i' || g, false, 0, now() - interval '1 day' FROM generate_series(1, $2) g;
 INSERT INTO idem.outbox (id, aggregatetype, aggregateid, type, payload, headers, seq, created_at, key_hash)
-    SELECT gen_random_uuid(), 'events', k, NULL, ($payload)::jsonb, NULL, g, now(), idem._outbox_key_hash('events', k)
+    SELECT idem._outbox_id('events', k, g), 'events', k, NULL, ($payload)::jsonb, NULL, g, now(), idem._outbox_key_hash('events', k)
       FROM (SELECT g, 'k' || (g % $LIVE) AS k FROM generate_series(1, $LIVE * $PER_LIVE) g) m;
+SELECT setval('idem.outbox_seq', $LIVE * $PER_LIVE);
 INSERT INTO idem.outbox_keys (topic, key, dead, attempts, available_at)
     SELECT DISTINCT aggregatetype, aggregateid, false, 0, now() FROM idem.outbox;
 VACUUM (FREEZE, ANALYZE) idem.outbox, idem.outbox_keys;
