@@ -631,6 +631,37 @@ CREATE OR REPLACE TRIGGER transitions_writers
 CREATE SEQUENCE IF NOT EXISTS idem.outbox_seq MAXVALUE 281474976710655;
 COMMENT ON SEQUENCE idem.outbox_seq IS 'order of sending of outbox messages';
 REVOKE ALL ON SEQUENCE idem.outbox_seq FROM PUBLIC;
+
+-- The key_hash of idem.outbox, for the functions written in SQL and its
+-- CHECK constraint.
+CREATE OR REPLACE FUNCTION idem._outbox_key_hash(topic pg_catalog.text, key pg_catalog.text)
+RETURNS pg_catalog.int8
+AS 'MODULE_PATHNAME', 'idem_outbox_key_hash'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idem._outbox_key_hash(pg_catalog.text, pg_catalog.text) IS
+    'the key_hash of an outbox message of this topic and key';
+REVOKE ALL ON FUNCTION idem._outbox_key_hash(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+
+-- A new id for a message of this topic, key and seq, as idem_outbox_send
+-- makes it (with random bits of its own).
+CREATE OR REPLACE FUNCTION idem._outbox_id(topic pg_catalog.text, key pg_catalog.text, seq pg_catalog.int8)
+RETURNS pg_catalog.uuid
+AS 'MODULE_PATHNAME', 'idem_outbox_id'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idem._outbox_id(pg_catalog.text, pg_catalog.text, pg_catalog.int8) IS
+    'a new id for an outbox message of this topic, key and seq';
+REVOKE ALL ON FUNCTION idem._outbox_id(pg_catalog.text, pg_catalog.text, pg_catalog.int8) FROM PUBLIC;
+
+-- The first (or last) id a message of this topic and key can have: the ids
+-- of a key's messages are between the two.
+CREATE OR REPLACE FUNCTION idem._outbox_id_bound(topic pg_catalog.text, key pg_catalog.text, upper pg_catalog.bool)
+RETURNS pg_catalog.uuid
+AS 'MODULE_PATHNAME', 'idem_outbox_id_bound'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idem._outbox_id_bound(pg_catalog.text, pg_catalog.text, pg_catalog.bool) IS
+    'the first id (upper: the last) an outbox message of this topic and key can have';
+REVOKE ALL ON FUNCTION idem._outbox_id_bound(pg_catalog.text, pg_catalog.text, pg_catalog.bool) FROM PUBLIC;
+
 CREATE TABLE IF NOT EXISTS idem.outbox (
     id              pg_catalog.uuid NOT NULL,
     aggregatetype   pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
@@ -641,7 +672,14 @@ CREATE TABLE IF NOT EXISTS idem.outbox (
     seq             pg_catalog.int8 NOT NULL,
     created_at      pg_catalog.timestamptz NOT NULL,
     key_hash        pg_catalog.int8 NOT NULL,
-    CONSTRAINT outbox_pkey PRIMARY KEY (id)
+    CONSTRAINT outbox_pkey PRIMARY KEY (id),
+    -- idem_outbox_send writes rows that pass (without checking): a row
+    -- written by hand whose id or key_hash does not belong to its key would
+    -- never be leased
+    CONSTRAINT outbox_id_of_key CHECK (
+        key_hash OPERATOR(pg_catalog.=) idem._outbox_key_hash(aggregatetype, aggregateid)
+        AND id OPERATOR(pg_catalog.>=) idem._outbox_id_bound(aggregatetype, aggregateid, false)
+        AND id OPERATOR(pg_catalog.<=) idem._outbox_id_bound(aggregatetype, aggregateid, true))
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,
         autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 50000);
 COMMENT ON TABLE idem.outbox IS
@@ -672,35 +710,6 @@ CREATE TABLE IF NOT EXISTS idem.outbox_keys (
 COMMENT ON TABLE idem.outbox_keys IS
     'transactional outbox: the lease, retry schedule and dead letter of each key''s oldest message';
 REVOKE ALL ON TABLE idem.outbox_keys FROM PUBLIC;
-
--- The key_hash of idem.outbox, for the functions written in SQL.
-CREATE OR REPLACE FUNCTION idem._outbox_key_hash(topic pg_catalog.text, key pg_catalog.text)
-RETURNS pg_catalog.int8
-AS 'MODULE_PATHNAME', 'idem_outbox_key_hash'
-LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION idem._outbox_key_hash(pg_catalog.text, pg_catalog.text) IS
-    'the key_hash of an outbox message of this topic and key';
-REVOKE ALL ON FUNCTION idem._outbox_key_hash(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
-
--- A new id for a message of this topic, key and seq, as idem_outbox_send
--- makes it (with random bits of its own).
-CREATE OR REPLACE FUNCTION idem._outbox_id(topic pg_catalog.text, key pg_catalog.text, seq pg_catalog.int8)
-RETURNS pg_catalog.uuid
-AS 'MODULE_PATHNAME', 'idem_outbox_id'
-LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION idem._outbox_id(pg_catalog.text, pg_catalog.text, pg_catalog.int8) IS
-    'a new id for an outbox message of this topic, key and seq';
-REVOKE ALL ON FUNCTION idem._outbox_id(pg_catalog.text, pg_catalog.text, pg_catalog.int8) FROM PUBLIC;
-
--- The first (or last) id a message of this topic and key can have: the ids
--- of a key's messages are between the two.
-CREATE OR REPLACE FUNCTION idem._outbox_id_bound(topic pg_catalog.text, key pg_catalog.text, upper pg_catalog.bool)
-RETURNS pg_catalog.uuid
-AS 'MODULE_PATHNAME', 'idem_outbox_id_bound'
-LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION idem._outbox_id_bound(pg_catalog.text, pg_catalog.text, pg_catalog.bool) IS
-    'the first id (upper: the last) an outbox message of this topic and key can have';
-REVOKE ALL ON FUNCTION idem._outbox_id_bound(pg_catalog.text, pg_catalog.text, pg_catalog.bool) FROM PUBLIC;
 
 -- A sender skips the look for its key's row once its session knows the row
 -- exists.  Before any row of it is deleted (by idem_outbox_purge, by hand, or

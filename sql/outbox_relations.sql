@@ -51,6 +51,20 @@ ALTER SEQUENCE idem.outbox_seq NO MAXVALUE RESTART WITH 281474976710656;
 SELECT pg_temp.err($$SELECT idem_outbox_send('relations', 'k', '{}')$$);
 ROLLBACK;
 SELECT count(*) AS messages FROM idem.outbox WHERE aggregatetype = 'relations';
+-- a row written by hand must belong to its key: its id in the key's range
+-- and its key_hash the key's (23514), or it would never be leased
+SELECT pg_temp.err($$INSERT INTO idem.outbox (id, aggregatetype, aggregateid, payload, seq, created_at, key_hash)
+    VALUES (gen_random_uuid(), 'relations', 'k', '{}', 1, now(), idem._outbox_key_hash('relations', 'k'))$$);
+SELECT pg_temp.err($$INSERT INTO idem.outbox (id, aggregatetype, aggregateid, payload, seq, created_at, key_hash)
+    VALUES (idem._outbox_id('relations', 'k', 1), 'relations', 'k', '{}', 1, now(), 0)$$);
+SELECT pg_temp.err($$UPDATE idem.outbox SET aggregateid = 'k2' WHERE aggregatetype = 'relations'$$);
+BEGIN;
+INSERT INTO idem.outbox (id, aggregatetype, aggregateid, payload, seq, created_at, key_hash)
+    VALUES (idem._outbox_id('relations', 'k', 0), 'relations', 'k', '{"by": "hand"}', 0, now(),
+            idem._outbox_key_hash('relations', 'k'));
+-- (seq 0 comes before every sent message: it is the key's head)
+SELECT payload FROM idem_outbox_lease('relay') WHERE topic = 'relations';
+ROLLBACK;
 
 -- a column renamed after this session has sent (and found the tables as
 -- idem made them): the next send hears of it

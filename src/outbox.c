@@ -1397,8 +1397,8 @@ idem_outbox_key_hash(PG_FUNCTION_ARGS)
 
 /*
  * A message's id: a UUID of version 8 whose 122 free bits are, in order,
- * the first 24 bits of its key_hash (the sign bit flipped, so that the
- * bytes order hashes as signed integers), its seq (48 bits) and 50 random
+ * the first 32 bits of its key_hash (the sign bit flipped, so that the
+ * bytes order hashes as signed integers), its seq (48 bits) and 42 random
  * bits.  The primary key, which compares ids byte by byte, so keeps each
  * key's messages together in the order of sending: a send inserts one
  * entry, and the lease finds a key's head in the key's range of ids
@@ -1406,11 +1406,13 @@ idem_outbox_key_hash(PG_FUNCTION_ARGS)
  * The random bits keep ids apart that the same key and seq would make in
  * another database, or after the sequence started again (the extension
  * created again, a standby promoted before it had every value handed
- * out): consumers deduplicate by id.
+ * out): consumers deduplicate by id.  The prefix's length weighs them
+ * against the cost of sharing a range: a key's head is found after the
+ * entries of older messages of the other keys of its prefix.
  */
-#define OUTBOX_PREFIX_BITS	24
+#define OUTBOX_PREFIX_BITS	32
 #define OUTBOX_SEQ_BITS		48
-#define OUTBOX_RANDOM_BITS	50
+#define OUTBOX_RANDOM_BITS	42
 #define OUTBOX_SEQ_MAX		((INT64CONST(1) << OUTBOX_SEQ_BITS) - 1)
 #define OUTBOX_RANDOM_MASK	((UINT64CONST(1) << OUTBOX_RANDOM_BITS) - 1)
 
@@ -1432,13 +1434,13 @@ outbox_make_id(pg_uuid_t *uuid, int64 key_hash, int64 seq, uint64 rnd)
 	int			i;
 
 	Assert(seq >= 0 && seq <= OUTBOX_SEQ_MAX);
-	StaticAssertStmt(OUTBOX_PREFIX_BITS + OUTBOX_SEQ_BITS == 72 &&
-					 OUTBOX_RANDOM_BITS == 50, "an id has 122 free bits");
-	/* 48 bits: the prefix, seq's first 24; the version; seq's next 12 */
-	hi = (((a << 24) | (s >> 24)) << 16) | (UINT64CONST(0x8) << 12) |
-		((s >> 12) & 0xFFF);
-	/* the variant; seq's last 12 bits; the random bits */
-	lo = (UINT64CONST(0x2) << 62) | ((s & 0xFFF) << 50) |
+	StaticAssertStmt(OUTBOX_PREFIX_BITS == 32 && OUTBOX_SEQ_BITS == 48 &&
+					 OUTBOX_RANDOM_BITS == 42, "an id has 122 free bits");
+	/* 48 bits: the prefix, seq's first 16; the version; seq's next 12 */
+	hi = (((a << 16) | (s >> 32)) << 16) | (UINT64CONST(0x8) << 12) |
+		((s >> 20) & 0xFFF);
+	/* the variant; seq's last 20 bits; the random bits */
+	lo = (UINT64CONST(0x2) << 62) | ((s & 0xFFFFF) << 42) |
 		(rnd & OUTBOX_RANDOM_MASK);
 	for (i = 0; i < 8; i++)
 	{
@@ -1451,8 +1453,9 @@ outbox_make_id(pg_uuid_t *uuid, int64 key_hash, int64 seq, uint64 rnd)
 static int64
 outbox_id_prefix(const pg_uuid_t *uuid)
 {
-	return (int64) (((uint64) uuid->data[0] << 16) |
-					((uint64) uuid->data[1] << 8) | uuid->data[2]);
+	return (int64) (((uint64) uuid->data[0] << 24) |
+					((uint64) uuid->data[1] << 16) |
+					((uint64) uuid->data[2] << 8) | uuid->data[3]);
 }
 
 /*
