@@ -662,6 +662,17 @@ COMMENT ON FUNCTION idem._outbox_id_bound(pg_catalog.text, pg_catalog.text, pg_c
     'the first id (upper: the last) an outbox message of this topic and key can have';
 REVOKE ALL ON FUNCTION idem._outbox_id_bound(pg_catalog.text, pg_catalog.text, pg_catalog.bool) FROM PUBLIC;
 
+-- Whether an id is one idem_outbox_send makes for this topic, key and seq
+-- (whatever its random bits): the CHECK constraint of idem.outbox.
+CREATE OR REPLACE FUNCTION idem._outbox_id_matches(id pg_catalog.uuid, topic pg_catalog.text, key pg_catalog.text,
+                                                   seq pg_catalog.int8)
+RETURNS pg_catalog.bool
+AS 'MODULE_PATHNAME', 'idem_outbox_id_matches'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idem._outbox_id_matches(pg_catalog.uuid, pg_catalog.text, pg_catalog.text, pg_catalog.int8) IS
+    'whether an outbox message''s id is one made for this topic, key and seq';
+REVOKE ALL ON FUNCTION idem._outbox_id_matches(pg_catalog.uuid, pg_catalog.text, pg_catalog.text, pg_catalog.int8) FROM PUBLIC;
+
 CREATE TABLE IF NOT EXISTS idem.outbox (
     id              pg_catalog.uuid NOT NULL,
     aggregatetype   pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
@@ -674,12 +685,11 @@ CREATE TABLE IF NOT EXISTS idem.outbox (
     key_hash        pg_catalog.int8 NOT NULL,
     CONSTRAINT outbox_pkey PRIMARY KEY (id),
     -- idem_outbox_send writes rows that pass (without checking): a row
-    -- written by hand whose id or key_hash does not belong to its key would
-    -- never be leased
+    -- written by hand whose id is not its key's would never be leased, and
+    -- one whose id and seq disagree would be leased out of order
     CONSTRAINT outbox_id_of_key CHECK (
         key_hash OPERATOR(pg_catalog.=) idem._outbox_key_hash(aggregatetype, aggregateid)
-        AND id OPERATOR(pg_catalog.>=) idem._outbox_id_bound(aggregatetype, aggregateid, false)
-        AND id OPERATOR(pg_catalog.<=) idem._outbox_id_bound(aggregatetype, aggregateid, true))
+        AND idem._outbox_id_matches(id, aggregatetype, aggregateid, seq))
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,
         autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 50000);
 COMMENT ON TABLE idem.outbox IS

@@ -51,13 +51,23 @@ ALTER SEQUENCE idem.outbox_seq NO MAXVALUE RESTART WITH 281474976710656;
 SELECT pg_temp.err($$SELECT idem_outbox_send('relations', 'k', '{}')$$);
 ROLLBACK;
 SELECT count(*) AS messages FROM idem.outbox WHERE aggregatetype = 'relations';
--- a row written by hand must belong to its key: its id in the key's range
--- and its key_hash the key's (23514), or it would never be leased
+-- a row written by hand must belong to its key: its id made for its key
+-- and seq, and its key_hash the key's (23514), or it would never be leased
 SELECT pg_temp.err($$INSERT INTO idem.outbox (id, aggregatetype, aggregateid, payload, seq, created_at, key_hash)
     VALUES (gen_random_uuid(), 'relations', 'k', '{}', 1, now(), idem._outbox_key_hash('relations', 'k'))$$);
 SELECT pg_temp.err($$INSERT INTO idem.outbox (id, aggregatetype, aggregateid, payload, seq, created_at, key_hash)
     VALUES (idem._outbox_id('relations', 'k', 1), 'relations', 'k', '{}', 1, now(), 0)$$);
 SELECT pg_temp.err($$UPDATE idem.outbox SET aggregateid = 'k2' WHERE aggregatetype = 'relations'$$);
+-- an id of its key but of another seq: the lease orders a key's messages by
+-- id, runs and acks by seq
+SELECT pg_temp.err($$INSERT INTO idem.outbox (id, aggregatetype, aggregateid, payload, seq, created_at, key_hash)
+    VALUES (idem._outbox_id('relations', 'k', 150), 'relations', 'k', '{}', 50, now(),
+            idem._outbox_key_hash('relations', 'k'))$$);
+-- an id in the key's range with other version bits
+SELECT pg_temp.err($$INSERT INTO idem.outbox (id, aggregatetype, aggregateid, payload, seq, created_at, key_hash)
+    VALUES (overlay(idem._outbox_id('relations', 'k', 50)::text placing '9' from 15)::uuid, 'relations', 'k', '{}', 50,
+            now(), idem._outbox_key_hash('relations', 'k'))$$);
+SELECT pg_temp.err($$UPDATE idem.outbox SET seq = seq + 1 WHERE aggregatetype = 'relations'$$);
 BEGIN;
 INSERT INTO idem.outbox (id, aggregatetype, aggregateid, payload, seq, created_at, key_hash)
     VALUES (idem._outbox_id('relations', 'k', 0), 'relations', 'k', '{"by": "hand"}', 0, now(),

@@ -1409,6 +1409,10 @@ idem_outbox_key_hash(PG_FUNCTION_ARGS)
  * out): consumers deduplicate by id.  The prefix's length weighs them
  * against the cost of sharing a range: a key's head is found after the
  * entries of older messages of the other keys of its prefix.
+ *
+ * The layout is part of what is stored: another one needs an update script
+ * that rewrites the ids of idem.outbox (and the key rows' head_id), or the
+ * messages sent before would be out of their keys' ranges.
  */
 #define OUTBOX_PREFIX_BITS	32
 #define OUTBOX_SEQ_BITS		48
@@ -1480,6 +1484,31 @@ idem_outbox_id(PG_FUNCTION_ARGS)
 									   PG_GETARG_TEXT_PP(1)),
 				   seq, pg_prng_uint64(&pg_global_prng_state));
 	PG_RETURN_UUID_P(id);
+}
+
+/*
+ * idem._outbox_id_matches(id, topic, key, seq) returns bool
+ *
+ * Whether id is one a send makes for that topic, key and seq: the version
+ * and variant, the prefix of the key's hash and the seq (any random bits).
+ * The CHECK constraint of idem.outbox, for rows written by hand: the lease
+ * orders a key's messages by id, the runs, acks and nacks by seq.
+ */
+PG_FUNCTION_INFO_V1(idem_outbox_id_matches);
+Datum
+idem_outbox_id_matches(PG_FUNCTION_ARGS)
+{
+	pg_uuid_t  *id = PG_GETARG_UUID_P(0);
+	int64		seq = PG_GETARG_INT64(3);
+	pg_uuid_t	lo;
+
+	if (seq < 0 || seq > OUTBOX_SEQ_MAX)
+		PG_RETURN_BOOL(false);
+	/* every bit but the random ones: those of the id with none set */
+	outbox_make_id(&lo, outbox_key_hash(PG_GETARG_TEXT_PP(1),
+										PG_GETARG_TEXT_PP(2)), seq, 0);
+	PG_RETURN_BOOL(memcmp(id->data, lo.data, 10) == 0 &&
+				   (id->data[10] & 0xFC) == lo.data[10]);
 }
 
 /*

@@ -228,6 +228,41 @@ my @kinds = (
 				'a legal move applies and bumps the version'
 			],
 		],
+	},
+	{
+		# ids are made of a prefix of the key's hash and seq: restored rows
+		# keep their place in their keys' ranges, and pass the table's
+		# CHECK constraint (p685 and p161086 share a range)
+		name => 'outbox messages',
+		setup => q{
+			SELECT count(idem_outbox_send(t, k, jsonb_build_object('n', n)))
+			  FROM (VALUES ('collide', 'p685', 1), ('collide', 'p161086', 1), ('collide', 'p685', 2),
+			               ('bk', 'naïve ✓', 1), ('bk', 'naïve ✓', 2)) v(t, k, n)},
+		setup_out => '5',
+		check     => q{
+			SELECT aggregatetype, aggregateid, payload, seq, key_hash, id FROM idem.outbox ORDER BY id;
+			SELECT topic, key, dead, attempts FROM idem.outbox_keys ORDER BY topic, key;
+			SELECT last_value FROM idem.outbox_seq},
+		probes => [
+			[
+				q{SELECT string_agg(key || ':' || (payload->>'n'), ',' ORDER BY key) FROM idem_outbox_lease('r', 100)},
+				'naïve ✓:1,p161086:1,p685:1',
+				'the lease finds each key\'s head'
+			],
+			[
+				q{SELECT idem_outbox_ack(array_agg(id)) FROM idem.outbox WHERE payload->>'n' = '1';
+				  SELECT string_agg(key || ':' || (payload->>'n'), ',' ORDER BY key) FROM idem_outbox_lease('r', 100)},
+				"3\nnaïve ✓:2,p685:2",
+				'acks by id, and the next heads'
+			],
+			[
+				q{SELECT idem_outbox_send('collide', 'p161086', '{"n": 3}') IS NOT NULL;
+				  SELECT bool_and(o.seq < n.seq) FROM idem.outbox o, idem.outbox n
+				   WHERE n.payload->>'n' = '3' AND o.payload->>'n' <> '3'},
+				"t\nt",
+				'a new message comes after the restored ones'
+			],
+		],
 	},);
 
 my $node = idem_node('dump');
