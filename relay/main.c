@@ -41,6 +41,7 @@ typedef struct Settings
 	int			per_key;		/* runs of up to this many messages a key */
 	long		lease_ms;
 	long		poll_ms;
+	long		linger_ms;		/* after a lease of fewer than batch */
 	long		timeout_ms;
 	long		log_interval_ms;
 	long		reconnect_max_ms;
@@ -53,7 +54,7 @@ typedef struct Settings
 static Settings settings;
 
 static const char *const global_keys[] = {
-	"dbname", "name", "batch", "per_key", "lease", "poll", "timeout", "log_interval",
+	"dbname", "name", "batch", "per_key", "lease", "poll", "linger", "timeout", "log_interval",
 	"reconnect_max", "connect_attempts", "exit_on_error", "once", "verbose",
 	"sink", NULL
 };
@@ -126,6 +127,9 @@ usage(FILE *f)
 			"                           message after the other and stops at a failure\n"
 			"  -l, --lease=DUR          how long a lease lasts (default 30s)\n"
 			"  -p, --poll=DUR           wait for a notification at most this long (default 1s)\n"
+			"      --linger=DUR         after a lease of fewer than --batch messages, wait\n"
+			"                           this long before the next, so that one lease takes\n"
+			"                           what several commits sent (default 1ms, 0 for none)\n"
 			"  -t, --timeout=DUR        longest publish of one message; shorter than the\n"
 			"                           lease; no message is started with less left (default 10s)\n"
 			"      --once               stop (exit 0) when a lease comes back empty\n"
@@ -1360,6 +1364,7 @@ apply_config(const Config *cfg)
 	settings.per_key = get_int(cfg, "per_key", 1, 1, 10000);
 	settings.lease_ms = get_duration(cfg, "lease", 30000, 1);
 	settings.poll_ms = get_duration(cfg, "poll", 1000, 1);
+	settings.linger_ms = get_duration(cfg, "linger", 1, 0);
 	settings.timeout_ms = get_duration(cfg, "timeout", 10000, 1);
 	settings.log_interval_ms = get_duration(cfg, "log_interval", 10000, 0);
 	settings.reconnect_max_ms = get_duration(cfg, "reconnect_max", 30000, 1);
@@ -1633,6 +1638,7 @@ main(int argc, char **argv)
 		{"once", no_argument, NULL, 7},
 		{"nats-url", required_argument, NULL, 8},
 		{"per-key", required_argument, NULL, 9},
+		{"linger", required_argument, NULL, 10},
 		{NULL, 0, NULL, 0}
 	};
 	Config	   *cmdline = &cmdline_cfg;
@@ -1714,6 +1720,9 @@ main(int argc, char **argv)
 				break;
 			case 9:
 				key = "per_key";
+				break;
+			case 10:
+				key = "linger";
 				break;
 			case 6:
 				key = "reconnect_max";
@@ -1812,6 +1821,14 @@ main(int argc, char **argv)
 				break;
 			/* idle: a notification, or the poll interval */
 			wait_until(now_ms() + settings.poll_ms, 1);
+		}
+		else if (n < settings.batch && settings.linger_ms > 0 && !stop_requested)
+		{
+			/*
+			 * Caught up: the next lease would find what one or two commits
+			 * sent meanwhile, at the cost of a lease and an ack each.
+			 */
+			wait_until(now_ms() + settings.linger_ms, 0);
 		}
 		if (stop_requested && !announced)
 		{

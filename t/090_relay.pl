@@ -171,6 +171,8 @@ my @usage_errors = (
 	# decimal seconds only: strtod alone read 16 s and 1000 s
 	[ [ '--once', '--poll', '0x10' ], qr/poll must be a duration/ ],
 	[ [ '--once', '--poll', '1e3' ], qr/poll must be a duration/ ],
+	[ [ '--linger', 'soon' ], qr/linger must be a duration of zero or more/ ],
+	[ [ '--set', 'linger=-1ms' ], qr/linger must be a duration of zero or more/ ],
 	[ [ '--sink', 'carrier-pigeon' ], qr/unknown sink "carrier-pigeon"/ ],
 	[ [ '--sink', 'webhook' ], qr/the webhook sink needs a URL/ ],
 	# a URL libcurl cannot use, found at start rather than by every message

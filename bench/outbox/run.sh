@@ -57,6 +57,8 @@
 #                 phase starts on a fresh outbox; the steady load has it on)
 #   LINGER        milliseconds the relays of el wait after a lease that found 1
 #                 to 99 messages, default 10 (PgQ's ticker_max_lag here)
+#   RELAY_LINGER  milliseconds idem's relays wait after such a lease in e2e
+#                 and eb, default 1 (idem-relay's --linger; 0: none)
 #   DEADLINE      seconds a phase may take, default 60 (a phase cut short is
 #                 marked * and its rate is what it moved)
 #   PEERS         default "idem idemr sl ord pgq pgboss"
@@ -91,6 +93,7 @@ AUTOVACUUM=${AUTOVACUUM:-off}
 PRELOAD=${PRELOAD:-1}
 DEADLINE=${DEADLINE:-60}
 LINGER=${LINGER:-10}
+RELAY_LINGER=${RELAY_LINGER:-1}
 PGBOSS=${PGBOSS:-1}
 PEERS=${PEERS:-"idem idemr sl ord pgq pgboss"}
 PGQ_ROTATION=${PGQ_ROTATION:-1 minute}
@@ -105,6 +108,7 @@ RESULTS="$here/bench/results"
 [[ "$SAMPLE_EVERY" =~ ^[1-9][0-9]*$ ]] || die "SAMPLE_EVERY must be a positive integer"
 [[ "$DEADLINE" =~ ^[1-9][0-9]*$ ]] || die "DEADLINE must be a positive integer"
 [[ "$LINGER" =~ ^[0-9]+$ ]] || die "LINGER must be a number of milliseconds"
+[[ "$RELAY_LINGER" =~ ^[0-9]+$ ]] || die "RELAY_LINGER must be a number of milliseconds"
 case $SYNC_COMMIT in on|off|local|remote_write|remote_apply) ;; *) die "SYNC_COMMIT: on or off" ;; esac
 case $AUTOVACUUM in on|off) ;; *) die "AUTOVACUUM: on or off" ;; esac
 [ "$PGBOSS" = 1 ] || PEERS=$(echo " $PEERS " | sed 's/ pgboss / /g')
@@ -194,7 +198,7 @@ raw=$dir/raw.txt
         "pgq=$(dpkg-query -W -f='${Version}' postgresql-15-pgq3)" \
         "pgboss=$([ "$PGBOSS" = 1 ] && sed -n 's/^  "version": "\(.*\)",$/\1/p' "$node_dir/node_modules/pg-boss/package.json" || echo -)" \
         "node=$([ -n "$NODE" ] && "$NODE" --version || echo -)"
-    echo "SETTINGS n=$N keys=$KEYS batch=$BATCH linger=$LINGER rounds=$ROUNDS sync_commit=$SYNC_COMMIT autovacuum=$AUTOVACUUM" \
+    echo "SETTINGS n=$N keys=$KEYS batch=$BATCH linger=$LINGER relay_linger=$RELAY_LINGER rounds=$ROUNDS sync_commit=$SYNC_COMMIT autovacuum=$AUTOVACUUM" \
         "deadline=$DEADLINE steady=$STEADY steady_rate=$STEADY_RATE sample_every=$SAMPLE_EVERY" \
         "pgq_rotation=\"$PGQ_ROTATION\"" \
         "date=$(date -u +%Y-%m-%dT%H:%MZ)"
@@ -360,10 +364,15 @@ peer_round() {   # round peer
             -b "$BATCH" -t "$DEADLINE" -T > /dev/null || die "pgq: the fill of c4 failed"
     fi
     phase "$round" "$p" c4 consume - 0 "$r4" "$LAST"
+    # idem's relays wait RELAY_LINGER ms after a lease that found 1 to 99
+    # messages, as idem-relay does by default and the README's relay loop
+    # does; the others' loops lease again at once
+    local rl=()
+    case "$p" in idem|idemr) [ "$RELAY_LINGER" -gt 0 ] && rl=(-L "$RELAY_LINGER") ;; esac
     setup_peer "$p"
-    phase "$round" "$p" e2e e2e single 4 "$r4" "$N"
+    phase "$round" "$p" e2e e2e single 4 "$r4" "$N" "${rl[@]}"
     setup_peer "$p"
-    phase "$round" "$p" eb e2e batch 4 "$r4" "$N"
+    phase "$round" "$p" eb e2e batch 4 "$r4" "$N" "${rl[@]}"
     # relays that wait LINGER ms after a lease that found 1 to 99 messages,
     # as PgQ's ticker makes its consumer wait for a tick
     if [ "$p" != pgq ] && [ "$p" != pgboss ]; then
