@@ -129,7 +129,9 @@ usage(FILE *f)
 			"  -p, --poll=DUR           wait for a notification at most this long (default 1s)\n"
 			"      --linger=DUR         after a lease of fewer than --batch messages, wait\n"
 			"                           this long before the next, so that one lease takes\n"
-			"                           what several commits sent (default 1ms, 0 for none)\n"
+			"                           what several commits sent; not while waiting gains\n"
+			"                           nothing (few keys ready); at most --poll (default\n"
+			"                           1ms, 0 for none)\n"
 			"  -t, --timeout=DUR        longest publish of one message; shorter than the\n"
 			"                           lease; no message is started with less left (default 10s)\n"
 			"      --once               stop (exit 0) when a lease comes back empty\n"
@@ -1365,6 +1367,9 @@ apply_config(const Config *cfg)
 	settings.lease_ms = get_duration(cfg, "lease", 30000, 1);
 	settings.poll_ms = get_duration(cfg, "poll", 1000, 1);
 	settings.linger_ms = get_duration(cfg, "linger", 1, 0);
+	if (settings.linger_ms > settings.poll_ms)
+		config_error("linger (%ld ms) must be at most the poll interval (%ld ms): a relay that found "
+					 "messages would wait longer than an idle one", settings.linger_ms, settings.poll_ms);
 	settings.timeout_ms = get_duration(cfg, "timeout", 10000, 1);
 	settings.log_interval_ms = get_duration(cfg, "log_interval", 10000, 0);
 	settings.reconnect_max_ms = get_duration(cfg, "reconnect_max", 30000, 1);
@@ -1542,9 +1547,9 @@ reload_config(void)
 		drop_connection();
 	next_log = settings.log_interval_ms > 0 ? now_ms() + settings.log_interval_ms : INT64_MAX;
 	relay_log(LOG_INFO, "configuration reloaded from %s: batch %d, per key %d, lease %ld ms, "
-			  "poll %ld ms, timeout %ld ms, sink %s%s%s", config_file, settings.batch,
+			  "poll %ld ms, linger %ld ms, timeout %ld ms, sink %s%s%s", config_file, settings.batch,
 			  settings.per_key, settings.lease_ms,
-			  settings.poll_ms, settings.timeout_ms, settings.sink,
+			  settings.poll_ms, settings.linger_ms, settings.timeout_ms, settings.sink,
 			  nroutes > 1 ? " (and per topic)" : "",
 			  dbname_changed ? ", connecting to the new dbname" : "");
 }
@@ -1649,6 +1654,8 @@ main(int argc, char **argv)
 	int			connect_failures = 0;
 	int			announced = 0;
 	int			exit_code = EXIT_RELAY_OK;
+	int			lingered_after = -1;	/* messages of the lease before a wait */
+	int			linger_off = 0;
 
 	open_standard_fds();
 	while ((c = getopt_long(argc, argv, "d:c:n:b:l:p:t:s:vVh", options, NULL)) != -1)
@@ -1764,8 +1771,9 @@ main(int argc, char **argv)
 	setup_signals();
 
 	relay_log(LOG_INFO, "idem-relay %s starting as \"%s\": batch %d, per key %d, lease %ld ms, "
-			  "poll %ld ms, timeout %ld ms, sink %s%s", RELAY_VERSION, settings.name, settings.batch,
-			  settings.per_key, settings.lease_ms, settings.poll_ms, settings.timeout_ms, settings.sink,
+			  "poll %ld ms, linger %ld ms, timeout %ld ms, sink %s%s", RELAY_VERSION, settings.name, settings.batch,
+			  settings.per_key, settings.lease_ms, settings.poll_ms, settings.linger_ms,
+			  settings.timeout_ms, settings.sink,
 			  nroutes > 1 ? " (and per topic)" : "");
 	for (i = 1; i < nroutes; i++)
 		relay_log(LOG_INFO, "topic \"%s\": sink %s", routes[i].topic, routes[i].type->name);
@@ -1822,13 +1830,34 @@ main(int argc, char **argv)
 			/* idle: a notification, or the poll interval */
 			wait_until(now_ms() + settings.poll_ms, 1);
 		}
-		else if (n < settings.batch && settings.linger_ms > 0 && !stop_requested)
+		else if (n < settings.batch && settings.linger_ms > 0)
 		{
 			/*
-			 * Caught up: the next lease would find what one or two commits
-			 * sent meanwhile, at the cost of a lease and an ack each.
+			 * Caught up, it seems: the next lease would find what one or two
+			 * commits sent meanwhile, at the cost of a lease and an ack each.
+			 * But a lease also comes back short when fewer keys than batch
+			 * have a message ready (the rest of a key's backlog waits for
+			 * its head): once a lease after a wait found no more than the
+			 * one before it, the relay leases at once until a lease comes
+			 * back empty or full.
 			 */
-			wait_until(now_ms() + settings.linger_ms, 0);
+			if (lingered_after >= 0 && n <= lingered_after)
+				linger_off = 1;
+			lingered_after = -1;
+			if (!linger_off)
+			{
+				lingered_after = n;
+				wait_until(now_ms() + settings.linger_ms, 0);
+				/* commits of the wait: the next lease sees them */
+				if (conn != NULL)
+					(void) PQconsumeInput(conn);
+				drain_notifications();
+			}
+		}
+		if (n == 0 || n >= settings.batch)
+		{
+			linger_off = 0;
+			lingered_after = -1;
 		}
 		if (stop_requested && !announced)
 		{

@@ -173,6 +173,7 @@ my @usage_errors = (
 	[ [ '--once', '--poll', '1e3' ], qr/poll must be a duration/ ],
 	[ [ '--linger', 'soon' ], qr/linger must be a duration of zero or more/ ],
 	[ [ '--set', 'linger=-1ms' ], qr/linger must be a duration of zero or more/ ],
+	[ [ '--poll', '2ms', '--linger', '5ms' ], qr/linger \(5 ms\) must be at most the poll interval \(2 ms\)/ ],
 	[ [ '--sink', 'carrier-pigeon' ], qr/unknown sink "carrier-pigeon"/ ],
 	[ [ '--sink', 'webhook' ], qr/the webhook sink needs a URL/ ],
 	# a URL libcurl cannot use, found at start rather than by every message

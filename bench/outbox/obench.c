@@ -118,7 +118,6 @@ static double steady_s = 600.0;
 static double steady_rate = 1000.0;
 static long poll_us = 1000;
 static long linger_us = 0;
-static long gather_us = 0;	/* idem: after a notification, before the lease */
 
 static int64_t t0_ns;
 static pthread_barrier_t ready;
@@ -496,8 +495,8 @@ wait_notify(PGconn *conn)
 	pfd.fd = PQsocket(conn);
 	pfd.events = POLLIN;
 	pfd.revents = 0;
-	if (ppoll(&pfd, 1, &ts, NULL) > 0 && drain_notifies(conn) && gather_us > 0)
-		usleep(gather_us);
+	if (ppoll(&pfd, 1, &ts, NULL) > 0)
+		drain_notifies(conn);
 }
 
 static int
@@ -808,7 +807,7 @@ usage(const char *argv0)
 {
 	fprintf(stderr, "usage: %s -c CONNINFO -p idem|idemr|sl|ord|pgq -P produce|consume|e2e|steady "
 			"[-m single|batch] [-n N] [-k KEYS] [-w PRODUCERS] [-r RELAYS] [-b BATCH] "
-			"[-t SECONDS] [-e EXPECT] [-s STEADY_SECONDS] [-R STEADY_RATE] [-i POLL_MS] [-L LINGER_MS] [-G GATHER_MS] [-T]\n", argv0);
+			"[-t SECONDS] [-e EXPECT] [-s STEADY_SECONDS] [-R STEADY_RATE] [-i POLL_MS] [-L LINGER_MS] [-T]\n", argv0);
 	exit(2);
 }
 
@@ -837,7 +836,7 @@ main(int argc, char **argv)
 	long		overflow = 0;
 	long		i;
 
-	while ((opt = getopt(argc, argv, "c:p:P:m:n:k:w:r:b:t:e:s:R:i:L:TG:")) != -1)
+	while ((opt = getopt(argc, argv, "c:p:P:m:n:k:w:r:b:t:e:s:R:i:L:T")) != -1)
 	{
 		switch (opt)
 		{
@@ -894,9 +893,6 @@ main(int argc, char **argv)
 				break;
 			case 'T':
 				tick_each = 1;
-				break;
-			case 'G':
-				gather_us = (long) (atof(optarg) * 1000);
 				break;
 			default:
 				usage(argv[0]);

@@ -57,8 +57,9 @@
 #                 phase starts on a fresh outbox; the steady load has it on)
 #   LINGER        milliseconds the relays of el wait after a lease that found 1
 #                 to 99 messages, default 10 (PgQ's ticker_max_lag here)
-#   RELAY_LINGER  milliseconds idem's relays wait after such a lease in e2e
-#                 and eb, default 1 (idem-relay's --linger; 0: none)
+#   RELAY_LINGER  milliseconds every relay (not PgQ's, not pg-boss's) waits
+#                 after such a lease in e2e and eb, default 1 (idem-relay's
+#                 --linger; 0: none)
 #   DEADLINE      seconds a phase may take, default 60 (a phase cut short is
 #                 marked * and its rate is what it moved)
 #   PEERS         default "idem idemr sl ord pgq pgboss"
@@ -364,11 +365,11 @@ peer_round() {   # round peer
             -b "$BATCH" -t "$DEADLINE" -T > /dev/null || die "pgq: the fill of c4 failed"
     fi
     phase "$round" "$p" c4 consume - 0 "$r4" "$LAST"
-    # idem's relays wait RELAY_LINGER ms after a lease that found 1 to 99
-    # messages, as idem-relay does by default and the README's relay loop
-    # does; the others' loops lease again at once
+    # every relay (not PgQ's consumer, which waits for its ticks, nor
+    # pg-boss's) waits RELAY_LINGER ms after a lease that found 1 to 99
+    # messages, as idem-relay does by default
     local rl=()
-    case "$p" in idem|idemr) [ "$RELAY_LINGER" -gt 0 ] && rl=(-L "$RELAY_LINGER") ;; esac
+    case "$p" in idem|idemr|sl|ord) [ "$RELAY_LINGER" -gt 0 ] && rl=(-L "$RELAY_LINGER") ;; esac
     setup_peer "$p"
     phase "$round" "$p" e2e e2e single 4 "$r4" "$N" "${rl[@]}"
     setup_peer "$p"
