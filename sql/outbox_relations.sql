@@ -28,6 +28,13 @@ ALTER TABLE idem.outbox DROP CONSTRAINT outbox_pkey;
 CREATE UNIQUE INDEX outbox_pkey ON idem.outbox ((id::text));
 SELECT pg_temp.err($$SELECT count(*) FROM idem_outbox_lease('relay')$$);
 ROLLBACK;
+-- not unique: a send through the executor (with an index a user added)
+-- would check nothing
+BEGIN;
+ALTER TABLE idem.outbox DROP CONSTRAINT outbox_pkey;
+CREATE INDEX outbox_pkey ON idem.outbox (id);
+SELECT pg_temp.err($$SELECT count(*) FROM idem_outbox_lease('relay')$$);
+ROLLBACK;
 -- partial: it would hide the messages of a key from the lease
 BEGIN;
 ALTER TABLE idem.outbox DROP CONSTRAINT outbox_pkey;

@@ -267,10 +267,12 @@ idem_check_columns(TupleDesc desc, const char *relname,
 }
 
 /*
- * An index is scanned with keys of the types of the columns it is expected
- * on: one on other columns (an expression is column 0) would compare them
- * with the wrong functions, and a partial one, or one not yet built (left by
- * a CREATE INDEX CONCURRENTLY that failed), would hide rows.
+ * A primary key is scanned with keys of the types of the columns it is
+ * expected on: one on other columns (an expression is column 0) would
+ * compare them with the wrong functions, and a partial one, or one not yet
+ * built (left by a CREATE INDEX CONCURRENTLY that failed), would hide rows.
+ * One that is not unique would let a row's key be inserted twice where the
+ * executor's path for other indexes checks nothing.
  */
 void
 idem_check_index(Relation index, Relation rel, int nkeys,
@@ -282,6 +284,7 @@ idem_check_index(Relation index, Relation rel, int nkeys,
 	ok = index->rd_index->indrelid == RelationGetRelid(rel) &&
 		index->rd_rel->relam == BTREE_AM_OID &&
 		index->rd_index->indnkeyatts == nkeys &&
+		index->rd_index->indisunique &&
 		index->rd_index->indisvalid && index->rd_index->indisready &&
 		heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL);
 	for (i = 0; ok && i < nkeys; i++)
