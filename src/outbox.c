@@ -1796,6 +1796,24 @@ outbox_text_eq(text *a, text *b)
 }
 
 /*
+ * Make a scan of idem.outbox's primary key keep its pin on each leaf page
+ * while it reads the page's entries, as a scan that returns index tuples
+ * does.  An entry whose message is dead to every transaction is then marked
+ * dead in the index when the scan leaves the page, and later scans skip it
+ * without a visit to the table.  A scan that drops the pin marks nothing on
+ * a page that changed meanwhile, and the leaf pages of the outbox's primary
+ * key change all the time: a send inserts into the range of its key, which
+ * may be any page, not only the right-most one.  Leases read each key's
+ * acknowledged messages (deleted, not yet vacuumed) again and again
+ * otherwise.
+ */
+static inline void
+outbox_scan_keep_pin(IndexScanDesc scan)
+{
+	scan->xs_want_itup = true;
+}
+
+/*
  * The head of a key, its oldest message not yet acknowledged, as it stands
  * now.  Leaves its columns in r->slot.
  */
@@ -1813,6 +1831,7 @@ outbox_head(OutboxRels *r, Datum topic, Datum key)
 
 	outbox_key_range(skeys, &lo, &hi, outbox_key_hash(t, k));
 	scan = index_beginscan(r->rel, r->pkey, snap, 2, 0);
+	outbox_scan_keep_pin(scan);
 	index_rescan(scan, skeys, 2, NULL, 0);
 	while (index_getnext_slot(scan, ForwardScanDirection, r->slot))
 	{
@@ -2556,6 +2575,7 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 		LEASE_MIN_BUDGET;
 
 	scan = index_beginscan(r->rel, r->pkey, snap, 0, 0);
+	outbox_scan_keep_pin(scan);
 	index_rescan(scan, NULL, 0, NULL, 0);
 	kscan = index_beginscan(keys_rel, keys_index, snap, 2, 0);
 	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)
