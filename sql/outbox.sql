@@ -85,6 +85,8 @@ SELECT idem_outbox_ack(ARRAY[gen_random_uuid()]) AS unknown;
 SELECT idem_outbox_ack(ARRAY[pg_temp.id_of(3)]) AS not_leased;
 SELECT idem_outbox_ack(ARRAY[NULL::uuid]) AS null_element, idem_outbox_ack('{}') AS empty;
 SELECT count(*) AS left FROM idem.outbox;
+-- the ack leaves the key row as the lease wrote it (no write): the lease
+-- ended with its message, and the next one is leased at once
 SELECT pg_temp.keyrow('orders', 'o-1');
 SELECT * FROM pg_temp.lease('relay-b');
 -- several at once, some twice
@@ -338,3 +340,17 @@ SELECT count(*) AS idle_left FROM idem.outbox_keys WHERE topic = 'batch';
 ROLLBACK;
 SELECT pg_temp.err($$SELECT idem_outbox_purge('0', NULL)$$);
 SELECT pg_temp.err($$SELECT idem_outbox_purge('0', 0)$$);
+
+-- the keys that have waited longest first: the ack of a head leased alone
+-- writes no key row, and its key counts as waiting since that lease began
+DELETE FROM idem.outbox;
+DELETE FROM idem.outbox_keys;
+SELECT idem_outbox_send('fair', 'a', '{"n": 901}') IS NOT NULL AS sent;
+SELECT * FROM pg_temp.lease('fair-relay', 1, '1 hour');
+SELECT idem_outbox_send('fair', 'a', '{"n": 902}') IS NOT NULL AS sent;
+SELECT idem_outbox_send('fair', 'b', '{"n": 903}') IS NOT NULL AS sent;
+SELECT idem_outbox_ack(ARRAY[pg_temp.id_of(901)]) AS acked;
+SELECT * FROM pg_temp.lease('fair-relay', 1, '1 hour');
+SELECT * FROM pg_temp.lease('fair-relay', 1, '1 hour');
+SELECT idem_outbox_ack(ARRAY[pg_temp.id_of(902), pg_temp.id_of(903)]) AS acked;
+SELECT count(*) AS left FROM idem.outbox;

@@ -20,12 +20,17 @@
  * row per (topic, key) of idem.outbox_keys, a keyed table of the store: the
  * head leased last (head_id), how many leases it has had (attempts), when it
  * may be leased again (available_at: the end of a lease or of a backoff) and
- * whether it is dead.  A lease, an ack and a nack each update that row in
- * place; no indexed column changes, so the updates are HOT.  Two relays
- * never lease one key at once: the update of the key row is the lock, taken
- * without waiting (a relay skips a key another relay is leasing), and the
- * head is read with a snapshot taken after the key row was read, which
- * every ack of an earlier head has updated before it committed.
+ * whether it is dead.  A lease and a nack update that row in place; no
+ * indexed column changes, so the updates are HOT.  An ack of a head leased
+ * alone does not: it deletes the message, and a lease ends when its message
+ * is gone (the row still names it).  Two relays never lease one key at
+ * once: the update of the key row is the lock, taken without waiting (a
+ * relay skips a key another relay is leasing), and the head is read with a
+ * snapshot taken after the key row was read: an ack of an earlier head has
+ * committed its deletion (or its update of the row, for the acks that
+ * write it), or the lease finds the head busy, being deleted, and skips
+ * the key.  A lease that hands a head out again, and a nack, lock the
+ * message first, so that an ack deleting it sees what they wrote.
  *
  * The sender only makes sure the key row exists: a probe of its primary key
  * once the key has had a message.  Key rows of idle keys are removed by
@@ -1813,12 +1818,71 @@ outbox_scan_keep_pin(IndexScanDesc scan)
 	scan->xs_want_itup = true;
 }
 
+static bool outbox_key_in_run(Datum *values, bool *isnull);
+static bool outbox_message_exists(OutboxRels *r, pg_uuid_t *id);
+
 /*
- * The head of a key, its oldest message not yet acknowledged, as it stands
- * now.  Leaves its columns in r->slot.
+ * Whether the message version in slot (pinned, found under a snapshot) is
+ * being deleted or updated by a transaction that has not ended, or was by
+ * one that committed: an ack of it that has not committed, or committed
+ * after the snapshot.  Locks alone say no.
  */
 static bool
-outbox_head(OutboxRels *r, Datum topic, Datum key)
+outbox_message_busy(TupleTableSlot *slot)
+{
+	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+	HeapTupleHeader tup = bslot->base.tuple->t_data;
+	TransactionId xmax = InvalidTransactionId;
+	uint16		infomask;
+
+	LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
+	infomask = tup->t_infomask;
+	if (!(infomask & HEAP_XMAX_INVALID) && !HEAP_XMAX_IS_LOCKED_ONLY(infomask))
+	{
+		/* a deletion by a transaction that also locked it: its updater */
+		if (infomask & HEAP_XMAX_IS_MULTI)
+			xmax = HeapTupleGetUpdateXid(tup);
+		else
+			xmax = HeapTupleHeaderGetRawXmax(tup);
+	}
+	LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
+	return TransactionIdIsValid(xmax) && !TransactionIdDidAbort(xmax);
+}
+
+/*
+ * Lock a message (its latest version) against its deletion, for the rest
+ * of the transaction: a lease that hands out a head again, or marks it
+ * dead, and a nack, which then judge the key's row, against the ack of the
+ * message, which may judge the key's row before it deletes the message
+ * (see ack_key).  Without waiting (a lease), false when a transaction is
+ * deleting it or holds such a lock; in any case false when it is gone.
+ */
+static bool
+outbox_lock_message(OutboxRels *r, ItemPointer tid, bool wait)
+{
+	TupleTableSlot *slot = table_slot_create(r->rel, NULL);
+	Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
+	TM_FailureData tmfd;
+	TM_Result	result;
+	ItemPointerData t = *tid;
+
+	result = table_tuple_lock(r->rel, &t, snap, slot,
+							  GetCurrentCommandId(false), LockTupleKeyShare,
+							  wait ? LockWaitBlock : LockWaitSkip,
+							  TUPLE_LOCK_FLAG_FIND_LAST_VERSION, &tmfd);
+	UnregisterSnapshot(snap);
+	ExecDropSingleTupleTableSlot(slot);
+	return result == TM_Ok;
+}
+
+/*
+ * The head of a key, its oldest message not yet acknowledged, as it stands
+ * now.  Leaves its columns in r->slot.  *busy: a transaction is deleting it
+ * (an ack that has not committed), or has deleted it since this look's
+ * snapshot: it is not to be leased now.
+ */
+static bool
+outbox_head(OutboxRels *r, Datum topic, Datum key, bool *busy)
 {
 	ScanKeyData skeys[2];
 	pg_uuid_t	lo;
@@ -1845,10 +1909,35 @@ outbox_head(OutboxRels *r, Datum topic, Datum key)
 		if (outbox_text_eq(mt, t) && outbox_text_eq(mk, k))
 		{
 			found = true;
+			*busy = outbox_message_busy(r->slot);
 			break;
 		}
 	}
 	index_endscan(scan);
+	UnregisterSnapshot(snap);
+	return found;
+}
+
+/*
+ * Whether a message is there, as it stands now, or a transaction that has
+ * not committed is deleting it.  r->slot is left as it was.
+ */
+static bool
+outbox_message_exists(OutboxRels *r, pg_uuid_t *id)
+{
+	ScanKeyData skey;
+	IndexScanDesc scan;
+	Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
+	TupleTableSlot *slot = table_slot_create(r->rel, NULL);
+	bool		found;
+
+	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ,
+				UUIDPGetDatum(id));
+	scan = index_beginscan(r->rel, r->pkey, snap, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
 	UnregisterSnapshot(snap);
 	return found;
 }
@@ -2114,33 +2203,76 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	int32		attempts;
 	int64		head_seq;
 	bool		run_ok;
+	bool		in_lease;
+	bool		busy = false;
+	bool		new_head;
 	text	   *topic;
 	text	   *key;
 
 	arg->leased = false;
 	arg->died = false;
 	arg->nrun = 0;
-	if (DatumGetBool(values[OK_DEAD]) ||
-		DatumGetTimestampTz(values[OK_AVAILABLE_AT]) > arg->now)
+	if (DatumGetBool(values[OK_DEAD]))
+		return false;
+	in_lease = DatumGetTimestampTz(values[OK_AVAILABLE_AT]) > arg->now;
+	/* waiting for its retry */
+	if (in_lease && isnull[OK_LEASED_BY])
 		return false;
 
 	/*
-	 * The head is read after the key row: an ack that removed an earlier
-	 * head committed its update of the key row before, or it is still
-	 * running and the update below will not go through.
+	 * The head is read after the key row, as it stands now.  An ack that
+	 * removed an earlier head has committed (the head read is another
+	 * message), or is still running (its head is busy).  One that has not
+	 * deleted its message yet is seen by idem_outbox_ack's second look at
+	 * the row, if this lease locks the message (below) and writes the row.
 	 */
-	if (!outbox_head(r, values[OK_TOPIC], values[OK_KEY]))
+	if (!outbox_head(r, values[OK_TOPIC], values[OK_KEY], &busy))
 	{
 		arg->misses++;
 		return false;
 	}
+	if (busy)
+		return false;
+
+	head_seq = DatumGetInt64(slot->tts_values[OB_SEQ]);
+	new_head = isnull[OK_HEAD_ID] ||
+		!uuid_datum_eq(values[OK_HEAD_ID], DatumGetUUIDP(slot->tts_values[OB_ID]));
+
+	/*
+	 * Leased, and not run out: the lease holds while its message, or one of
+	 * its run, is there (the ack of a head leased alone deletes it and
+	 * leaves the key row as the lease wrote it: see ack_key).  Its message
+	 * is the key's head, or a message after it when one sent before it
+	 * committed since.  A leased message that would come before the head is
+	 * gone.
+	 */
+	if (in_lease &&
+		(!new_head ||
+		 (outbox_key_in_run(values, isnull) &&
+		  head_seq <= DatumGetInt64(values[OK_LEASED_THROUGH])) ||
+		 (!isnull[OK_HEAD_ID] &&
+		  memcmp(DatumGetUUIDP(values[OK_HEAD_ID])->data,
+				 DatumGetUUIDP(slot->tts_values[OB_ID])->data, UUID_LEN) > 0 &&
+		  outbox_message_exists(r, DatumGetUUIDP(values[OK_HEAD_ID])))))
+		return false;
 
 	attempts = DatumGetInt32(values[OK_ATTEMPTS]);
 	/* a head leased before is the same head only if its id says so */
-	if (isnull[OK_HEAD_ID] ||
-		!uuid_datum_eq(values[OK_HEAD_ID], DatumGetUUIDP(slot->tts_values[OB_ID])))
+	if (new_head)
+	{
 		attempts = 0;
-	head_seq = DatumGetInt64(slot->tts_values[OB_SEQ]);
+		/* the error was the last head's */
+		isnull[OK_LAST_ERROR] = true;
+	}
+	else if (!outbox_lock_message(r, &slot->tts_tid, false))
+	{
+		/*
+		 * Handed out again (its lease ran out, or its retry is due), or
+		 * dead: not while an ack deletes it, nor may that ack commit
+		 * without seeing this row (see idem_outbox_ack).
+		 */
+		return false;
+	}
 	/* past the last run: forgotten */
 	if (!isnull[OK_LEASED_THROUGH] &&
 		head_seq > DatumGetInt64(values[OK_LEASED_THROUGH]))
@@ -2425,8 +2557,53 @@ lease_try(IdemStore *store, TupleTableSlot *kslot, ItemPointer tid,
 }
 
 /*
+ * Whether the key row version in kslot makes its key a candidate of a
+ * pass, and when it became available (*at, the order of candidates): not
+ * dead, and available now, or leased (the ack of a head leased alone leaves
+ * the row: see ack_key).  head: the key's head as the pass sees it, or NULL
+ * when unknown; a lease holds while that head is its message or in its
+ * run (lease_key decides the rest).  A leased key counts as available since
+ * its lease began, as far as this call's lease tells.
+ */
+static bool
+lease_candidate_at(TupleTableSlot *kslot, LeaseArg *arg, pg_uuid_t *head,
+				   int64 head_seq, TimestampTz *at)
+{
+	bool		isnull;
+	Datum		d;
+
+	d = slot_getattr(kslot, OK_DEAD + 1, &isnull);
+	if (isnull || DatumGetBool(d))
+		return false;
+	d = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &isnull);
+	if (isnull)
+		return false;
+	*at = DatumGetTimestampTz(d);
+	if (*at <= arg->now)
+		return true;
+	/* waiting for its retry */
+	(void) slot_getattr(kslot, OK_LEASED_BY + 1, &isnull);
+	if (isnull)
+		return false;
+	if (head != NULL)
+	{
+		Datum	   *values = kslot->tts_values;
+		bool	   *nulls = kslot->tts_isnull;
+
+		slot_getallattrs(kslot);
+		if (!nulls[OK_HEAD_ID] && uuid_datum_eq(values[OK_HEAD_ID], head))
+			return false;
+		if (outbox_key_in_run(values, nulls) &&
+			head_seq <= DatumGetInt64(values[OK_LEASED_THROUGH]))
+			return false;
+	}
+	*at -= arg->lease;
+	return true;
+}
+
+/*
  * Fill heap with the candidates of a scan of every key row under snap: the
- * keys not dead and available now (after: the last candidate an earlier
+ * keys lease_candidate_at takes (after: the last candidate an earlier
  * round tried, or NULL; present: see lease_present_hashes).
  */
 static void
@@ -2438,21 +2615,17 @@ lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
 
 	while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
 	{
-		bool		dnull;
-		bool		anull;
-		Datum		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
-		Datum		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
+		TimestampTz avail;
 		int64		hash;
 
-		if (dnull || anull || DatumGetBool(dead) ||
-			DatumGetTimestampTz(avail) > arg->now)
+		if (!lease_candidate_at(kslot, arg, NULL, 0, &avail))
 			continue;
 		if (after != NULL)
 		{
 			LeaseCandidate cand;
 
 			/* tried by an earlier round */
-			cand.available_at = DatumGetTimestampTz(avail);
+			cand.available_at = avail;
 			cand.tid = kslot->tts_tid;
 			if (lease_candidate_cmp(&cand, after) <= 0)
 				continue;
@@ -2478,7 +2651,7 @@ lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
 		}
 		if (heap->n == heap->size)
 			*more = true;
-		lease_heap_add(heap, DatumGetTimestampTz(avail), &kslot->tts_tid);
+		lease_heap_add(heap, avail, &kslot->tts_tid);
 		CHECK_FOR_INTERRUPTS();
 	}
 	table_endscan(scan);
@@ -2494,10 +2667,12 @@ lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
  * again by every lease that finds nothing.  So a pass first reads the
  * primary key of idem.outbox (ids in the order of key_hash, then seq) in
  * order, under the pass's snapshot, and finds the key row of each key seen
- * there through the primary key of idem.outbox_keys: the same
- * candidates, kept and tried in the same order, as a scan of the key rows
- * would give, from the keys that have messages only (the others have no
- * head to lease).
+ * there through the primary key of idem.outbox_keys: the candidates a
+ * scan of the key rows would give, kept and tried in the same order, from
+ * the keys that have messages only (the others have no head to lease),
+ * less the keys whose lease holds on the head the read sees (a scan of the
+ * key rows cannot tell those from keys whose leased head was acknowledged,
+ * and leaves them to lease_key).
  *
  * The read gives up once it has cost more than a scan of the key rows would
  * (a long backlog, counted in messages: many messages of a few keys count
@@ -2557,7 +2732,7 @@ static bool
 lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 							 Relation keys_rel, Snapshot snap,
 							 TupleTableSlot *kslot, LeaseHeap *heap,
-							 LeaseCandidate *after, TimestampTz now,
+							 LeaseCandidate *after, LeaseArg *arg,
 							 bool *more)
 {
 	Relation	keys_index = idem_store_index(store);
@@ -2586,10 +2761,7 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 		bool		known = false;
 		ListCell   *lc;
 		LeaseSeenKey *seen;
-		bool		dnull;
-		bool		anull;
-		Datum		dead;
-		Datum		avail;
+		TimestampTz avail;
 
 		CHECK_FOR_INTERRUPTS();
 		/* every entry counts, also one whose message the snapshot cannot see */
@@ -2647,14 +2819,14 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 		index_rescan(kscan, skeys, 2, NULL, 0);
 		if (!index_getnext_slot(kscan, ForwardScanDirection, kslot))
 			continue;
-		dead = slot_getattr(kslot, OK_DEAD + 1, &dnull);
-		avail = slot_getattr(kslot, OK_AVAILABLE_AT + 1, &anull);
-		if (!dnull && !anull && !DatumGetBool(dead) &&
-			DatumGetTimestampTz(avail) <= now)
+		if (lease_candidate_at(kslot, arg,
+							   DatumGetUUIDP(r->slot->tts_values[OB_ID]),
+							   DatumGetInt64(r->slot->tts_values[OB_SEQ]),
+							   &avail))
 		{
 			LeaseCandidate cand;
 
-			cand.available_at = DatumGetTimestampTz(avail);
+			cand.available_at = avail;
 			cand.tid = kslot->tts_tid;
 			if (after == NULL || lease_candidate_cmp(&cand, after) > 0)
 			{
@@ -2734,7 +2906,7 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 		if (by_messages &&
 			!lease_candidates_by_messages(store, r, keys_rel, snap, kslot,
 										  &heap, have_last ? &last : NULL,
-										  arg->now, &more))
+										  arg, &more))
 		{
 			/* a long backlog: the key rows, for a while */
 			by_messages = false;
@@ -2917,6 +3089,11 @@ typedef struct AckArg
 	TimestampTz now;
 	bool		acked;			/* ack: the message was leased */
 	bool		need_lock;		/* ack: the key row is not updated yet */
+	/* ack: the row was left as judged, what it said, and a look again */
+	bool		left;
+	bool		again;
+	int32		left_attempts;
+	TimestampTz left_available_at;
 	/* nack only */
 	OutboxTopic *topic;
 	text	   *error;
@@ -2943,11 +3120,15 @@ outbox_key_in_run(Datum *values, bool *isnull)
  * An ack of a message leased: the key's head, or one up to the end of its
  * last run.  The key is released (its next message becomes its head) by
  * the ack of the last message its lease handed out: its head, or the last
- * of its run.  The messages of a run before it are deleted and the key
- * stays leased to the relay delivering the rest; its row is updated all
- * the same (unchanged), once per call and key (need_lock): a lease skips a
- * key row another transaction is changing, and must not read a message as
- * the key's head while its deletion is not committed.
+ * of its run.  A head leased alone is released by its deletion alone: the
+ * row is not written (false, with acked set), and still names it with its
+ * lease, which ends with the message (see lease_key; a lease does not take
+ * a head that a transaction is deleting).  A dead head, or one waiting for
+ * its retry, is released by a write of the row.  The messages of a run
+ * before its last are deleted and the key stays leased to the relay
+ * delivering the rest; its row is updated all the same (unchanged), once
+ * per call and key (need_lock): a lease skips a key row another
+ * transaction is changing.
  */
 static bool
 ack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
@@ -2956,6 +3137,12 @@ ack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	bool		is_head;
 	bool		last;
 
+	/* the row left, as it was judged: nothing was written since */
+	if (arg->again &&
+		!DatumGetBool(values[OK_DEAD]) && !isnull[OK_LEASED_BY] &&
+		DatumGetInt32(values[OK_ATTEMPTS]) == arg->left_attempts &&
+		DatumGetTimestampTz(values[OK_AVAILABLE_AT]) == arg->left_available_at)
+		return false;
 	is_head = !isnull[OK_HEAD_ID] && uuid_datum_eq(values[OK_HEAD_ID], arg->id);
 	arg->acked = is_head ||
 		(!isnull[OK_LEASED_THROUGH] &&
@@ -2963,7 +3150,23 @@ ack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	if (!arg->acked)
 		return false;
 	if (DatumGetBool(values[OK_DEAD]) || !outbox_key_in_run(values, isnull))
+	{
+		/*
+		 * A head leased alone: the row is left as the lease wrote it, and
+		 * the lease ends with the message (see lease_key).  One dead, or
+		 * waiting for its retry, is released here, and so is one whose row
+		 * was written after it was left (again).
+		 */
+		if (is_head && !arg->again && !DatumGetBool(values[OK_DEAD]) &&
+			!isnull[OK_LEASED_BY])
+		{
+			arg->left = true;
+			arg->left_attempts = DatumGetInt32(values[OK_ATTEMPTS]);
+			arg->left_available_at = DatumGetTimestampTz(values[OK_AVAILABLE_AT]);
+			return false;
+		}
 		last = is_head;
+	}
 	else
 		last = arg->seq == DatumGetInt64(values[OK_LEASED_THROUGH]);
 	if (!last)
@@ -3201,6 +3404,8 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 			e = NULL;
 		arg.need_lock = (e == NULL);
 		arg.acked = false;
+		arg.left = false;
+		arg.again = false;
 		latest = (e != NULL) ? &e->key_tid : &m->key_tid;
 		res = idem_store_update_at(store, latest, PointerGetDatum(topic),
 								   PointerGetDatum(key), ack_key, &arg);
@@ -3262,6 +3467,23 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 					 result != TM_Updated)
 				elog(ERROR, "unexpected result %d deleting from \"%s\"",
 					 (int) result, RelationGetRelationName(r.rel));
+			if (result == TM_Ok && arg.left)
+			{
+				ItemPointerData judged = idem_store_updated_tid(store);
+
+				/*
+				 * The row was judged before the message was deleted.  A lease
+				 * that handed the message out again (or marked it dead), or a
+				 * nack of it, locked the message first, so the deletion
+				 * waited for it: its write is seen here, and released.
+				 * Later ones find the message busy, or gone.
+				 */
+				arg.again = true;
+				(void) idem_store_update_at(store, &judged,
+											PointerGetDatum(topic),
+											PointerGetDatum(key), ack_key,
+											&arg);
+			}
 		}
 		if (!kept)
 		{
@@ -3341,7 +3563,14 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 	arg.id = id;
 	arg.error = error;
 	arg.now = GetCurrentTimestamp();
-	if (outbox_find(&r, id, NULL))
+	/*
+	 * The message is locked against its deletion before the key's row is
+	 * judged: an ack that deletes it waits for this transaction, and one
+	 * that is deleting it makes this nack wait, and then find it gone.
+	 */
+	if (outbox_find(&r, id, NULL) &&
+		outbox_lock_message(&r, &r.slot->tts_tid, true) &&
+		outbox_find(&r, id, NULL))
 	{
 		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
 		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);

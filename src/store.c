@@ -1528,6 +1528,8 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 		slot_getallattrs(slot);
 		if (!fn(tupdesc, slot->tts_values, slot->tts_isnull, arg))
 		{
+			/* the version judged: see idem_store_updated_tid */
+			store->updated_tid = tid;
 			ExecClearTuple(slot);
 			return IDEM_UPDATE_DECLINED;
 		}
@@ -1623,7 +1625,9 @@ idem_store_update_at(IdemStore *store, ItemPointer latest, Datum ns,
 }
 
 /*
- * Where the last successful update of this store put the row's new version.
+ * Where the last successful update of this store put the row's new version,
+ * or, after idem_store_update or idem_store_update_at declined, where the
+ * version the callback judged was.
  */
 ItemPointerData
 idem_store_updated_tid(IdemStore *store)
