@@ -354,3 +354,12 @@ SELECT * FROM pg_temp.lease('fair-relay', 1, '1 hour');
 SELECT * FROM pg_temp.lease('fair-relay', 1, '1 hour');
 SELECT idem_outbox_ack(ARRAY[pg_temp.id_of(902), pg_temp.id_of(903)]) AS acked;
 SELECT count(*) AS left FROM idem.outbox;
+
+-- a message that failed once, then delivered: its ack writes the key's row,
+-- and the error goes with the message
+SELECT idem_outbox_send('fair', 'c', '{"n": 904}') IS NOT NULL AS sent;
+SELECT * FROM pg_temp.lease('fair-relay', 10, '1 hour');
+SELECT idem_outbox_nack(pg_temp.id_of(904), 'HTTP 503', '0') AS nacked;
+SELECT * FROM pg_temp.lease('fair-relay', 10, '1 hour');
+SELECT idem_outbox_ack(ARRAY[pg_temp.id_of(904)]) AS acked;
+SELECT pg_temp.keyrow('fair', 'c');

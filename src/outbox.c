@@ -3153,12 +3153,13 @@ ack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	{
 		/*
 		 * A head leased alone: the row is left as the lease wrote it, and
-		 * the lease ends with the message (see lease_key).  One dead, or
-		 * waiting for its retry, is released here, and so is one whose row
-		 * was written after it was left (again).
+		 * the lease ends with the message (see lease_key).  One dead,
+		 * waiting for its retry, or that failed before (its error goes with
+		 * it) is released here, and so is one whose row was written after
+		 * it was left (again).
 		 */
 		if (is_head && !arg->again && !DatumGetBool(values[OK_DEAD]) &&
-			!isnull[OK_LEASED_BY])
+			!isnull[OK_LEASED_BY] && isnull[OK_LAST_ERROR])
 		{
 			arg->left = true;
 			arg->left_attempts = DatumGetInt32(values[OK_ATTEMPTS]);

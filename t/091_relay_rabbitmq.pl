@@ -228,7 +228,10 @@ my $caught = 0;
 for (my $i = 0; $i < 2000 && !$caught; $i++)
 {
 	$r1->signal('STOP');
-	$caught = sql(q{SELECT count(*) FROM idem.outbox_keys WHERE leased_by = 'relay-1' AND available_at > now()}) > 0;
+	# a lease whose message is still there (the ack of a message leased
+	# alone leaves the key's row naming it)
+	$caught = sql(q{SELECT count(*) FROM idem.outbox_keys k JOIN idem.outbox o ON o.id = k.head_id
+	                 WHERE k.leased_by = 'relay-1' AND k.available_at > now()}) > 0;
 	if ($caught)
 	{
 		$r1->signal('KILL');
