@@ -139,6 +139,11 @@ extern IdemStoreUpdateResult idem_store_update_at(IdemStore *store,
 												  Datum ns, Datum key,
 												  IdemStoreUpdateFn fn,
 												  void *arg);
+extern IdemStoreUpdateResult idem_store_try_update_latest(IdemStore *store,
+														  ItemPointer latest,
+														  Datum ns, Datum key,
+														  IdemStoreUpdateFn fn,
+														  void *arg);
 extern ItemPointerData idem_store_updated_tid(IdemStore *store);
 extern void idem_store_require_snapshot(IdemStore *store);
 extern IdemStoreUpdateResult idem_store_try_update(IdemStore *store,

@@ -30,7 +30,7 @@
  * committed its deletion (or its update of the row, for the acks that
  * write it), or the lease finds the head busy, being deleted, and skips
  * the key.  A lease that hands a head out again, and a nack, lock the
- * message first, so that an ack deleting it sees what they wrote.
+ * message too, so that an ack deleting it sees what they wrote.
  *
  * The sender only makes sure the key row exists: a probe of its primary key
  * once the key has had a message.  Key rows of idle keys are removed by
@@ -79,6 +79,7 @@
 #include "storage/ipc.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
+#include "storage/procarray.h"
 #include "storage/shmem.h"
 #include "common/hashfn.h"
 #include "utils/array.h"
@@ -1846,16 +1847,18 @@ outbox_message_busy(TupleTableSlot *slot)
 			xmax = HeapTupleHeaderGetRawXmax(tup);
 	}
 	LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
-	return TransactionIdIsValid(xmax) && !TransactionIdDidAbort(xmax);
+	/* not "did not abort": a transaction cut by a crash never says so */
+	return TransactionIdIsValid(xmax) &&
+		(TransactionIdIsInProgress(xmax) || TransactionIdDidCommit(xmax));
 }
 
 /*
  * Lock a message (its latest version) against its deletion, for the rest
  * of the transaction: a lease that hands out a head again, or marks it
- * dead, and a nack, which then judge the key's row, against the ack of the
+ * dead, and a nack, which write the key's row, against the ack of the
  * message, which may judge the key's row before it deletes the message
- * (see ack_key).  Without waiting (a lease), false when a transaction is
- * deleting it or holds such a lock; in any case false when it is gone.
+ * (see ack_key).  Without waiting, false when a transaction is deleting the
+ * message (or has locked it so); in any case false when it is gone.
  */
 static bool
 outbox_lock_message(OutboxRels *r, ItemPointer tid, bool wait)
@@ -3120,11 +3123,12 @@ outbox_key_in_run(Datum *values, bool *isnull)
  * An ack of a message leased: the key's head, or one up to the end of its
  * last run.  The key is released (its next message becomes its head) by
  * the ack of the last message its lease handed out: its head, or the last
- * of its run.  A head leased alone is released by its deletion alone: the
- * row is not written (false, with acked set), and still names it with its
- * lease, which ends with the message (see lease_key; a lease does not take
- * a head that a transaction is deleting).  A dead head, or one waiting for
- * its retry, is released by a write of the row.  The messages of a run
+ * of its run.  A head leased alone (with no error kept) is released by its
+ * deletion alone: the row is not written (false, with acked set), and still
+ * names it with its lease, which ends with the message (see lease_key; a
+ * lease does not take a head that a transaction is deleting).  A dead
+ * head, one waiting for its retry, or one that failed before, is released
+ * by a write of the row.  The messages of a run
  * before its last are deleted and the key stays leased to the relay
  * delivering the rest; its row is updated all the same (unchanged), once
  * per call and key (need_lock): a lease skips a key row another
@@ -3475,15 +3479,19 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 				/*
 				 * The row was judged before the message was deleted.  A lease
 				 * that handed the message out again (or marked it dead), or a
-				 * nack of it, locked the message first, so the deletion
-				 * waited for it: its write is seen here, and released.
-				 * Later ones find the message busy, or gone.
+				 * nack of it, locked the message after it judged the row, so
+				 * the deletion waited for it: its write is seen here, and
+				 * released.  Later ones find the message busy, or gone (a
+				 * nack then undoes its write).  A write still in progress is
+				 * not waited for (no wait here, after the deletion, so no
+				 * deadlock): it is a nack's, which will find the message
+				 * deleted, or an ack's, which releases the key.
 				 */
 				arg.again = true;
-				(void) idem_store_update_at(store, &judged,
-											PointerGetDatum(topic),
-											PointerGetDatum(key), ack_key,
-											&arg);
+				(void) idem_store_try_update_latest(store, &judged,
+													PointerGetDatum(topic),
+													PointerGetDatum(key),
+													ack_key, &arg);
 			}
 		}
 		if (!kept)
@@ -3498,6 +3506,67 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	if (updated != NULL)
 		hash_destroy(updated);
 	PG_RETURN_INT32(acked);
+}
+
+/*
+ * The nack's write of the key's row, in a subtransaction, and then a lock
+ * of the message against its deletion, without waiting.  An ack that
+ * deletes the message later waits for this transaction, and then sees the
+ * write (see idem_outbox_ack); one that is deleting it, or has, makes the
+ * lock fail, and the write is undone: the message was delivered.  Nothing
+ * is waited for while the row is written (an ack holding the message could
+ * be waiting for the row: a deadlock).  Whether the row was written.
+ */
+static bool
+outbox_row_read(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
+{
+	return false;
+}
+
+static bool
+outbox_nack_write(IdemStore *store, OutboxRels *r, pg_uuid_t *id,
+				  text *topic, text *key, AckArg *arg)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	bool		done;
+
+	/*
+	 * A read of the row first: the store opens what it keeps open (its
+	 * index, its slots) under the transaction, not the subtransaction, and
+	 * a write in progress is waited for here, before any lock is held.
+	 */
+	(void) idem_store_update(store, PointerGetDatum(topic),
+							 PointerGetDatum(key), outbox_row_read, NULL);
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		done = (idem_store_update(store, PointerGetDatum(topic),
+								  PointerGetDatum(key), nack_key, arg) == IDEM_UPDATE_DONE);
+		if (done)
+		{
+			/* the message as it stands now, to lock its latest version */
+			done = outbox_find(r, id, NULL) &&
+				outbox_lock_message(r, &r->slot->tts_tid, false);
+			ExecClearTuple(r->slot);
+		}
+		if (done)
+			ReleaseCurrentSubTransaction();
+		else
+			RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(oldcxt);
+		RollbackAndReleaseCurrentSubTransaction();
+		CurrentResourceOwner = oldowner;
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	return done;
 }
 
 /*
@@ -3564,22 +3633,14 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 	arg.id = id;
 	arg.error = error;
 	arg.now = GetCurrentTimestamp();
-	/*
-	 * The message is locked against its deletion before the key's row is
-	 * judged: an ack that deletes it waits for this transaction, and one
-	 * that is deleting it makes this nack wait, and then find it gone.
-	 */
-	if (outbox_find(&r, id, NULL) &&
-		outbox_lock_message(&r, &r.slot->tts_tid, true) &&
-		outbox_find(&r, id, NULL))
+	if (outbox_find(&r, id, NULL))
 	{
 		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
 		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);
 		arg.seq = DatumGetInt64(r.slot->tts_values[OB_SEQ]);
 		ExecClearTuple(r.slot);
 		arg.topic = outbox_topic(&topics, topic);
-		done = (idem_store_update(store, PointerGetDatum(topic),
-								  PointerGetDatum(key), nack_key, &arg) == IDEM_UPDATE_DONE);
+		done = outbox_nack_write(store, &r, id, topic, key, &arg);
 		if (done)
 			idem_stat_count_text(IDEM_KIND_OUTBOX, topic,
 								 arg.died ? IDEM_OUTBOX_DEAD : IDEM_OUTBOX_RETRIED, 1);

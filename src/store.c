@@ -1625,6 +1625,21 @@ idem_store_update_at(IdemStore *store, ItemPointer latest, Datum ns,
 }
 
 /*
+ * idem_store_update_at without ever waiting: when another transaction is
+ * inserting, updating or deleting the row, IDEM_UPDATE_BUSY, and fn is not
+ * called.
+ */
+IdemStoreUpdateResult
+idem_store_try_update_latest(IdemStore *store, ItemPointer latest, Datum ns,
+							 Datum key, IdemStoreUpdateFn fn, void *arg)
+{
+	Datum		pair[STORE_NKEYS];
+
+	return store_update(store, store_key_pair(store, pair, ns, key), fn, arg,
+						IDEM_NOWAIT, latest);
+}
+
+/*
  * Where the last successful update of this store put the row's new version,
  * or, after idem_store_update or idem_store_update_at declined, where the
  * version the callback judged was.
