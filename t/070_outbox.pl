@@ -5,10 +5,12 @@
 # immediate shutdown, or a SIGKILL of the postmaster, are delivered after the
 # restart, in send order per key; none of a transaction that rolled back, or
 # was still open at the crash, ever is.  Leases, acks and backoffs committed
-# before the crash hold after it.  A prepared transaction's messages are
-# delivered only after COMMIT PREPARED, also across a crash, and never after
-# ROLLBACK PREPARED.  Logical decoding (test_decoding) sees a committed send
-# and none of a rolled-back one, in commit order, and after a crash too.
+# before the crash hold after it; the message of an ack still open at the
+# crash (also one deleted by a multixact) is leased again once its lease
+# runs out.  A prepared transaction's messages are delivered only after
+# COMMIT PREPARED, also across a crash, and never after ROLLBACK PREPARED.
+# Logical decoding (test_decoding) sees a committed send and none of a
+# rolled-back one, in commit order, and after a crash too.
 
 use strict;
 use warnings;
@@ -256,6 +258,57 @@ is(deliver(), 'k/kill: 1,2,3',
 	  . 'none that rolled back, was open or is prepared');
 is(finish_prepared('COMMIT', 'ob_kill'), '', 'COMMIT PREPARED after the SIGKILL');
 is(deliver(), 'k/kill: 4', 'the prepared message is delivered after COMMIT PREPARED');
+
+########################################################################
+# Acks cut by a crash
+########################################################################
+
+# An ack that deleted its message was still open at the crash: it never
+# committed, and the message is a head again once its lease runs out.  The
+# other ack's subtransaction had locked its message first, so that the
+# deleter is a member of a multixact.
+$node->safe_psql('postgres',
+	join('', map { send_sql('a', @$_) } ([ 'cut', 1 ], [ 'cutmulti', 1 ], [ 'cut', 2 ])));
+is( $node->safe_psql(
+		'postgres', q{
+	CREATE TABLE cut AS SELECT id, key FROM idem_outbox_lease('tap', 10, '1 hour');
+	SELECT string_agg(key, ',' ORDER BY key) FROM cut;}),
+	'cut,cutmulti', 'two heads leased');
+my $ack_cut = IdemTest::Session->new($node, 'postgres');
+is( $ack_cut->query(
+		q{BEGIN;
+		  SELECT idem_outbox_ack(ARRAY(SELECT id FROM cut WHERE key = 'cut'));}),
+	'1', 'an ack left open');
+my $ack_multi = IdemTest::Session->new($node, 'postgres');
+is( $ack_multi->query(
+		q{BEGIN;
+		  SAVEPOINT s;
+		  SELECT 1 FROM idem.outbox WHERE id = (SELECT id FROM cut WHERE key = 'cutmulti')
+		     FOR KEY SHARE;
+		  RELEASE s;
+		  SELECT idem_outbox_ack(ARRAY(SELECT id FROM cut WHERE key = 'cutmulti'));}),
+	"1\n1", 'an ack of a message its subtransaction locked, left open');
+is( $node->safe_psql(
+		'postgres', q{
+	SELECT o.aggregateid, (SELECT count(*) FROM pg_get_multixact_members(o.xmax))
+	  FROM idem.outbox o JOIN cut USING (id) WHERE cut.key = 'cutmulti';}),
+	'cutmulti|2', 'its message is deleted by a multixact: the locker and the deleter');
+# The deletions on disk: the WAL of a transaction still open is not flushed,
+# and the crash would otherwise lose them.
+$node->safe_psql('postgres', 'CHECKPOINT');
+
+$log_offset = -s $node->logfile;
+$node->stop('immediate');
+ok($ack_cut->lost && $ack_multi->lost, 'the acks lost their connections');
+$node->start;
+ok(recovered($log_offset), 'the restart ran crash recovery');
+
+is(deliver(), '', 'the leases of the heads whose acks were cut hold');
+$node->safe_psql('postgres',
+	q{UPDATE idem.outbox_keys SET available_at = now() - interval '1 second'
+	   WHERE key IN ('cut', 'cutmulti')});
+is(deliver(), "a/cut: 1\@2,2\na/cutmulti: 1\@2",
+	'once the leases run out, the heads whose acks a crash cut are leased again');
 
 ########################################################################
 # Logical decoding
