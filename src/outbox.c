@@ -2209,6 +2209,8 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	bool		in_lease;
 	bool		busy = false;
 	bool		new_head;
+	bool		before_last;
+	bool		last_there;
 	text	   *topic;
 	text	   *key;
 
@@ -2240,6 +2242,12 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	head_seq = DatumGetInt64(slot->tts_values[OB_SEQ]);
 	new_head = isnull[OK_HEAD_ID] ||
 		!uuid_datum_eq(values[OK_HEAD_ID], DatumGetUUIDP(slot->tts_values[OB_ID]));
+	/* the row names a message after the head: the head's sender committed late */
+	before_last = new_head && !isnull[OK_HEAD_ID] &&
+		memcmp(DatumGetUUIDP(values[OK_HEAD_ID])->data,
+			   DatumGetUUIDP(slot->tts_values[OB_ID])->data, UUID_LEN) > 0;
+	last_there = before_last &&
+		outbox_message_exists(r, DatumGetUUIDP(values[OK_HEAD_ID]));
 
 	/*
 	 * Leased, and not run out: the lease holds while its message, or one of
@@ -2253,10 +2261,7 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		(!new_head ||
 		 (outbox_key_in_run(values, isnull) &&
 		  head_seq <= DatumGetInt64(values[OK_LEASED_THROUGH])) ||
-		 (!isnull[OK_HEAD_ID] &&
-		  memcmp(DatumGetUUIDP(values[OK_HEAD_ID])->data,
-				 DatumGetUUIDP(slot->tts_values[OB_ID])->data, UUID_LEN) > 0 &&
-		  outbox_message_exists(r, DatumGetUUIDP(values[OK_HEAD_ID])))))
+		 last_there))
 		return false;
 
 	attempts = DatumGetInt32(values[OK_ATTEMPTS]);
@@ -2276,6 +2281,17 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		 */
 		return false;
 	}
+	/*
+	 * Before the message the row names: that message (or its run) was
+	 * leased before this head committed, and late acks of it would judge
+	 * the row by that run.  The run is forgotten, so that they count 0 and
+	 * cannot end this lease (the messages after the head are leased again
+	 * after it, their attempts counted from 1); and this head has no run
+	 * while such a message is there, since an ack of it would end the run.
+	 */
+	run_ok = !before_last || (!last_there && isnull[OK_LEASED_THROUGH]);
+	if (before_last)
+		isnull[OK_LEASED_THROUGH] = true;
 	/* past the last run: forgotten */
 	if (!isnull[OK_LEASED_THROUGH] &&
 		head_seq > DatumGetInt64(values[OK_LEASED_THROUGH]))
@@ -2283,7 +2299,7 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	/* in it: leased once with it */
 	if (attempts == 0 && !isnull[OK_LEASED_THROUGH])
 		attempts = 1;
-	run_ok = (attempts == 0);
+	run_ok = run_ok && (attempts == 0);
 
 	memcpy(&arg->head_id, DatumGetUUIDP(slot->tts_values[OB_ID]), UUID_LEN);
 	arg->head_tid = slot->tts_tid;
