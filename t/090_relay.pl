@@ -20,7 +20,8 @@
 #   delivers everything, the killed relay's unacknowledged deliveries again
 #   with the same Idempotency-Key, and nothing out of order per key;
 # - SIGTERM in the middle of a batch finishes and acknowledges it, a second
-#   signal releases what is not published yet; exit code 0;
+#   signal releases what is not published yet (with runs, from each run's
+#   first message not delivered) and acknowledges what was; exit code 0;
 # - SIGHUP reads the configuration file again (the name excepted); a file
 #   with an error leaves the configuration in force;
 # - a sink whose broker cannot be reached: the relay leases nothing until it
@@ -694,6 +695,53 @@ is( sql(q{SELECT count(*), count(*) FILTER (WHERE leased_by IS NULL AND availabl
 	      FROM idem.outbox_keys WHERE topic = 'term3'}),
 	'3000|3000', 'every message of the large batch is released, available again at once');
 unlike(slurp_file($r->{err}), qr/cancelled/, 'the nack that released them was not cancelled');
+
+# The same with runs: v1 is delivered and w1 hangs when the signals come.
+# The nack of v2 (not published) and of w1 (interrupted) release their
+# runs; the messages after them are neither acknowledged nor nacked, and
+# follow them in order, at their second attempt.
+sql(q{SELECT idem_outbox_configure('term4', 10, '1 second', '1 second')});
+my %term4;
+for my $n (1 .. 4)
+{
+	for my $k (qw(v w))
+	{
+		$term4{"$k$n"} = send_msg('term4', $k,
+			{ n => $n, $k eq 'w' && $n == 1 ? (reply => [ '200 sleep=60', '200' ]) : () });
+	}
+}
+my $tbefore = scalar @{ received() };
+$r = start_relay({}, '--sink', 'webhook', '--webhook-url', "$url/term4", '--per-key', '4',
+	'--log-interval', '0');
+ok( wait_for('v1 delivered and w1 hanging', sub {
+			my %got = map { $_->{idempotency_key} => 1 } @{ received() };
+			$got{ $term4{v1} } && $got{ $term4{w1} } }),
+	'a relay leasing runs delivered v1 and is publishing w1');
+$r->{h}->signal('TERM');
+usleep(100_000);
+is(stop_relay($r, 'TERM'), 0, 'a second SIGTERM while runs are published: exit code 0');
+is( sql(q{SELECT string_agg(aggregateid || (payload->>'n'), ',' ORDER BY aggregateid, seq)
+	      FROM idem.outbox WHERE aggregatetype = 'term4'}),
+	'v2,v3,v4,w1,w2,w3,w4', 'only v1 was acknowledged');
+is( sql(q{SELECT string_agg(k.key || ':' || (SELECT o.aggregateid || (o.payload->>'n') FROM idem.outbox o
+	                                        WHERE o.id = k.head_id)
+	                        || ':' || (leased_by IS NULL) || ':' || (available_at <= now()) || ':' || last_error,
+	                        ' / ' ORDER BY k.key)
+	      FROM idem.outbox_keys k WHERE k.topic = 'term4'}),
+	'v:v2:true:true:not published: idem-relay was stopped / w:w1:true:true:webhook: interrupted by shutdown',
+	'each run released at once from its first message not delivered, with its error');
+$r = start_relay({}, '--sink', 'webhook', '--webhook-url', "$url/term4", '--log-interval', '0');
+ok( wait_for('the rest of the runs', sub {
+			sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'term4'}) == 0 }),
+	'another relay delivers the rest');
+is(stop_relay($r, 'TERM'), 0, 'exit code 0');
+my %tseq;
+my $tall = received();
+push @{ $tseq{ $_->{key} } }, "$_->{body}{n}/$_->{attempt}"
+  for grep { $_->{topic} eq 'term4' } @$tall[ $tbefore .. $#$tall ];
+is(join(' ', map { "$_: " . join(' ', @{ $tseq{$_} // [] }) } qw(v w)),
+	'v: 1/1 2/2 3/2 4/2 w: 1/1 1/2 2/2 3/2 4/2',
+	'each run goes on in order from the message the signals cut, at the second attempt');
 
 # A lease that waits for a lock (ALTER EXTENSION idem UPDATE takes one on
 # idem's tables): two signals cancel it, and the relay stops at once rather
