@@ -2210,7 +2210,6 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	bool		busy = false;
 	bool		new_head;
 	bool		before_last;
-	bool		last_there;
 	text	   *topic;
 	text	   *key;
 
@@ -2246,8 +2245,6 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	before_last = new_head && !isnull[OK_HEAD_ID] &&
 		memcmp(DatumGetUUIDP(values[OK_HEAD_ID])->data,
 			   DatumGetUUIDP(slot->tts_values[OB_ID])->data, UUID_LEN) > 0;
-	last_there = before_last &&
-		outbox_message_exists(r, DatumGetUUIDP(values[OK_HEAD_ID]));
 
 	/*
 	 * Leased, and not run out: the lease holds while its message, or one of
@@ -2261,7 +2258,8 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		(!new_head ||
 		 (outbox_key_in_run(values, isnull) &&
 		  head_seq <= DatumGetInt64(values[OK_LEASED_THROUGH])) ||
-		 last_there))
+		 (before_last &&
+		  outbox_message_exists(r, DatumGetUUIDP(values[OK_HEAD_ID])))))
 		return false;
 
 	attempts = DatumGetInt32(values[OK_ATTEMPTS]);
@@ -2281,17 +2279,6 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		 */
 		return false;
 	}
-	/*
-	 * Before the message the row names: that message (or its run) was
-	 * leased before this head committed, and late acks of it would judge
-	 * the row by that run.  The run is forgotten, so that they count 0 and
-	 * cannot end this lease (the messages after the head are leased again
-	 * after it, their attempts counted from 1); and this head has no run
-	 * while such a message is there, since an ack of it would end the run.
-	 */
-	run_ok = !before_last || (!last_there && isnull[OK_LEASED_THROUGH]);
-	if (before_last)
-		isnull[OK_LEASED_THROUGH] = true;
 	/* past the last run: forgotten */
 	if (!isnull[OK_LEASED_THROUGH] &&
 		head_seq > DatumGetInt64(values[OK_LEASED_THROUGH]))
@@ -2299,7 +2286,15 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	/* in it: leased once with it */
 	if (attempts == 0 && !isnull[OK_LEASED_THROUGH])
 		attempts = 1;
-	run_ok = run_ok && (attempts == 0);
+
+	/*
+	 * No run for a head before the message the row names (its sender
+	 * committed late, or a nack named a message of a run): a message after
+	 * it may have been handed out already, by a lease the row no longer
+	 * shows, and a late ack of that message as the last of this run would
+	 * end the run while its head is still held.
+	 */
+	run_ok = (attempts == 0 && !before_last);
 
 	memcpy(&arg->head_id, DatumGetUUIDP(slot->tts_values[OB_ID]), UUID_LEN);
 	arg->head_tid = slot->tts_tid;
