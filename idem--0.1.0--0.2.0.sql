@@ -714,6 +714,9 @@ CREATE TABLE IF NOT EXISTS idem.outbox_keys (
     -- consecutive messages, idem_outbox_lease's per_key): the messages up
     -- to it have been leased once, and a lease hands them out one at a time
     leased_through  pg_catalog.int8,
+    -- the highest seq a lease ever handed out: a run never takes in a
+    -- message up to it (one after a head whose sender committed late)
+    leased_max      pg_catalog.int8,
     CONSTRAINT outbox_keys_pkey PRIMARY KEY (topic, key)
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0,
         autovacuum_vacuum_threshold = 5000);

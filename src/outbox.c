@@ -117,7 +117,7 @@
 #define OB_KEY_HASH			8
 
 /* idem.outbox_keys */
-#define OK_NATTS			9
+#define OK_NATTS			10
 #define OK_TOPIC			0
 #define OK_KEY				1
 #define OK_DEAD				2
@@ -127,6 +127,7 @@
 #define OK_LEASED_BY		6
 #define OK_LAST_ERROR		7
 #define OK_LEASED_THROUGH	8
+#define OK_LEASED_MAX		9
 
 /* idem.outbox_topics */
 #define OT_NATTS			4
@@ -678,7 +679,8 @@ outbox_keys_open(void)
 		{"head_id", UUIDOID, false, InvalidOid},
 		{"leased_by", TEXTOID, false, InvalidOid},
 		{"last_error", TEXTOID, false, InvalidOid},
-		{"leased_through", INT8OID, false, InvalidOid}
+		{"leased_through", INT8OID, false, InvalidOid},
+		{"leased_max", INT8OID, false, InvalidOid}
 	};
 	IdemStore  *store;
 
@@ -2137,9 +2139,15 @@ lease_heap_add(LeaseHeap *h, TimestampTz available_at, ItemPointer tid)
  * head was read, or whose sender is still committing), and the run ends
  * before a message whose sender is still committing (or that a
  * transaction is deleting).
+ *
+ * Nor may a run take in a message an earlier lease handed out (seq up to
+ * leased_max, -1 for none): one after a head whose sender committed late.
+ * The late ack of that message, by the relay whose lease of it ran out,
+ * would count for the run, and as its last end it while its head is held.
  */
 static void
-lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int limit)
+lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int64 leased_max,
+		  int limit)
 {
 	OutboxRels *r = arg->rels;
 	ScanKeyData skeys[2];
@@ -2174,7 +2182,7 @@ lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int limit)
 		}
 		if (seq == head)
 			continue;
-		if (busy)
+		if (busy || seq <= leased_max)
 			break;
 		oldcxt = MemoryContextSwitchTo(arg->runcxt);
 		arg->run[arg->nrun] = ExecCopySlotHeapTuple(r->slot);
@@ -2210,6 +2218,8 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	bool		busy = false;
 	bool		new_head;
 	bool		before_last;
+	int64		leased_max;
+	int64		last_seq;
 	text	   *topic;
 	text	   *key;
 
@@ -2241,7 +2251,10 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	head_seq = DatumGetInt64(slot->tts_values[OB_SEQ]);
 	new_head = isnull[OK_HEAD_ID] ||
 		!uuid_datum_eq(values[OK_HEAD_ID], DatumGetUUIDP(slot->tts_values[OB_ID]));
-	/* the row names a message after the head: the head's sender committed late */
+	/*
+	 * The row names a message after the head: the head's sender committed
+	 * late, or a nack named a message of a run.
+	 */
 	before_last = new_head && !isnull[OK_HEAD_ID] &&
 		memcmp(DatumGetUUIDP(values[OK_HEAD_ID])->data,
 			   DatumGetUUIDP(slot->tts_values[OB_ID])->data, UUID_LEN) > 0;
@@ -2286,15 +2299,9 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	/* in it: leased once with it */
 	if (attempts == 0 && !isnull[OK_LEASED_THROUGH])
 		attempts = 1;
-
-	/*
-	 * No run for a head before the message the row names (its sender
-	 * committed late, or a nack named a message of a run): a message after
-	 * it may have been handed out already, by a lease the row no longer
-	 * shows, and a late ack of that message as the last of this run would
-	 * end the run while its head is still held.
-	 */
-	run_ok = (attempts == 0 && !before_last);
+	run_ok = (attempts == 0);
+	leased_max = isnull[OK_LEASED_MAX] ? -1 : DatumGetInt64(values[OK_LEASED_MAX]);
+	last_seq = head_seq;
 
 	memcpy(&arg->head_id, DatumGetUUIDP(slot->tts_values[OB_ID]), UUID_LEN);
 	arg->head_tid = slot->tts_tid;
@@ -2353,7 +2360,7 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		arg->values[7] = arg->head_values[OB_CREATED_AT];
 		topic = DatumGetTextPP(arg->values[1]);
 		key = DatumGetTextPP(arg->values[2]);
-		lease_run(arg, topic, key, head_seq,
+		lease_run(arg, topic, key, head_seq, leased_max,
 				  Min(arg->per_key, arg->budget) - 1);
 		if (arg->nrun > 0)
 		{
@@ -2363,7 +2370,14 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 				heap_getattr(arg->run[arg->nrun - 1], OB_SEQ + 1,
 							 RelationGetDescr(r->rel), &isn);
 			isnull[OK_LEASED_THROUGH] = false;
+			last_seq = DatumGetInt64(values[OK_LEASED_THROUGH]);
 		}
+	}
+	/* the highest seq ever handed out (see lease_run) */
+	if (last_seq > leased_max)
+	{
+		values[OK_LEASED_MAX] = Int64GetDatum(last_seq);
+		isnull[OK_LEASED_MAX] = false;
 	}
 	return true;
 }
