@@ -47,6 +47,18 @@ ALTER TABLE idem.outbox DROP CONSTRAINT outbox_pkey;
 CREATE UNIQUE INDEX outbox_pkey ON idem.outbox (id DESC);
 SELECT pg_temp.err($$SELECT count(*) FROM idem_outbox_lease('relay')$$);
 ROLLBACK;
+-- in the order of another operator family (here the reverse): the same
+BEGIN;
+CREATE FUNCTION public.uuid_cmp_reversed(uuid, uuid) RETURNS int4
+    LANGUAGE sql IMMUTABLE STRICT AS 'SELECT pg_catalog.uuid_cmp($2, $1)';
+CREATE OPERATOR CLASS public.uuid_reversed_ops FOR TYPE uuid USING btree AS
+    OPERATOR 1 >, OPERATOR 2 >=, OPERATOR 3 =, OPERATOR 4 <=, OPERATOR 5 <,
+    FUNCTION 1 public.uuid_cmp_reversed(uuid, uuid);
+ALTER TABLE idem.outbox DROP CONSTRAINT outbox_pkey;
+CREATE UNIQUE INDEX outbox_pkey ON idem.outbox (id public.uuid_reversed_ops);
+SELECT pg_temp.err($$SELECT count(*) FROM idem_outbox_lease('relay')$$);
+SELECT pg_temp.err($$SELECT idem_outbox_send('relations', 'k', '{}')$$);
+ROLLBACK;
 -- not valid, as a CREATE INDEX CONCURRENTLY that failed leaves it
 BEGIN;
 UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'idem.outbox_pkey'::regclass;
