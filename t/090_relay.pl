@@ -10,6 +10,8 @@
 # - waking up: an idle relay is woken by the notification of a send (its
 #   poll interval is an hour), and a prepared transaction's message, which
 #   cannot notify, is found by polling;
+# - the linger: a relay that waits after a short lease acknowledges
+#   messages sent one at a time in a few batches, not one each;
 # - the webhook sink against a local receiver (test/relay/receiver.py):
 #   2xx delivered, 500 with Retry-After and 429 retried, 503 with
 #   Retry-After (seconds, HTTP date) waiting as long, 400 refused for good,
@@ -49,7 +51,8 @@ chomp $bindir;
 my $relay = "$bindir/idem-relay";
 ok(-x $relay, "idem-relay is installed beside the server's programs");
 
-my $node = idem_node('relay', 'max_prepared_transactions = 5');
+# track_functions: the linger's test counts the relay's acks
+my $node = idem_node('relay', 'max_prepared_transactions = 5', "track_functions = 'all'");
 my $tmp = PostgreSQL::Test::Utils::tempdir;
 # $json reads and writes bytes (UTF-8), $jtext characters (for SQL)
 my $json = JSON::PP->new->utf8->canonical;
@@ -326,6 +329,45 @@ ok( wait_for('the prepared message on stdout',
 		sub { -s $r->{out} && slurp_file($r->{out}) =~ /"prepared": true/ }),
 	'a message committed by COMMIT PREPARED is found by polling');
 is(stop_relay($r, 'INT'), 0, 'SIGINT: exit code 0');
+
+########################################################################
+# Linger: after a lease that found fewer than --batch, wait for more
+########################################################################
+
+# Ten messages of ten keys (a lease hands out one message per key) sent
+# 100 ms apart, each in a transaction of its own (each notifies); how many
+# acks (batches) the relay makes of them.
+sub acks_of_trickle
+{
+	my ($tag, @args) = @_;
+	my $r = start_relay({}, '--poll', '5s', '--log-interval', '0', @args);
+	ok(wait_for('the relay to go idle', sub { sql($idle_sql) == 1 }), "$tag: the relay is idle");
+	sql('SELECT pg_stat_reset()');
+	sql(join("\n", map {
+		"SELECT idem_outbox_send('linger', 'l$_', '{\"n\": $_}'); SELECT pg_sleep(0.1);"
+	} 1 .. 10));
+	ok( wait_for('ten messages on stdout',
+			sub { -s $r->{out} && (() = slurp_file($r->{out}) =~ /"linger"/g) == 10 }),
+		"$tag: the ten messages are delivered");
+	is(stop_relay($r, 'TERM'), 0, "$tag: exit code 0");
+	my @n = sort { $a <=> $b } (slurp_file($r->{out}) =~ /"n": (\d+)/g);
+	is("@n", '1 2 3 4 5 6 7 8 9 10', "$tag: each once");
+	# a backend's function statistics reach the server when it exits
+	ok( wait_for('the relay\'s backend to exit',
+			sub { sql(q{SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idem-relay'}) == 0 }),
+		"$tag: the relay's backend exited");
+	return sql(q{SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions
+		WHERE funcname = 'idem_outbox_ack'});
+}
+
+# Without a linger, each message is leased as it commits: the trickle is
+# slow enough to tell the two apart.
+my $acks = acks_of_trickle('no linger', '--linger', '0');
+cmp_ok($acks, '>=', 6, "no linger: a batch for about every message ($acks acks)");
+# With a linger of 2 s, the first message's lease is short: the relay waits,
+# and the next lease finds the rest (one more wait, then an empty lease).
+$acks = acks_of_trickle('linger 2s', '--linger', '2s');
+cmp_ok($acks, '<=', 3, "linger 2s: the ten messages in at most three batches ($acks acks)");
 
 ########################################################################
 # webhook
