@@ -21,6 +21,7 @@
 # - a relay killed with SIGKILL in the middle of a batch: a second relay
 #   delivers everything, the killed relay's unacknowledged deliveries again
 #   with the same Idempotency-Key, and nothing out of order per key;
+# - runs of two topics routed to two URLs: each outcome back to its message;
 # - SIGTERM in the middle of a batch finishes and acknowledges it, a second
 #   signal releases what is not published yet (with runs, from each run's
 #   first message not delivered) and acknowledges what was; exit code 0;
@@ -587,6 +588,48 @@ is(join(' ', @{ $rseq{b} }), '1/1 2/1 3/1 4/1 5/1 6/1 7/1',
 is(join(' ', @{ $rseq{c} }), join(' ', map { "$_/1" } 1 .. 10), 'key c in order, each message once');
 is(sql(q{SELECT string_agg(payload->>'n', ',' ORDER BY seq) FROM idem.outbox WHERE aggregatetype = 'runs'}),
 	'7,8,9,10', 'b7 dead holds back the rest of its key');
+
+# Runs of two topics routed to two URLs, with the same key names: a round
+# of runs goes to each route its own messages, and each outcome comes back
+# to its message (the keys' first messages alternate between the topics,
+# so a batch does too).  r2a's p3 fails once (500): the rest of p's run is
+# leased again after it, alone, at attempt 2; r2b's p and both q go on.
+sql(q{SELECT idem_outbox_configure('r2a', 5, '50 milliseconds', '100 milliseconds')});
+sql(join(";\n", map {
+		my ($t, $k, $n) = @$_;
+		my $reply = $t eq 'r2a' && $k eq 'p' && $n == 3 ? q{, 'reply', jsonb_build_array('500 ra=0', '200')} : '';
+		"SELECT idem_outbox_send('$t', '$k', jsonb_build_object('n', $n$reply))"
+	} map { my $n = $_; map { my $k = $_; map { [ $_, $k, $n ] } qw(r2a r2b) } qw(p q) } 1 .. 6));
+write_conf("$tmp/routes.conf", <<"EOF");
+sink = webhook
+webhook.url = $url/r2a
+topic.r2b.webhook.url = $url/r2b
+per_key = 8
+batch = 30
+poll = 100ms
+log_interval = 0
+EOF
+$rbefore = scalar @{ received() };
+$r = start_relay({}, '--config', "$tmp/routes.conf");
+ok( wait_for('the runs of two routes',
+		sub { sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype IN ('r2a', 'r2b')}) == 0 }),
+	'runs of two topic routes: every message delivered');
+is(stop_relay($r, 'TERM'), 0, 'exit code 0');
+like(final_counts(slurp_file($r->{err})), qr/delivered 24, retried 1, dead 0, errors 0/,
+	'24 delivered, r2a p3 retried once');
+$rall = received();
+my %r2;
+push @{ $r2{"$_->{topic} $_->{key} $_->{path}"} }, "$_->{body}{n}/$_->{attempt}"
+  for grep { $_->{topic} =~ /^r2[ab]$/ } @$rall[ $rbefore .. $#$rall ];
+is_deeply(
+	{ map { ($_ => join(' ', @{ $r2{$_} })) } keys %r2 },
+	{
+		'r2a p /r2a' => '1/1 2/1 3/1 3/2 4/2 5/2 6/2',
+		'r2a q /r2a' => '1/1 2/1 3/1 4/1 5/1 6/1',
+		'r2b p /r2b' => '1/1 2/1 3/1 4/1 5/1 6/1',
+		'r2b q /r2b' => '1/1 2/1 3/1 4/1 5/1 6/1'
+	},
+	'each topic at its own URL, each key in order, the failed run again from its failure');
 
 # A run cut by its lease: with --lease 4s --timeout 2s no message is started
 # 2 s after the lease; the first round takes 2.4 s (x1 and y1 answer after
