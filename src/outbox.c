@@ -51,6 +51,7 @@
 #include "access/genam.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
+#include "access/nbtree.h"
 #include "access/relation.h"
 #include "access/relscan.h"
 #include "access/stratnum.h"
@@ -78,6 +79,7 @@
 #include "storage/bufmgr.h"
 #include "storage/ipc.h"
 #include "storage/lmgr.h"
+#include "storage/predicate.h"
 #include "storage/lock.h"
 #include "storage/procarray.h"
 #include "storage/shmem.h"
@@ -90,6 +92,7 @@
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "pgstat.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -1881,6 +1884,246 @@ outbox_lock_message(OutboxRels *r, ItemPointer tid, bool wait)
 }
 
 /*
+ * ---- A key's head, from the leaves of the primary key ----
+ *
+ * A key's head is the first entry of its range of ids in the primary key
+ * whose message the snapshot sees.  An index scan bounded by that range
+ * reads every entry of the range on a leaf (two calls of the operator
+ * class's functions each) before it returns the first: a key with many
+ * messages waiting would pay for all of them at every probe of its head.
+ * So the probe descends to the leaf as that scan would (_bt_search), and
+ * takes the entries at or after the range's start a few at a time, while
+ * they are in the range (ids compare as their bytes do in uuid_ops, the
+ * operator family outbox_check_pkey_order requires), skipping those marked
+ * dead, as the scan does; it fetches their messages in that order, and
+ * steps to the next leaf as the scan does.  Entries it takes again from a
+ * leaf come after the last id it took: those that came since are of
+ * transactions the snapshot cannot see, as for the scan, which reads a
+ * leaf once.  The entries of messages no transaction can see any more are
+ * marked dead, as the scan marks them (_bt_killitems), under the pin kept
+ * on the leaf since it was read, which keeps VACUUM from removing them,
+ * and so from recycling their heap TIDs, meanwhile.  A posting list (the
+ * primary key has none unless its rows are updated by hand) leaves the
+ * answer to the index scan.
+ */
+/* entries taken from a leaf at a time */
+#define OUTBOX_LEAF_CHUNK	8
+
+typedef enum OutboxLeafProbe
+{
+	LEAF_FOUND,					/* the head, in r->slot */
+	LEAF_NONE,					/* the key has none */
+	LEAF_UNSURE					/* the index scan must tell */
+} OutboxLeafProbe;
+
+/*
+ * The id of a leaf entry of the primary key, NULL if it has none: its one
+ * column, a uuid, aligned on a byte, right after the header.
+ */
+static inline const uint8 *
+outbox_leaf_id(IndexTuple itup)
+{
+	if (IndexTupleHasNulls(itup))
+		return NULL;
+	return (const uint8 *) itup + IndexInfoFindDataOffset(itup->t_info);
+}
+
+/*
+ * Mark dead the entries at offs with the heap TIDs tids (dead[i]) on the
+ * leaf in buf, pinned since it was read: an entry may have moved right on
+ * it since (an insertion), or gone (a split, the removal of dead entries).
+ */
+static void
+outbox_leaf_kill(Buffer buf, OffsetNumber *offs, ItemPointerData *tids,
+				 bool *dead, int n)
+{
+	Page		page;
+	OffsetNumber maxoff;
+	bool		killed = false;
+	int			i;
+
+	LockBuffer(buf, BT_READ);
+	page = BufferGetPage(buf);
+	maxoff = PageGetMaxOffsetNumber(page);
+	for (i = 0; i < n; i++)
+	{
+		OffsetNumber off;
+
+		if (!dead[i])
+			continue;
+		for (off = offs[i]; off <= maxoff; off++)
+		{
+			ItemId		iid = PageGetItemId(page, off);
+			IndexTuple	itup = (IndexTuple) PageGetItem(page, iid);
+
+			if (!BTreeTupleIsPosting(itup) &&
+				ItemPointerEquals(&itup->t_tid, &tids[i]))
+			{
+				if (!ItemIdIsDead(iid))
+				{
+					ItemIdMarkDead(iid);
+					killed = true;
+				}
+				break;
+			}
+		}
+	}
+	if (killed)
+	{
+		BTPageGetOpaque(page)->btpo_flags |= BTP_HAS_GARBAGE;
+		MarkBufferDirtyHint(buf, true);
+	}
+	LockBuffer(buf, BUFFER_LOCK_UNLOCK);
+}
+
+static OutboxLeafProbe
+outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
+				 text *t, text *k)
+{
+	BTScanInsert key;
+	BTStack		stack;
+	Buffer		buf;
+	Form_pg_attribute att = TupleDescAttr(RelationGetDescr(r->pkey), 0);
+	uint8		after[UUID_LEN];	/* the last id taken */
+	bool		have_after = false;
+	OffsetNumber offs[OUTBOX_LEAF_CHUNK];
+	ItemPointerData tids[OUTBOX_LEAF_CHUNK];
+	bool		dead[OUTBOX_LEAF_CHUNK];
+	IndexFetchTableData *fetch;
+	OutboxLeafProbe result = LEAF_UNSURE;
+
+	if (att->atttypid != UUIDOID || att->attalign != TYPALIGN_CHAR)
+		return LEAF_UNSURE;
+	key = _bt_mkscankey(r->pkey, NULL);
+	_bt_metaversion(r->pkey, &key->heapkeyspace, &key->allequalimage);
+	key->anynullkeys = false;
+	key->keysz = 1;
+	key->scankeys[0].sk_flags &= ~SK_ISNULL;
+	key->scankeys[0].sk_argument = UUIDPGetDatum(lo);
+	stack = _bt_search(r->pkey, key, &buf, BT_READ, snap);
+	_bt_freestack(stack);
+	pfree(key);
+	pgstat_count_index_scan(r->pkey);
+	/* an index without a root has no entry */
+	if (!BufferIsValid(buf))
+		return LEAF_NONE;
+
+	fetch = table_index_fetch_begin(r->rel);
+	for (;;)
+	{
+		Page		page = BufferGetPage(buf);
+		BTPageOpaque opaque = BTPageGetOpaque(page);
+		OffsetNumber maxoff = PageGetMaxOffsetNumber(page);
+		OffsetNumber off = P_FIRSTDATAKEY(opaque);
+		OffsetNumber high = maxoff + 1;
+		BlockNumber next = opaque->btpo_next;
+		bool		rightmost = P_RIGHTMOST(opaque);
+		bool		complete = false;
+		bool		posting = false;
+		bool		found = false;
+		int			n = 0;
+		int			ndead = 0;
+		int			i;
+
+		if (P_IGNORE(opaque))
+			off = high;
+		else
+			PredicateLockPage(r->pkey, BufferGetBlockNumber(buf), snap);
+		/* the first entry at or after lo, or after the last one taken */
+		while (off < high)
+		{
+			OffsetNumber mid = off + (high - off) / 2;
+			const uint8 *id = outbox_leaf_id((IndexTuple)
+											 PageGetItem(page, PageGetItemId(page, mid)));
+			int			c = id == NULL ? 1 :
+				(have_after ? (memcmp(id, after, UUID_LEN) <= 0 ? -1 : 1) :
+				 memcmp(id, lo->data, UUID_LEN));
+
+			if (c < 0)
+				off = mid + 1;
+			else
+				high = mid;
+		}
+		for (; off <= maxoff && n < OUTBOX_LEAF_CHUNK; off++)
+		{
+			ItemId		iid = PageGetItemId(page, off);
+			IndexTuple	itup;
+			const uint8 *id;
+
+			if (ItemIdIsDead(iid))
+				continue;
+			itup = (IndexTuple) PageGetItem(page, iid);
+			id = outbox_leaf_id(itup);
+			if (BTreeTupleIsPosting(itup) || id == NULL)
+			{
+				posting = true;
+				break;
+			}
+			if (memcmp(id, hi->data, UUID_LEN) > 0)
+			{
+				complete = true;
+				break;
+			}
+			memcpy(after, id, UUID_LEN);
+			have_after = true;
+			offs[n] = off;
+			tids[n] = itup->t_tid;
+			dead[n] = false;
+			n++;
+		}
+		/* this leaf has no entry of the range after those taken */
+		if (off > maxoff && !complete && !posting && rightmost)
+			complete = true;
+		LockBuffer(buf, BUFFER_LOCK_UNLOCK);
+
+		for (i = 0; i < n && !found; i++)
+		{
+			bool		call_again = false;
+			bool		all_dead = false;
+
+			CHECK_FOR_INTERRUPTS();
+			pgstat_count_index_tuples(r->pkey, 1);
+			if (table_index_fetch_tuple(fetch, &tids[i], snap, r->slot,
+										&call_again, &all_dead))
+			{
+				pgstat_count_heap_fetch(r->pkey);
+				slot_getallattrs(r->slot);
+				/* another (topic, key) with the same hash: not ours */
+				found = outbox_text_eq(DatumGetTextPP(r->slot->tts_values[OB_TOPIC]), t) &&
+					outbox_text_eq(DatumGetTextPP(r->slot->tts_values[OB_KEY]), k);
+			}
+			else if (all_dead)
+			{
+				dead[i] = true;
+				ndead++;
+			}
+		}
+		if (ndead > 0)
+			outbox_leaf_kill(buf, offs, tids, dead, i);
+		if (found)
+			result = LEAF_FOUND;
+		else if (complete)
+			result = LEAF_NONE;
+		if (found || complete || posting)
+			break;
+		if (off <= maxoff)
+		{
+			/* more of this leaf: read it again, after the last one taken */
+			LockBuffer(buf, BT_READ);
+			continue;
+		}
+		/* the next leaf, as the scan steps to it */
+		ReleaseBuffer(buf);
+		buf = _bt_getbuf(r->pkey, next, BT_READ);
+	}
+	ReleaseBuffer(buf);
+	table_index_fetch_end(fetch);
+	if (result != LEAF_FOUND)
+		ExecClearTuple(r->slot);
+	return result;
+}
+
+/*
  * The head of a key, its oldest message not yet acknowledged, as it stands
  * now.  Leaves its columns in r->slot.  *busy: a transaction is deleting it
  * (an ack that has not committed), or has deleted it since this look's
@@ -1899,6 +2142,18 @@ outbox_head(OutboxRels *r, Datum topic, Datum key, bool *busy)
 	bool		found = false;
 
 	outbox_key_range(skeys, &lo, &hi, outbox_key_hash(t, k));
+	switch (outbox_head_leaf(r, snap, &lo, &hi, t, k))
+	{
+		case LEAF_FOUND:
+			*busy = outbox_message_busy(r->slot);
+			UnregisterSnapshot(snap);
+			return true;
+		case LEAF_NONE:
+			UnregisterSnapshot(snap);
+			return false;
+		case LEAF_UNSURE:
+			break;
+	}
 	scan = index_beginscan(r->rel, r->pkey, snap, 2, 0);
 	outbox_scan_keep_pin(scan);
 	index_rescan(scan, skeys, 2, NULL, 0);
