@@ -13,6 +13,10 @@ OBJS = \
 	src/guard_transition.o \
 	src/request.o \
 	src/outbox.o \
+	src/outbox_send.o \
+	src/outbox_wake.o \
+	src/outbox_lease.o \
+	src/outbox_ack.o \
 	src/stream.o \
 	src/stats.o \
 	src/worker.o \
