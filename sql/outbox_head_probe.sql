@@ -64,6 +64,24 @@ SELECT pg_temp.ack('collide', 'p161086', 1) + pg_temp.ack('collide', 'p685', 1) 
 SELECT count(*) AS leased, min(n), max(n) FROM pg_temp.lease('collide', 'r3', 100);
 SELECT pg_temp.ack('collide', 'p161086', 20) AS acked;
 SELECT * FROM pg_temp.lease('collide', 'r3');
+
+-- a message updated by hand with a change of an indexed column (an index
+-- made for it): two entries of the primary key with its id, the visible
+-- one after the other.  The first is the eighth entry of the range, the
+-- last of what the probe takes at a time
+SELECT count(idem_outbox_send('collide', 'p161086', jsonb_build_object('n', i)))
+  FROM generate_series(21, 27) i;
+SELECT idem_outbox_send('collide', 'p685', '{"n": 2}') IS NOT NULL AS sent;
+CREATE INDEX outbox_probe_v ON idem.outbox ((payload ->> 'v'));
+UPDATE idem.outbox SET payload = payload || '{"v": 1}'
+ WHERE aggregatetype = 'collide' AND aggregateid = 'p685';
+DROP INDEX idem.outbox_probe_v;
+-- the updated message is p685's head
+SELECT * FROM pg_temp.lease('collide', 'r4') ORDER BY key;
+SELECT pg_temp.ack('collide', 'p161086', 21) + pg_temp.ack('collide', 'p685', 2) AS acked;
+SELECT count(*) AS leased, min(n), max(n) FROM pg_temp.lease('collide', 'r4', 100);
+SELECT pg_temp.ack('collide', 'p161086', 27) AS acked;
+SELECT * FROM pg_temp.lease('collide', 'r4');
 SELECT idem_outbox_purge() >= 3 AS purged;
 SELECT count(*) AS key_rows FROM idem.outbox_keys WHERE topic IN ('probe', 'collide');
 

@@ -9,6 +9,7 @@
 #include "postgres.h"
 
 #include "access/nbtree.h"
+#include "access/xlog.h"
 #include "access/table.h"
 #include "catalog/pg_collation.h"
 #include "funcapi.h"
@@ -33,15 +34,18 @@
  * they are in the range (ids compare as their bytes do in uuid_ops, the
  * operator family outbox_check_pkey_order requires), skipping those marked
  * dead, as the scan does; it fetches their messages in that order, and
- * steps to the next leaf as the scan does.  Entries it takes again from a
- * leaf come after the last id it took: those that came since are of
- * transactions the snapshot cannot see, as for the scan, which reads a
- * leaf once.  The entries of messages no transaction can see any more are
- * marked dead, as the scan marks them (_bt_killitems), under the pin kept
- * on the leaf since it was read, which keeps VACUUM from removing them,
- * and so from recycling their heap TIDs, meanwhile.  A posting list (the
- * primary key has none unless its rows are updated by hand) leaves the
- * answer to the index scan.
+ * steps to the next leaf as the scan does, unless the leaf's high key is
+ * past the range.  Entries it takes again from a leaf come after the last
+ * one it took, in the index's order (the id, then the heap TID: a row
+ * updated by hand off its HOT chain has two entries with its id); those
+ * that came since are of transactions the snapshot cannot see, as for the
+ * scan, which reads a leaf once.  The entries of messages no transaction
+ * can see any more are marked dead, as the scan marks them
+ * (_bt_killitems), under the pin kept on the leaf since it was read, which
+ * keeps VACUUM from removing them, and so from recycling their heap TIDs,
+ * meanwhile.  A posting list (the primary key has none unless its rows are
+ * updated by hand), an index without heap TIDs in its order (made before
+ * PostgreSQL 12) and a standby leave the answer to the index scan.
  */
 /* entries taken from a leaf at a time */
 #define OUTBOX_LEAF_CHUNK	8
@@ -71,15 +75,15 @@ outbox_leaf_id(IndexTuple itup)
  * it since (an insertion), or gone (a split, the removal of dead entries).
  */
 static void
-outbox_leaf_kill(Buffer buf, OffsetNumber *offs, ItemPointerData *tids,
-				 bool *dead, int n)
+outbox_leaf_kill(Relation pkey, Buffer buf, OffsetNumber *offs,
+				 ItemPointerData *tids, bool *dead, int n)
 {
 	Page		page;
 	OffsetNumber maxoff;
 	bool		killed = false;
 	int			i;
 
-	LockBuffer(buf, BT_READ);
+	_bt_lockbuf(pkey, buf, BT_READ);
 	page = BufferGetPage(buf);
 	maxoff = PageGetMaxOffsetNumber(page);
 	for (i = 0; i < n; i++)
@@ -110,7 +114,7 @@ outbox_leaf_kill(Buffer buf, OffsetNumber *offs, ItemPointerData *tids,
 		BTPageGetOpaque(page)->btpo_flags |= BTP_HAS_GARBAGE;
 		MarkBufferDirtyHint(buf, true);
 	}
-	LockBuffer(buf, BUFFER_LOCK_UNLOCK);
+	_bt_unlockbuf(pkey, buf);
 }
 
 static OutboxLeafProbe
@@ -121,7 +125,8 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 	BTStack		stack;
 	Buffer		buf;
 	Form_pg_attribute att = TupleDescAttr(RelationGetDescr(r->pkey), 0);
-	uint8		after[UUID_LEN];	/* the last id taken */
+	uint8		after[UUID_LEN];	/* the last entry taken: its id */
+	ItemPointerData after_tid;	/* and its heap TID */
 	bool		have_after = false;
 	OffsetNumber offs[OUTBOX_LEAF_CHUNK];
 	ItemPointerData tids[OUTBOX_LEAF_CHUNK];
@@ -129,10 +134,18 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 	IndexFetchTableData *fetch;
 	OutboxLeafProbe result = LEAF_UNSURE;
 
-	if (att->atttypid != UUIDOID || att->attalign != TYPALIGN_CHAR)
+	/* a standby's scans neither mark entries dead nor skip those marked */
+	if (att->atttypid != UUIDOID || att->attalign != TYPALIGN_CHAR ||
+		RecoveryInProgress())
 		return LEAF_UNSURE;
 	key = _bt_mkscankey(r->pkey, NULL);
 	_bt_metaversion(r->pkey, &key->heapkeyspace, &key->allequalimage);
+	/* entries of one id come in the order of their heap TIDs only then */
+	if (!key->heapkeyspace)
+	{
+		pfree(key);
+		return LEAF_UNSURE;
+	}
 	key->anynullkeys = false;
 	key->keysz = 1;
 	key->scankeys[0].sk_flags &= ~SK_ISNULL;
@@ -143,7 +156,10 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 	pgstat_count_index_scan(r->pkey);
 	/* an index without a root has no entry */
 	if (!BufferIsValid(buf))
+	{
+		PredicateLockRelation(r->pkey, snap);
 		return LEAF_NONE;
+	}
 
 	fetch = table_index_fetch_begin(r->rel);
 	for (;;)
@@ -166,16 +182,31 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 			off = high;
 		else
 			PredicateLockPage(r->pkey, BufferGetBlockNumber(buf), snap);
-		/* the first entry at or after lo, or after the last one taken */
+		/*
+		 * The first entry at or after lo, or after the last one taken: in
+		 * the order of ids, then of heap TIDs (a row updated by hand off its
+		 * HOT chain has two entries with its id).
+		 */
 		while (off < high)
 		{
 			OffsetNumber mid = off + (high - off) / 2;
-			const uint8 *id = outbox_leaf_id((IndexTuple)
-											 PageGetItem(page, PageGetItemId(page, mid)));
-			int			c = id == NULL ? 1 :
-				(have_after ? (memcmp(id, after, UUID_LEN) <= 0 ? -1 : 1) :
-				 memcmp(id, lo->data, UUID_LEN));
+			IndexTuple	itup = (IndexTuple) PageGetItem(page,
+														PageGetItemId(page, mid));
+			const uint8 *id = outbox_leaf_id(itup);
+			int			c;
 
+			if (id == NULL)
+				c = 1;
+			else if (!have_after)
+				c = memcmp(id, lo->data, UUID_LEN);
+			else
+			{
+				c = memcmp(id, after, UUID_LEN);
+				if (c == 0)
+					c = BTreeTupleIsPosting(itup) ? 1 :
+						ItemPointerCompare(&itup->t_tid, &after_tid);
+				c = c <= 0 ? -1 : 1;
+			}
 			if (c < 0)
 				off = mid + 1;
 			else
@@ -202,16 +233,33 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 				break;
 			}
 			memcpy(after, id, UUID_LEN);
+			after_tid = itup->t_tid;
 			have_after = true;
 			offs[n] = off;
 			tids[n] = itup->t_tid;
 			dead[n] = false;
 			n++;
 		}
-		/* this leaf has no entry of the range after those taken */
-		if (off > maxoff && !complete && !posting && rightmost)
-			complete = true;
-		LockBuffer(buf, BUFFER_LOCK_UNLOCK);
+		/*
+		 * This leaf has no entry of the range after those taken, nor has
+		 * any leaf to its right when its high key is past the range.
+		 */
+		if (off > maxoff && !complete && !posting && !P_IGNORE(opaque))
+		{
+			if (rightmost)
+				complete = true;
+			else
+			{
+				IndexTuple	hikey = (IndexTuple) PageGetItem(page,
+															 PageGetItemId(page, P_HIKEY));
+				const uint8 *id = outbox_leaf_id(hikey);
+
+				if (BTreeTupleGetNAtts(hikey, r->pkey) >= 1 && id != NULL &&
+					memcmp(id, hi->data, UUID_LEN) > 0)
+					complete = true;
+			}
+		}
+		_bt_unlockbuf(r->pkey, buf);
 
 		for (i = 0; i < n && !found; i++)
 		{
@@ -236,7 +284,7 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 			}
 		}
 		if (ndead > 0)
-			outbox_leaf_kill(buf, offs, tids, dead, i);
+			outbox_leaf_kill(r->pkey, buf, offs, tids, dead, i);
 		if (found)
 			result = LEAF_FOUND;
 		else if (complete)
@@ -246,12 +294,14 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 		if (off <= maxoff)
 		{
 			/* more of this leaf: read it again, after the last one taken */
-			LockBuffer(buf, BT_READ);
+			_bt_lockbuf(r->pkey, buf, BT_READ);
 			continue;
 		}
 		/* the next leaf, as the scan steps to it */
 		ReleaseBuffer(buf);
+		CHECK_FOR_INTERRUPTS();
 		buf = _bt_getbuf(r->pkey, next, BT_READ);
+		TestForOldSnapshot(snap, r->pkey, BufferGetPage(buf));
 	}
 	ReleaseBuffer(buf);
 	table_index_fetch_end(fetch);
