@@ -82,7 +82,30 @@ SELECT pg_temp.ack('collide', 'p161086', 21) + pg_temp.ack('collide', 'p685', 2)
 SELECT count(*) AS leased, min(n), max(n) FROM pg_temp.lease('collide', 'r4', 100);
 SELECT pg_temp.ack('collide', 'p161086', 27) AS acked;
 SELECT * FROM pg_temp.lease('collide', 'r4');
-SELECT idem_outbox_purge() >= 3 AS purged;
-SELECT count(*) AS key_rows FROM idem.outbox_keys WHERE topic IN ('probe', 'collide');
+-- where the last probe of a range started is where the next one starts, on
+-- a leaf that has not changed since, and that holds an entry before the
+-- range ("before" is before "shift" in the index); VACUUM removes the
+-- entries of the first three messages, and the fourth is where the first
+-- was
+VACUUM (INDEX_CLEANUP ON) idem.outbox;
+SELECT idem._outbox_id_bound('hint', 'before', false) <
+       idem._outbox_id_bound('hint', 'shift', false) AS before_first;
+SELECT idem_outbox_send('hint', 'before', '{"n": 0}') IS NOT NULL AS sent;
+SELECT count(idem_outbox_send('hint', 'shift', jsonb_build_object('n', i)))
+  FROM generate_series(1, 5) i;
+SELECT * FROM pg_temp.lease('hint', 'r5') ORDER BY key;
+SELECT pg_temp.ack('hint', 'shift', 1) AS acked;
+SELECT * FROM pg_temp.lease('hint', 'r5');
+SELECT pg_temp.ack('hint', 'shift', 2) AS acked;
+SELECT * FROM pg_temp.lease('hint', 'r5');
+SELECT pg_temp.ack('hint', 'shift', 3) AS acked;
+VACUUM (INDEX_CLEANUP ON) idem.outbox;
+SELECT * FROM pg_temp.lease('hint', 'r5');
+SELECT pg_temp.ack('hint', 'shift', 4) AS acked;
+SELECT * FROM pg_temp.lease('hint', 'r5');
+SELECT pg_temp.ack('hint', 'shift', 5) + pg_temp.ack('hint', 'before', 0) AS acked;
+SELECT * FROM pg_temp.lease('hint', 'r5');
+SELECT idem_outbox_purge() >= 5 AS purged;
+SELECT count(*) AS key_rows FROM idem.outbox_keys WHERE topic IN ('probe', 'collide', 'hint');
 
 DROP EXTENSION pageinspect;

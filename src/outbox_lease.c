@@ -16,6 +16,8 @@
 #include "storage/predicate.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
 #include "pgstat.h"
 
 #include "idem.h"
@@ -117,6 +119,104 @@ outbox_leaf_kill(Relation pkey, Buffer buf, OffsetNumber *offs,
 	_bt_unlockbuf(pkey, buf);
 }
 
+/*
+ * Where a probe found the start of a range: the leaf, its LSN then, and the
+ * offset of the range's first entry not marked dead.
+ *
+ * The descent from the root, and the search of the leaf, are a third of a
+ * probe with many keys: their pages are seldom in the CPU's caches.  So a
+ * backend remembers where its last probe of each range started, and the
+ * next probe reads that leaf first.  It starts its walk there only if the
+ * leaf still holds the start of the range: a live leaf whose first entry
+ * precedes the range (a leaf's entries follow those of the leaf to its
+ * left, so no entry of the range can be to its left: this holds of any
+ * live leaf, one deleted and used again since too) and whose high key
+ * follows the range's start (else the range starts further right, and the
+ * descent is shorter).  And it starts at the offset remembered, without a
+ * search, only if the leaf's LSN has not moved: every change of a leaf's
+ * entries (an insertion, a split, the removal of entries) is logged, and
+ * marking entries dead moves none, nor clears a mark.  An index that is not
+ * logged has no LSN to tell: its leaf is searched.  A hint is for one file
+ * of the index (REINDEX and TRUNCATE make another), made with heap TIDs in
+ * its order, as the descent checked.
+ */
+typedef struct OutboxLeafHint
+{
+	pg_uuid_t	lo;				/* the range's start: the hash key */
+	RelFileNode node;			/* the index's file */
+	BlockNumber blkno;
+	XLogRecPtr	lsn;			/* InvalidXLogRecPtr: search the leaf */
+	OffsetNumber off;
+} OutboxLeafHint;
+
+/* the most ranges remembered: about 4 MB */
+#define OUTBOX_LEAF_HINTS_MAX	65536
+
+static HTAB *outbox_leaf_hints = NULL;
+
+static OutboxLeafHint *
+outbox_leaf_hint(pg_uuid_t *lo, bool enter)
+{
+	OutboxLeafHint *hint;
+	bool		found;
+
+	if (outbox_leaf_hints != NULL && enter &&
+		hash_get_num_entries(outbox_leaf_hints) >= OUTBOX_LEAF_HINTS_MAX)
+	{
+		hash_destroy(outbox_leaf_hints);
+		outbox_leaf_hints = NULL;
+	}
+	if (outbox_leaf_hints == NULL)
+	{
+		HASHCTL		ctl;
+
+		if (!enter)
+			return NULL;
+		ctl.keysize = sizeof(pg_uuid_t);
+		ctl.entrysize = sizeof(OutboxLeafHint);
+		ctl.hcxt = TopMemoryContext;
+		outbox_leaf_hints = hash_create("idem outbox leaf hints", 1024, &ctl,
+										HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	hint = hash_search(outbox_leaf_hints, lo, enter ? HASH_ENTER : HASH_FIND,
+					   &found);
+	if (enter && !found)
+		hint->blkno = InvalidBlockNumber;
+	return hint;
+}
+
+/*
+ * Whether the page, read-locked, is a live leaf that holds the start of
+ * the range beginning at lo (see OutboxLeafHint).
+ */
+static bool
+outbox_leaf_holds(Relation pkey, Page page, pg_uuid_t *lo)
+{
+	BTPageOpaque opaque;
+	IndexTuple	itup;
+	const uint8 *id;
+
+	if (PageIsNew(page) ||
+		PageGetSpecialSize(page) != MAXALIGN(sizeof(BTPageOpaqueData)))
+		return false;
+	opaque = BTPageGetOpaque(page);
+	if (!P_ISLEAF(opaque) || P_IGNORE(opaque) ||
+		PageGetMaxOffsetNumber(page) < P_FIRSTDATAKEY(opaque))
+		return false;
+	itup = (IndexTuple) PageGetItem(page,
+									PageGetItemId(page, P_FIRSTDATAKEY(opaque)));
+	id = outbox_leaf_id(itup);
+	if (id == NULL || BTreeTupleIsPosting(itup) ||
+		memcmp(id, lo->data, UUID_LEN) >= 0)
+		return false;
+	if (P_RIGHTMOST(opaque))
+		return true;
+	itup = (IndexTuple) PageGetItem(page, PageGetItemId(page, P_HIKEY));
+	id = outbox_leaf_id(itup);
+	return BTreeTupleGetNAtts(itup, pkey) >= 1 && id != NULL &&
+		memcmp(id, lo->data, UUID_LEN) > 0;
+}
+
 static OutboxLeafProbe
 outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 				 text *t, text *k)
@@ -133,32 +233,68 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 	bool		dead[OUTBOX_LEAF_CHUNK];
 	IndexFetchTableData *fetch;
 	OutboxLeafProbe result = LEAF_UNSURE;
+	OutboxLeafHint *hint;
+	bool		logged = RelationNeedsWAL(r->pkey);
+	bool		first = true;	/* the leaf that holds the range's start */
+	OffsetNumber start = InvalidOffsetNumber;	/* from the hint */
+	BlockNumber start_blkno = InvalidBlockNumber;	/* to remember */
+	XLogRecPtr	start_lsn = InvalidXLogRecPtr;
+	OffsetNumber start_off = InvalidOffsetNumber;
 
 	/* a standby's scans neither mark entries dead nor skip those marked */
 	if (att->atttypid != UUIDOID || att->attalign != TYPALIGN_CHAR ||
 		RecoveryInProgress())
 		return LEAF_UNSURE;
-	key = _bt_mkscankey(r->pkey, NULL);
-	_bt_metaversion(r->pkey, &key->heapkeyspace, &key->allequalimage);
-	/* entries of one id come in the order of their heap TIDs only then */
-	if (!key->heapkeyspace)
+
+	buf = InvalidBuffer;
+	hint = outbox_leaf_hint(lo, false);
+	if (hint != NULL && hint->blkno != InvalidBlockNumber &&
+		RelFileNodeEquals(hint->node, r->pkey->rd_node))
 	{
-		pfree(key);
-		return LEAF_UNSURE;
+		/* an index's file never shrinks: the block is there */
+		buf = ReadBuffer(r->pkey, hint->blkno);
+		_bt_lockbuf(r->pkey, buf, BT_READ);
+		if (outbox_leaf_holds(r->pkey, BufferGetPage(buf), lo))
+		{
+			Page		page = BufferGetPage(buf);
+
+			TestForOldSnapshot(snap, r->pkey, page);
+			if (logged && hint->lsn != InvalidXLogRecPtr &&
+				BufferGetLSNAtomic(buf) == hint->lsn &&
+				hint->off >= P_FIRSTDATAKEY(BTPageGetOpaque(page)) &&
+				hint->off <= PageGetMaxOffsetNumber(page) + 1)
+				start = hint->off;
+		}
+		else
+		{
+			_bt_relbuf(r->pkey, buf);
+			buf = InvalidBuffer;
+		}
 	}
-	key->anynullkeys = false;
-	key->keysz = 1;
-	key->scankeys[0].sk_flags &= ~SK_ISNULL;
-	key->scankeys[0].sk_argument = UUIDPGetDatum(lo);
-	stack = _bt_search(r->pkey, key, &buf, BT_READ, snap);
-	_bt_freestack(stack);
-	pfree(key);
-	/* an index without a root has no entry */
 	if (!BufferIsValid(buf))
 	{
-		pgstat_count_index_scan(r->pkey);
-		PredicateLockRelation(r->pkey, snap);
-		return LEAF_NONE;
+		key = _bt_mkscankey(r->pkey, NULL);
+		_bt_metaversion(r->pkey, &key->heapkeyspace, &key->allequalimage);
+		/* entries of one id come in the order of their heap TIDs only then */
+		if (!key->heapkeyspace)
+		{
+			pfree(key);
+			return LEAF_UNSURE;
+		}
+		key->anynullkeys = false;
+		key->keysz = 1;
+		key->scankeys[0].sk_flags &= ~SK_ISNULL;
+		key->scankeys[0].sk_argument = UUIDPGetDatum(lo);
+		stack = _bt_search(r->pkey, key, &buf, BT_READ, snap);
+		_bt_freestack(stack);
+		pfree(key);
+		/* an index without a root has no entry */
+		if (!BufferIsValid(buf))
+		{
+			pgstat_count_index_scan(r->pkey);
+			PredicateLockRelation(r->pkey, snap);
+			return LEAF_NONE;
+		}
 	}
 
 	fetch = table_index_fetch_begin(r->rel);
@@ -185,8 +321,11 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 		/*
 		 * The first entry at or after lo, or after the last one taken: in
 		 * the order of ids, then of heap TIDs (a row updated by hand off its
-		 * HOT chain has two entries with its id).
+		 * HOT chain has two entries with its id).  Where the hint says, on a
+		 * leaf unchanged since.
 		 */
+		if (first && start != InvalidOffsetNumber && !P_IGNORE(opaque))
+			off = high = start;
 		while (off < high)
 		{
 			OffsetNumber mid = off + (high - off) / 2;
@@ -220,6 +359,8 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 
 			if (ItemIdIsDead(iid))
 				continue;
+			if (first && start_off == InvalidOffsetNumber)
+				start_off = off;
 			itup = (IndexTuple) PageGetItem(page, iid);
 			id = outbox_leaf_id(itup);
 			if (BTreeTupleIsPosting(itup) || id == NULL)
@@ -259,6 +400,14 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 					complete = true;
 			}
 		}
+		if (first && !P_IGNORE(opaque))
+		{
+			start_blkno = BufferGetBlockNumber(buf);
+			start_lsn = logged ? BufferGetLSNAtomic(buf) : InvalidXLogRecPtr;
+			if (start_off == InvalidOffsetNumber)
+				start_off = off;
+		}
+		first = false;
 		_bt_unlockbuf(r->pkey, buf);
 
 		for (i = 0; i < n && !found; i++)
@@ -305,6 +454,14 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 	}
 	ReleaseBuffer(buf);
 	table_index_fetch_end(fetch);
+	if (start_blkno != InvalidBlockNumber)
+	{
+		hint = outbox_leaf_hint(lo, true);
+		hint->node = r->pkey->rd_node;
+		hint->blkno = start_blkno;
+		hint->lsn = start_lsn;
+		hint->off = start_off;
+	}
 	/* one scan of the index, as the index scan that answers otherwise counts */
 	if (result != LEAF_UNSURE)
 		pgstat_count_index_scan(r->pkey);
