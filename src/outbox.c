@@ -299,6 +299,7 @@ outbox_open(OutboxRels *r, LOCKMODE lockmode)
 	}
 	r->slot = table_slot_create(r->rel, NULL);
 	r->nblocks = InvalidBlockNumber;
+	r->pkey_nblocks = InvalidBlockNumber;
 }
 
 void

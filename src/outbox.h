@@ -86,6 +86,7 @@ typedef struct OutboxRels
 	LOCKMODE	lockmode;
 	BlockNumber nblocks;		/* rel's size once asked, or
 								 * InvalidBlockNumber */
+	BlockNumber pkey_nblocks;	/* pkey's, the same */
 } OutboxRels;
 
 typedef struct OutboxTopic

@@ -120,32 +120,30 @@ outbox_leaf_kill(Relation pkey, Buffer buf, OffsetNumber *offs,
 }
 
 /*
- * Where a probe found the start of a range: the leaf, its LSN then, and the
- * offset of the range's first entry not marked dead.
+ * Where a probe found the start of a range: the leaf the descent reached,
+ * its LSN then, and the offset of the range's first entry not marked dead.
  *
  * The descent from the root, and the search of the leaf, are a third of a
  * probe with many keys: their pages are seldom in the CPU's caches.  So a
  * backend remembers where its last probe of each range started, and the
- * next probe reads that leaf first.  It starts its walk there only if the
- * leaf still holds the start of the range: a live leaf whose first entry
- * precedes the range (a leaf's entries follow those of the leaf to its
- * left, so no entry of the range can be to its left: this holds of any
- * live leaf, one deleted and used again since too) and whose high key
- * follows the range's start (else the range starts further right, and the
- * descent is shorter).  And it starts at the offset remembered, without a
- * search, only if the leaf's LSN has not moved: every change of a leaf's
- * entries (an insertion, a split, the removal of entries) is logged, and
- * marking entries dead moves none, nor clears a mark.  An index that is not
- * logged has no LSN to tell: its leaf is searched.  A hint is for one file
- * of the index (REINDEX and TRUNCATE make another), made with heap TIDs in
- * its order, as the descent checked.
+ * next probe starts there, without a descent or a search, when that leaf's
+ * LSN has not moved since: every change of a leaf's entries (an insertion,
+ * a split, the removal of entries, the page's deletion and its use again)
+ * is logged and moves its LSN, and marking entries dead moves none, nor
+ * clears a mark.  So the leaf is the one the descent would reach, as it
+ * was, but for entries marked dead since.  (A leaf's content alone does not
+ * say that it is linked in the tree: a split that failed leaves its new
+ * page looking live.)  An index that is not logged has no LSN to tell.  A
+ * hint is for one file of the index (REINDEX, VACUUM FULL and most of
+ * TRUNCATE make another; a TRUNCATE in the transaction that made the file
+ * empties it in place, so a block past its end is not read).
  */
 typedef struct OutboxLeafHint
 {
 	pg_uuid_t	lo;				/* the range's start: the hash key */
 	RelFileNode node;			/* the index's file */
 	BlockNumber blkno;
-	XLogRecPtr	lsn;			/* InvalidXLogRecPtr: search the leaf */
+	XLogRecPtr	lsn;
 	OffsetNumber off;
 } OutboxLeafHint;
 
@@ -160,11 +158,16 @@ outbox_leaf_hint(pg_uuid_t *lo, bool enter)
 	OutboxLeafHint *hint;
 	bool		found;
 
-	if (outbox_leaf_hints != NULL && enter &&
-		hash_get_num_entries(outbox_leaf_hints) >= OUTBOX_LEAF_HINTS_MAX)
+	if (outbox_leaf_hints != NULL)
 	{
-		hash_destroy(outbox_leaf_hints);
-		outbox_leaf_hints = NULL;
+		hint = hash_search(outbox_leaf_hints, lo, HASH_FIND, NULL);
+		if (hint != NULL || !enter)
+			return hint;
+		if (hash_get_num_entries(outbox_leaf_hints) >= OUTBOX_LEAF_HINTS_MAX)
+		{
+			hash_destroy(outbox_leaf_hints);
+			outbox_leaf_hints = NULL;
+		}
 	}
 	if (outbox_leaf_hints == NULL)
 	{
@@ -178,43 +181,54 @@ outbox_leaf_hint(pg_uuid_t *lo, bool enter)
 		outbox_leaf_hints = hash_create("idem outbox leaf hints", 1024, &ctl,
 										HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	}
-	hint = hash_search(outbox_leaf_hints, lo, enter ? HASH_ENTER : HASH_FIND,
-					   &found);
-	if (enter && !found)
+	hint = hash_search(outbox_leaf_hints, lo, HASH_ENTER, &found);
+	if (!found)
 		hint->blkno = InvalidBlockNumber;
 	return hint;
 }
 
 /*
- * Whether the page, read-locked, is a live leaf that holds the start of
- * the range beginning at lo (see OutboxLeafHint).
+ * The leaf of the hint for lo, read-locked, if it has not changed since
+ * (see OutboxLeafHint); InvalidBuffer if not.  *off: where to start.
  */
-static bool
-outbox_leaf_holds(Relation pkey, Page page, pg_uuid_t *lo)
+static Buffer
+outbox_leaf_hinted(OutboxRels *r, Snapshot snap, pg_uuid_t *lo,
+				   OffsetNumber *off)
 {
+	OutboxLeafHint *hint = outbox_leaf_hint(lo, false);
+	Buffer		buf;
+	Page		page;
 	BTPageOpaque opaque;
-	IndexTuple	itup;
-	const uint8 *id;
 
-	if (PageIsNew(page) ||
+	if (hint == NULL || hint->blkno == InvalidBlockNumber ||
+		!RelFileNodeEquals(hint->node, r->pkey->rd_node) ||
+		!RelationNeedsWAL(r->pkey))
+		return InvalidBuffer;
+	/* asked once per call: the lock held keeps the file from shrinking */
+	if (r->pkey_nblocks == InvalidBlockNumber)
+		r->pkey_nblocks = RelationGetNumberOfBlocks(r->pkey);
+	if (hint->blkno >= r->pkey_nblocks)
+		return InvalidBuffer;
+	buf = ReadBuffer(r->pkey, hint->blkno);
+	_bt_lockbuf(r->pkey, buf, BT_READ);
+	page = BufferGetPage(buf);
+	if (BufferGetLSNAtomic(buf) != hint->lsn || PageIsNew(page) ||
 		PageGetSpecialSize(page) != MAXALIGN(sizeof(BTPageOpaqueData)))
-		return false;
+	{
+		_bt_relbuf(r->pkey, buf);
+		return InvalidBuffer;
+	}
 	opaque = BTPageGetOpaque(page);
 	if (!P_ISLEAF(opaque) || P_IGNORE(opaque) ||
-		PageGetMaxOffsetNumber(page) < P_FIRSTDATAKEY(opaque))
-		return false;
-	itup = (IndexTuple) PageGetItem(page,
-									PageGetItemId(page, P_FIRSTDATAKEY(opaque)));
-	id = outbox_leaf_id(itup);
-	if (id == NULL || BTreeTupleIsPosting(itup) ||
-		memcmp(id, lo->data, UUID_LEN) >= 0)
-		return false;
-	if (P_RIGHTMOST(opaque))
-		return true;
-	itup = (IndexTuple) PageGetItem(page, PageGetItemId(page, P_HIKEY));
-	id = outbox_leaf_id(itup);
-	return BTreeTupleGetNAtts(itup, pkey) >= 1 && id != NULL &&
-		memcmp(id, lo->data, UUID_LEN) > 0;
+		hint->off < P_FIRSTDATAKEY(opaque) ||
+		hint->off > PageGetMaxOffsetNumber(page) + 1)
+	{
+		_bt_relbuf(r->pkey, buf);
+		return InvalidBuffer;
+	}
+	TestForOldSnapshot(snap, r->pkey, page);
+	*off = hint->off;
+	return buf;
 }
 
 static OutboxLeafProbe
@@ -234,7 +248,6 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 	IndexFetchTableData *fetch;
 	OutboxLeafProbe result = LEAF_UNSURE;
 	OutboxLeafHint *hint;
-	bool		logged = RelationNeedsWAL(r->pkey);
 	bool		first = true;	/* the leaf that holds the range's start */
 	OffsetNumber start = InvalidOffsetNumber;	/* from the hint */
 	BlockNumber start_blkno = InvalidBlockNumber;	/* to remember */
@@ -246,31 +259,7 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 		RecoveryInProgress())
 		return LEAF_UNSURE;
 
-	buf = InvalidBuffer;
-	hint = outbox_leaf_hint(lo, false);
-	if (hint != NULL && hint->blkno != InvalidBlockNumber &&
-		RelFileNodeEquals(hint->node, r->pkey->rd_node))
-	{
-		/* an index's file never shrinks: the block is there */
-		buf = ReadBuffer(r->pkey, hint->blkno);
-		_bt_lockbuf(r->pkey, buf, BT_READ);
-		if (outbox_leaf_holds(r->pkey, BufferGetPage(buf), lo))
-		{
-			Page		page = BufferGetPage(buf);
-
-			TestForOldSnapshot(snap, r->pkey, page);
-			if (logged && hint->lsn != InvalidXLogRecPtr &&
-				BufferGetLSNAtomic(buf) == hint->lsn &&
-				hint->off >= P_FIRSTDATAKEY(BTPageGetOpaque(page)) &&
-				hint->off <= PageGetMaxOffsetNumber(page) + 1)
-				start = hint->off;
-		}
-		else
-		{
-			_bt_relbuf(r->pkey, buf);
-			buf = InvalidBuffer;
-		}
-	}
+	buf = outbox_leaf_hinted(r, snap, lo, &start);
 	if (!BufferIsValid(buf))
 	{
 		key = _bt_mkscankey(r->pkey, NULL);
@@ -321,8 +310,8 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 		/*
 		 * The first entry at or after lo, or after the last one taken: in
 		 * the order of ids, then of heap TIDs (a row updated by hand off its
-		 * HOT chain has two entries with its id).  Where the hint says, on a
-		 * leaf unchanged since.
+		 * HOT chain has two entries with its id).  Where the hint says, on the
+		 * leaf it names, unchanged since.
 		 */
 		if (first && start != InvalidOffsetNumber && !P_IGNORE(opaque))
 			off = high = start;
@@ -403,7 +392,7 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 		if (first && !P_IGNORE(opaque))
 		{
 			start_blkno = BufferGetBlockNumber(buf);
-			start_lsn = logged ? BufferGetLSNAtomic(buf) : InvalidXLogRecPtr;
+			start_lsn = BufferGetLSNAtomic(buf);
 			if (start_off == InvalidOffsetNumber)
 				start_off = off;
 		}
@@ -454,7 +443,7 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
 	}
 	ReleaseBuffer(buf);
 	table_index_fetch_end(fetch);
-	if (start_blkno != InvalidBlockNumber)
+	if (start_blkno != InvalidBlockNumber && RelationNeedsWAL(r->pkey))
 	{
 		hint = outbox_leaf_hint(lo, true);
 		hint->node = r->pkey->rd_node;
