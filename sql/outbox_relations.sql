@@ -69,6 +69,22 @@ BEGIN;
 ALTER SEQUENCE idem.outbox_seq NO MAXVALUE RESTART WITH 281474976710656;
 SELECT pg_temp.err($$SELECT idem_outbox_send('relations', 'k', '{}')$$);
 ROLLBACK;
+-- settings of the sequence that would give a later message a smaller seq
+-- (55000): values cached ahead by a backend, a decreasing sequence, one
+-- that starts again
+BEGIN;
+ALTER SEQUENCE idem.outbox_seq CACHE 10;
+SELECT pg_temp.err($$SELECT idem_outbox_send('relations-seq', 'k', '{}')$$);
+ROLLBACK;
+BEGIN;
+ALTER SEQUENCE idem.outbox_seq INCREMENT BY -1 MINVALUE 0;
+SELECT pg_temp.err($$SELECT idem_outbox_send('relations-seq', 'k', '{}')$$);
+ROLLBACK;
+BEGIN;
+ALTER SEQUENCE idem.outbox_seq CYCLE;
+SELECT pg_temp.err($$SELECT idem_outbox_send('relations-seq', 'k', '{}')$$);
+ROLLBACK;
+SELECT count(*) AS refused_sent FROM idem.outbox WHERE aggregatetype = 'relations-seq';
 SELECT count(*) AS messages FROM idem.outbox WHERE aggregatetype = 'relations';
 -- a row written by hand must belong to its key: its id made for its key
 -- and seq, and its key_hash the key's (23514), or it would never be leased

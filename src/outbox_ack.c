@@ -208,7 +208,8 @@ ack_msg_cmp(const void *a, const void *b)
 		return x->key_hash < y->key_hash ? -1 : 1;
 	if (x->seq != y->seq)
 		return x->seq > y->seq ? -1 : 1;
-	return 0;
+	/* ids given twice come next to each other (two rows may share a seq) */
+	return memcmp(x->id->data, y->id->data, UUID_LEN);
 }
 
 /* NULL elements (0) first, then the ids in the order of their bytes */
@@ -438,9 +439,13 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
  * of the message against its deletion, without waiting.  An ack that
  * deletes the message later waits for this transaction, and then sees the
  * write (see idem_outbox_ack); one that is deleting it, or has, makes the
- * lock fail, and the write is undone: the message was delivered.  Nothing
- * is waited for while the row is written (an ack holding the message could
- * be waiting for the row: a deadlock).  Whether the row was written.
+ * lock fail, and the write is undone: the message was delivered.  The
+ * message is not waited for while the row is written (an ack holding the
+ * message could be waiting for the row: a deadlock).  The row is: a lease,
+ * ack or nack that holds it waits for nothing of this transaction's, unless
+ * this transaction holds other key rows, which is why the nacks of one
+ * transaction come in the order of their keys (as idem-relay's do, after
+ * its acks).  Whether the row was written.
  */
 static bool
 outbox_row_read(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)

@@ -9,6 +9,7 @@
 #include "postgres.h"
 
 #include "access/genam.h"
+#include "catalog/pg_sequence.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
 #include "common/pg_prng.h"
@@ -16,6 +17,7 @@
 #include "mb/pg_wchar.h"
 #include "storage/lmgr.h"
 #include "utils/inval.h"
+#include "utils/syscache.h"
 
 #include "idem.h"
 #include "outbox.h"
@@ -349,6 +351,65 @@ outbox_insert_message(Datum *values, bool *isnull)
 	outbox_close(&r);
 }
 
+/*
+ * Whether idem.outbox_seq was last found with settings that keep the order
+ * of sending, since pg_sequence last changed.
+ */
+static bool outbox_seq_ok = false;
+static bool outbox_seq_callback_set = false;
+
+static void
+outbox_seq_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	outbox_seq_ok = false;
+}
+
+/*
+ * A message's seq must be greater than that of every message committed
+ * before its transaction began: a sequence that hands a backend values
+ * ahead (CACHE above 1), counts down, or starts again (CYCLE) would give
+ * a later message of a key a smaller seq, and break the key's order
+ * silently.  Checked after nextval, against the settings it used.  (Values
+ * a backend drew ahead are not handed out after the settings are put back:
+ * ALTER SEQUENCE gives the sequence a new relfilenode, which makes every
+ * backend forget them.)
+ */
+static void
+outbox_check_seq(void)
+{
+	HeapTuple	tup;
+	Form_pg_sequence seqform;
+	int64		cache;
+	int64		increment;
+	bool		cycle;
+
+	if (outbox_seq_ok)
+		return;
+	if (!outbox_seq_callback_set)
+	{
+		CacheRegisterSyscacheCallback(SEQRELID, outbox_seq_callback, (Datum) 0);
+		outbox_seq_callback_set = true;
+	}
+	tup = SearchSysCache1(SEQRELID, ObjectIdGetDatum(outbox_seq_oid));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for sequence %u", outbox_seq_oid);
+	seqform = (Form_pg_sequence) GETSTRUCT(tup);
+	cache = seqform->seqcache;
+	increment = seqform->seqincrement;
+	cycle = seqform->seqcycle;
+	ReleaseSysCache(tup);
+	if (cache != 1 || increment <= 0 || cycle)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("sequence \"%s.%s\" would not keep outbox messages in their order of sending",
+						IDEM_SCHEMA, OUTBOX_SEQ),
+				 errdetail("It has CACHE " INT64_FORMAT ", INCREMENT BY " INT64_FORMAT " and %s; a send needs CACHE 1, a positive increment and NO CYCLE.",
+						   cache, increment, cycle ? "CYCLE" : "NO CYCLE"),
+				 errhint("ALTER SEQUENCE %s.%s CACHE 1 INCREMENT BY 1 NO CYCLE;",
+						 IDEM_SCHEMA, OUTBOX_SEQ)));
+	outbox_seq_ok = true;
+}
+
 static void outbox_ensure_key(text *topic, text *key, int64 key_hash);
 
 /*
@@ -409,6 +470,7 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	/* the message */
 	outbox_lookup_relids();
 	seq = nextval_internal(outbox_seq_oid, false);
+	outbox_check_seq();
 	/* the sequence was made with this range; its owner may have changed it */
 	if (seq < 0 || seq > OUTBOX_SEQ_MAX)
 		ereport(ERROR,
