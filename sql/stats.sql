@@ -116,6 +116,14 @@ SELECT idem_outbox_ack(array_agg(id)) FROM leased WHERE key = 'a';
 SELECT idem_outbox_nack(id, 'down', '0') FROM leased WHERE key IN ('b', 'c');
 SELECT count(*) FROM idem_outbox_lease('st-relay') WHERE topic = 'st-topic';
 SELECT idem_outbox_nack(id, 'down') FROM leased WHERE key = 'b';
+-- the rate is the share of leases that were redeliveries: one message leased
+-- four times is 3 of 4, not 3 redeliveries per message sent
+SELECT idem_outbox_configure('st-topic4', 10, '1 second', '1 second');
+SELECT idem_outbox_send('st-topic4', 'k', '{}') IS NOT NULL AS sent;
+SELECT idem_outbox_nack(id, 'down', '0') FROM idem_outbox_lease('st-relay') WHERE topic = 'st-topic4';
+SELECT idem_outbox_nack(id, 'down', '0') FROM idem_outbox_lease('st-relay') WHERE topic = 'st-topic4';
+SELECT idem_outbox_nack(id, 'down', '0') FROM idem_outbox_lease('st-relay') WHERE topic = 'st-topic4';
+SELECT idem_outbox_nack(id, 'down', '0') FROM idem_outbox_lease('st-relay') WHERE topic = 'st-topic4';
 SELECT * FROM pg_temp.stats('outbox');
 
 -- the Prometheus text has a HELP and a TYPE line per counter, and every

@@ -128,7 +128,7 @@ static const StatsKindInfo kinds[IDEM_NKINDS] = {
 		"outbox", "idem_outbox_messages_total",
 		"Outbox messages sent, leased, leased again, delivered, retried after a failure and dead, by topic.",
 		6, {"sent", "leased", "redelivered", "delivered", "retried", "dead"},
-		(1 << 0), 2
+		(1 << 1), 2
 	},
 };
 
