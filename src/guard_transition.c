@@ -278,7 +278,7 @@ check_outcome_privileges(Relation rel, GuardEntry *entry)
  * trigger skipped is locked by this transaction already.  Must be called
  * connected to SPI, after guard_prepare_key().
  */
-static void
+static pg_noinline void
 guard_prepare_plans(GuardEntry *entry, Relation rel)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
@@ -440,13 +440,11 @@ refuse_instead_rules(Relation rel)
  * Run the UPDATE of a transition with the request made visible to the
  * trigger; returns the number of rows updated.
  */
-static pg_noinline uint64
-run_request(GuardEntry *entry, Datum *values, TransitionRequest *req)
+static uint64
+run_request(SPIPlanPtr plan, Datum *values, TransitionRequest *req)
 {
-	SPIPlanPtr	plan = entry->update_plan;
 	volatile uint64 processed = 0;
 
-	entry->busy++;
 	guard_active_request = req;
 	PG_TRY();
 	{
@@ -467,9 +465,58 @@ run_request(GuardEntry *entry, Datum *values, TransitionRequest *req)
 	PG_FINALLY();
 	{
 		guard_active_request = req->outer;
+	}
+	PG_END_TRY();
+	return processed;
+}
+
+/*
+ * The transition through SPI: its UPDATE, then, when that moved no row and
+ * the guard did not fire, a look for the row.  Both plans stay allocated
+ * until both have run: a policy, trigger or rule of the table may call
+ * idem_transition on it again after an invalidation, and that call
+ * prepares new plans (see guard_prepare_plans).  Returns the number of
+ * rows updated, and in *found whether the row is there.
+ */
+static pg_noinline uint64
+run_request_spi(GuardEntry *entry, Relation rel, Datum *values,
+				TransitionRequest *req, bool *found)
+{
+	SPIPlanPtr	update_plan;
+	SPIPlanPtr	exists_plan;
+	volatile uint64 processed = 0;
+	volatile bool exists = false;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	guard_prepare_plans(entry, rel);
+	update_plan = entry->update_plan;
+	exists_plan = entry->exists_plan;
+	entry->busy++;
+	PG_TRY();
+	{
+		processed = run_request(update_plan, values, req);
+		exists = (processed > 0 || req->fired);
+		if (!exists)
+		{
+			int			rc = SPI_execute_snapshot(exists_plan, values, NULL,
+												  statement_snapshot(),
+												  InvalidSnapshot, false,
+												  true, 1);
+
+			if (rc != SPI_OK_SELECT)
+				elog(ERROR, "SPI_execute_plan of the lookup failed: %s",
+					 SPI_result_code_string(rc));
+			exists = (SPI_processed > 0);
+		}
+	}
+	PG_FINALLY();
+	{
 		entry->busy--;
 	}
 	PG_END_TRY();
+	SPI_finish();
+	*found = exists;
 	return processed;
 }
 
@@ -1166,8 +1213,6 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 	bool		partitioned;
 	bool		direct_done = false;
 	int			i;
-	SPIPlanPtr	exists_plan;
-	int			ret;
 	uint64		processed;
 	bool		found;
 	TransitionOutcome outcome;
@@ -1376,23 +1421,7 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 				(errmsg_internal("idem_transition updates a row of \"%s\" through SPI",
 								 RelationGetRelationName(rel))));
 		refuse_instead_rules(rel);
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		guard_prepare_plans(entry, rel);
-		exists_plan = entry->exists_plan;
-		processed = run_request(entry, values, &req);
-		found = (processed > 0 || req.fired);
-		if (!found)
-		{
-			ret = SPI_execute_snapshot(exists_plan, values, NULL,
-									   statement_snapshot(), InvalidSnapshot,
-									   false, true, 1);
-			if (ret != SPI_OK_SELECT)
-				elog(ERROR, "SPI_execute_plan of the lookup failed: %s",
-					 SPI_result_code_string(ret));
-			found = (SPI_processed > 0);
-		}
-		SPI_finish();
+		processed = run_request_spi(entry, rel, values, &req, &found);
 	}
 
 	if (!req.fired)
