@@ -150,12 +150,46 @@ SELECT * FROM ru;
 SELECT * FROM ru_log;
 DROP TABLE ru, ru_log;
 
+-- a drop that takes a guarded column with it (the column's type, domain or
+-- collation dropped with CASCADE) is refused as well; other columns go
+CREATE TYPE dt_state AS ENUM ('new', 'paid');
+CREATE DOMAIN dt_dom AS text CHECK (VALUE <> '');
+CREATE TYPE dt_note AS ENUM ('a', 'b');
+CREATE COLLATION dt_coll (provider = libc, locale = 'C');
+CREATE TABLE dt (id integer PRIMARY KEY, st dt_state NOT NULL, v integer NOT NULL DEFAULT 0,
+                 note dt_note);
+CREATE TABLE dd (id integer PRIMARY KEY, st dt_dom NOT NULL);
+CREATE TABLE dc (id integer PRIMARY KEY, st text COLLATE dt_coll NOT NULL);
+INSERT INTO dt VALUES (1, 'new');
+INSERT INTO dd VALUES (1, 'new');
+INSERT INTO dc VALUES (1, 'new');
+SELECT idem_allow('dt', 'new', 'paid');
+SELECT idem_guard('dt', 'dt', 'st', 'v');
+SELECT idem_guard('dd', 'dt', 'st');
+SELECT idem_guard('dc', 'dt', 'st');
+SELECT err($$DROP TYPE dt_state CASCADE$$);
+SELECT err($$DROP DOMAIN dt_dom CASCADE$$);
+SELECT err($$DROP COLLATION dt_coll CASCADE$$);
+SELECT err($$DROP TYPE dt_note CASCADE$$);
+SELECT idem_transition('dt', '1', 'paid');
+SELECT idem_transition('dd', '1', 'paid');
+SELECT idem_transition('dc', '1', 'paid');
+SELECT * FROM dt;
+-- and with the guard gone first, the drop goes through
+SELECT idem_unguard('dt');
+DROP TYPE dt_state CASCADE;
+SELECT * FROM dt;
+DROP TABLE dt, dd, dc;
+DROP DOMAIN dt_dom;
+DROP COLLATION dt_coll;
+
 -- the event trigger belongs to the extension
 SELECT e.evtname, e.evtevent, e.evttags, e.evtfoid::regprocedure,
        d.deptype
   FROM pg_event_trigger e
   JOIN pg_depend d ON d.classid = 'pg_event_trigger'::regclass AND d.objid = e.oid
- WHERE d.refclassid = 'pg_extension'::regclass;
+ WHERE d.refclassid = 'pg_extension'::regclass
+ ORDER BY e.evtname;
 
 DELETE FROM idem.transitions;
 DROP FUNCTION err(text);

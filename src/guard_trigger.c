@@ -1191,6 +1191,11 @@ check_guards_after_ddl(Relation rel, Oid fn, bool created, bool new_table)
  * hand that cannot work, or a second one, is refused with the error of the
  * problem.  Inheritance children and partitions, which ALTER TABLE changes
  * with their parent, are checked too.
+ *
+ * It is also the event trigger at sql_drop, of any command: a DROP TYPE,
+ * DOMAIN or COLLATION ... CASCADE (or DROP SCHEMA ... CASCADE of one) drops
+ * the columns that use it, and the tables that lose a column are checked
+ * in the same way.  A table dropped whole is no longer there, and skipped.
  */
 PG_FUNCTION_INFO_V1(idem_guard_ddl);
 Datum
@@ -1220,18 +1225,25 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	ret = SPI_execute("SELECT DISTINCT "
-					  "CASE WHEN c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_trigger'::pg_catalog.regclass "
-					  "THEN (SELECT t.tgrelid FROM pg_catalog.pg_trigger t "
-					  "       WHERE t.oid OPERATOR(pg_catalog.=) c.objid) "
-					  "ELSE COALESCE((SELECT i.indrelid FROM pg_catalog.pg_index i "
-					  "                WHERE i.indexrelid OPERATOR(pg_catalog.=) c.objid), c.objid) END, "
-					  "c.command_tag OPERATOR(pg_catalog.=) 'CREATE TRIGGER', "
-					  "c.command_tag OPERATOR(pg_catalog.=) 'CREATE TABLE' "
-					  "FROM pg_catalog.pg_event_trigger_ddl_commands() c "
-					  "WHERE c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass "
-					  "   OR c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_trigger'::pg_catalog.regclass",
-					  false, 0);	/* not read-only: sees the command's rows */
+	if (strcmp(((EventTriggerData *) fcinfo->context)->event, "sql_drop") == 0)
+		ret = SPI_execute("SELECT DISTINCT d.objid, false, false "
+						  "FROM pg_catalog.pg_event_trigger_dropped_objects() d "
+						  "WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass "
+						  "  AND d.objsubid OPERATOR(pg_catalog.>) 0",
+						  false, 0);
+	else
+		ret = SPI_execute("SELECT DISTINCT "
+						  "CASE WHEN c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_trigger'::pg_catalog.regclass "
+						  "THEN (SELECT t.tgrelid FROM pg_catalog.pg_trigger t "
+						  "       WHERE t.oid OPERATOR(pg_catalog.=) c.objid) "
+						  "ELSE COALESCE((SELECT i.indrelid FROM pg_catalog.pg_index i "
+						  "                WHERE i.indexrelid OPERATOR(pg_catalog.=) c.objid), c.objid) END, "
+						  "c.command_tag OPERATOR(pg_catalog.=) 'CREATE TRIGGER', "
+						  "c.command_tag OPERATOR(pg_catalog.=) 'CREATE TABLE' "
+						  "FROM pg_catalog.pg_event_trigger_ddl_commands() c "
+						  "WHERE c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass "
+						  "   OR c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_trigger'::pg_catalog.regclass",
+						  false, 0);	/* not read-only: sees the command's rows */
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "SPI_execute of the DDL commands failed: %s",
 			 SPI_result_code_string(ret));
