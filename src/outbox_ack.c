@@ -9,14 +9,9 @@
 #include "postgres.h"
 
 #include "access/genam.h"
-#include "access/htup_details.h"
-#include "access/multixact.h"
 #include "access/tableam.h"
-#include "access/xact.h"
 #include "miscadmin.h"
 #include "mb/pg_wchar.h"
-#include "storage/bufmgr.h"
-#include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/snapmgr.h"
 
@@ -439,69 +434,6 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	PG_RETURN_INT32(acked);
 }
 
-static bool
-outbox_row_read(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
-{
-	return false;
-}
-
-/*
- * When the message version at tid is only locked by other transactions (a
- * SELECT ... FOR UPDATE by hand), wait for them to end, holding nothing of
- * the nack's, and say so: the nack is tried again.  Not when a transaction
- * is deleting it (an ack: the message was delivered) or changing its key.
- */
-static bool
-outbox_wait_lockers(OutboxRels *r, ItemPointer tid)
-{
-	Buffer		buf;
-	Page		page;
-	OffsetNumber off = ItemPointerGetOffsetNumber(tid);
-	ItemId		lp;
-	HeapTupleHeader htup;
-	TransactionId xmax = InvalidTransactionId;
-	uint16		infomask = 0;
-	bool		found = false;
-
-	buf = ReadBuffer(r->rel, ItemPointerGetBlockNumber(tid));
-	LockBuffer(buf, BUFFER_LOCK_SHARE);
-	page = BufferGetPage(buf);
-	if (off <= PageGetMaxOffsetNumber(page))
-	{
-		lp = PageGetItemId(page, off);
-		if (ItemIdIsNormal(lp))
-		{
-			htup = (HeapTupleHeader) PageGetItem(page, lp);
-			xmax = HeapTupleHeaderGetRawXmax(htup);
-			infomask = htup->t_infomask;
-			found = true;
-		}
-	}
-	UnlockReleaseBuffer(buf);
-	if (!found)
-		return false;
-	/* the locker ended meanwhile: try again */
-	if (infomask & HEAP_XMAX_INVALID)
-		return true;
-	if (!HEAP_XMAX_IS_LOCKED_ONLY(infomask))
-		return false;
-	if (infomask & HEAP_XMAX_IS_MULTI)
-	{
-		MultiXactMember *members;
-		int			n = GetMultiXactIdMembers(xmax, &members, false, true);
-		int			i;
-
-		for (i = 0; i < n; i++)
-			if (!TransactionIdIsCurrentTransactionId(members[i].xid))
-				XactLockTableWait(members[i].xid, r->rel, tid, XLTW_Lock);
-		if (n > 0)
-			pfree(members);
-	}
-	else if (!TransactionIdIsCurrentTransactionId(xmax))
-		XactLockTableWait(xmax, r->rel, tid, XLTW_Lock);
-	return true;
-}
-
 /*
  * The nack's write of the key's row, in a subtransaction, and then a lock
  * of the message against its deletion, without waiting.  An ack that
@@ -509,14 +441,18 @@ outbox_wait_lockers(OutboxRels *r, ItemPointer tid)
  * write (see idem_outbox_ack); one that is deleting it, or has, makes the
  * lock fail, and the write is undone: the message was delivered.  The
  * message is not waited for while the row is written (an ack holding the
- * message could be waiting for the row: a deadlock); when a transaction
- * that only locks the message holds it, the write is undone, that
- * transaction waited for, and the nack tried again.  The row is waited
- * for: a lease, ack or nack that holds it waits for nothing of this
- * transaction's, unless this transaction holds other key rows, which is
- * why the nacks of one transaction come in the order of their keys (as
- * idem-relay's do, after its acks).  Whether the row was written.
+ * message could be waiting for the row: a deadlock).  The row is: a lease,
+ * ack or nack that holds it waits for nothing of this transaction's, unless
+ * this transaction holds other key rows, which is why the nacks of one
+ * transaction come in the order of their keys (as idem-relay's do, after
+ * its acks).  Whether the row was written.
  */
+static bool
+outbox_row_read(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
+{
+	return false;
+}
+
 static bool
 outbox_nack_write(IdemStore *store, OutboxRels *r, pg_uuid_t *id,
 				  text *topic, text *key, AckArg *arg)
@@ -524,58 +460,43 @@ outbox_nack_write(IdemStore *store, OutboxRels *r, pg_uuid_t *id,
 	MemoryContext oldcxt = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
 	bool		done;
-	volatile bool blocked;
-	ItemPointerData tid;
 
-	for (;;)
+	/*
+	 * A read of the row first: the store opens what it keeps open (its
+	 * index, its slots) under the transaction, not the subtransaction, and
+	 * a write in progress is waited for here, before any lock is held.
+	 */
+	(void) idem_store_update(store, PointerGetDatum(topic),
+							 PointerGetDatum(key), outbox_row_read, NULL);
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
 	{
-		CHECK_FOR_INTERRUPTS();
-
-		/*
-		 * A read of the row first: the store opens what it keeps open (its
-		 * index, its slots) under the transaction, not the subtransaction,
-		 * and a write in progress is waited for here, before any lock is
-		 * held.
-		 */
-		(void) idem_store_update(store, PointerGetDatum(topic),
-								 PointerGetDatum(key), outbox_row_read, NULL);
-		blocked = false;
-		BeginInternalSubTransaction(NULL);
-		MemoryContextSwitchTo(oldcxt);
-		PG_TRY();
+		done = (idem_store_update(store, PointerGetDatum(topic),
+								  PointerGetDatum(key), nack_key, arg) == IDEM_UPDATE_DONE);
+		if (done)
 		{
-			done = (idem_store_update(store, PointerGetDatum(topic),
-									  PointerGetDatum(key), nack_key, arg) == IDEM_UPDATE_DONE);
-			if (done)
-			{
-				/* the message as it stands now, to lock its latest version */
-				done = outbox_find(r, id, NULL);
-				if (done)
-				{
-					tid = r->slot->tts_tid;
-					done = outbox_lock_message(r, &tid, false);
-					blocked = !done;
-				}
-				ExecClearTuple(r->slot);
-			}
-			if (done)
-				ReleaseCurrentSubTransaction();
-			else
-				RollbackAndReleaseCurrentSubTransaction();
-			MemoryContextSwitchTo(oldcxt);
-			CurrentResourceOwner = oldowner;
+			/* the message as it stands now, to lock its latest version */
+			done = outbox_find(r, id, NULL) &&
+				outbox_lock_message(r, &r->slot->tts_tid, false);
+			ExecClearTuple(r->slot);
 		}
-		PG_CATCH();
-		{
-			MemoryContextSwitchTo(oldcxt);
+		if (done)
+			ReleaseCurrentSubTransaction();
+		else
 			RollbackAndReleaseCurrentSubTransaction();
-			CurrentResourceOwner = oldowner;
-			PG_RE_THROW();
-		}
-		PG_END_TRY();
-		if (done || !blocked || !outbox_wait_lockers(r, &tid))
-			return done;
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
 	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(oldcxt);
+		RollbackAndReleaseCurrentSubTransaction();
+		CurrentResourceOwner = oldowner;
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	return done;
 }
 
 /*
