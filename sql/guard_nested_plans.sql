@@ -37,6 +37,8 @@ BEGIN
         IF current_setting('nested.raise', true) = 'on' THEN
             RAISE EXCEPTION 'inner calls done';
         END IF;
+        -- the outer look-up then finds no row: not_found, without an error
+        RETURN current_setting('nested.hide', true) IS DISTINCT FROM 'on';
     END IF;
     RETURN true;
 END;
@@ -52,6 +54,27 @@ SELECT idem_transition('nested.np', '1', 'paid');
 SET nested.skip = 'on';
 SET nested.raise = 'off';
 SELECT idem_transition('nested.np', '1', 'paid');
+-- the plans the inner calls replaced are freed once the outer call is
+-- done: 50 such calls leave no plans behind
+RESET ROLE;
+SELECT count(*) AS plans FROM pg_backend_memory_contexts WHERE name = 'SPI Plan' \gset
+SET ROLE regress_idem_nested;
+SET nested.hide = 'on';
+CREATE TEMP TABLE outcomes (outcome text);
+DO $$
+BEGIN
+    FOR i IN 1..50 LOOP
+        PERFORM set_config('nested.skip', 'on', false);
+        INSERT INTO outcomes SELECT idem_transition('nested.np', '1', 'paid');
+    END LOOP;
+END;
+$$;
+SELECT outcome, count(*) FROM outcomes GROUP BY outcome;
+DROP TABLE outcomes;
+SET nested.hide = 'off';
+RESET ROLE;
+SELECT count(*) - :plans < 10 AS plans_freed FROM pg_backend_memory_contexts WHERE name = 'SPI Plan';
+SET ROLE regress_idem_nested;
 SET nested.skip = 'off';
 SELECT idem_transition('nested.np', '1', 'paid');
 SELECT status FROM nested.np;

@@ -233,6 +233,8 @@ typedef struct GuardEntry
 	int			busy;			/* idem_transition calls running the plans */
 	SPIPlanPtr	update_plan;
 	SPIPlanPtr	exists_plan;
+	/* plans replaced while busy, freed once no call runs them (a List) */
+	List	   *retired_plans;
 } GuardEntry;
 
 /*

@@ -264,6 +264,19 @@ check_outcome_privileges(Relation rel, GuardEntry *entry)
 				   RelationGetRelationName(rel));
 }
 
+/* Free the plans retired while calls ran them: none does any more. */
+static void
+guard_free_retired_plans(GuardEntry *entry)
+{
+	ListCell   *lc;
+
+	Assert(entry->busy == 0);
+	foreach(lc, entry->retired_plans)
+		SPI_freeplan((SPIPlanPtr) lfirst(lc));
+	list_free(entry->retired_plans);
+	entry->retired_plans = NIL;
+}
+
 /*
  * Prepare and keep the plans of the SPI path of a guarded table (once per
  * table and backend, again after the table changed):
@@ -343,13 +356,29 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 	SPI_keepplan(update_plan);
 	SPI_keepplan(exists_plan);
 
-	/* Plans still run by an outer call are left to it (and leaked). */
+	/*
+	 * Plans an outer call may still run are retired, and freed when it is
+	 * done (see run_request_spi).
+	 */
 	if (entry->busy == 0)
 	{
+		guard_free_retired_plans(entry);
 		if (entry->update_plan != NULL)
 			SPI_freeplan(entry->update_plan);
 		if (entry->exists_plan != NULL)
 			SPI_freeplan(entry->exists_plan);
+	}
+	else
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(CacheMemoryContext);
+
+		if (entry->update_plan != NULL)
+			entry->retired_plans = lappend(entry->retired_plans,
+										   entry->update_plan);
+		if (entry->exists_plan != NULL)
+			entry->retired_plans = lappend(entry->retired_plans,
+										   entry->exists_plan);
+		MemoryContextSwitchTo(oldcxt);
 	}
 	entry->update_plan = update_plan;
 	entry->exists_plan = exists_plan;
@@ -515,6 +544,9 @@ run_request_spi(GuardEntry *entry, Relation rel, Datum *values,
 		entry->busy--;
 	}
 	PG_END_TRY();
+	/* (after an error, the next call that prepares plans frees them) */
+	if (entry->busy == 0 && entry->retired_plans != NIL)
+		guard_free_retired_plans(entry);
 	SPI_finish();
 	*found = exists;
 	return processed;
