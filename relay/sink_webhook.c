@@ -9,9 +9,12 @@
  *	X-Idem-Attempt: <attempt>
  *	X-Idem-Headers: <the message's headers, JSON>, when it has some
  *
- * and those of the settings header.<Name>.  The answer decides:
+ * and those of the settings header.<Name> (not one of the above, nor
+ * Content-Length, Host, Expect or Transfer-Encoding).  The final answer
+ * decides (an interim 1xx, such as 103 Early Hints, is passed over):
  *
- *	2xx					delivered
+ *	2xx					delivered, once its headers are in, whatever becomes
+ *						of its body
  *	408, 425, 429, 5xx	retried, after Retry-After (seconds or an HTTP date)
  *						when the answer has one, else the topic's backoff
  *						(408 Request Timeout and 425 Too Early say to try
@@ -20,6 +23,9 @@
  *	1xx, 3xx			retried (redirections are not followed: the URL is
  *						the configuration's, not the message's)
  *	no answer			retried (connection refused, timeout, ...)
+ *
+ * A message whose headers make a request head larger than libcurl builds
+ * is refused for good.
  *
  * Settings: url (required, http or https), header.<Name> = value.
  */
@@ -35,6 +41,17 @@
 
 #define BODY_EXCERPT 200
 
+/*
+ * libcurl builds a request's head (request line and headers, and a body of
+ * less than 64 KiB with them) in a buffer of less than 1 MiB, and fails with
+ * CURLE_OUT_OF_MEMORY past it: a message whose headers do not fit would be
+ * retried until it died.  HEAD_SLACK is for the request line's method and
+ * version, Host, User-Agent, Accept and Content-Length.
+ */
+#define CURL_MAX_REQUEST_HEAD	(1024 * 1024)
+#define CURL_INLINE_BODY		(64 * 1024)
+#define HEAD_SLACK				1024
+
 typedef struct WebhookSink
 {
 	Sink		base;
@@ -43,8 +60,11 @@ typedef struct WebhookSink
 	long		timeout_ms;
 	struct curl_slist *fixed;	/* Content-Type, Expect, header.* settings */
 	char		errbuf[CURL_ERROR_SIZE];
-	/* per request */
+	/* per answer (reset at each status line, 1xx included) */
 	long		retry_after_ms;
+	int			status;			/* of the status line, or 0 */
+	int			final_2xx;		/* the headers of a 2xx answer ended */
+	/* per request */
 	char		body[BODY_EXCERPT + 1];
 	size_t		body_len;
 	const PublishControl *ctl;
@@ -84,6 +104,29 @@ valid_header_name(const char *s)
 	return 1;
 }
 
+/*
+ * Headers the relay sets itself, or libcurl does: a second copy from the
+ * configuration would be sent beside the first (a receiver reading the
+ * first Idempotency-Key and another the second), or break the request.
+ */
+static const char *const reserved_headers[] = {
+	"Content-Type", "Idempotency-Key", "Content-Length", "Host", "Expect",
+	"Transfer-Encoding", NULL
+};
+
+static int
+reserved_header(const char *name)
+{
+	int			i;
+
+	if (strncasecmp(name, "X-Idem-", 7) == 0)
+		return 1;
+	for (i = 0; reserved_headers[i]; i++)
+		if (strcasecmp(name, reserved_headers[i]) == 0)
+			return 1;
+	return 0;
+}
+
 typedef struct HeaderArg
 {
 	WebhookSink *s;
@@ -110,8 +153,21 @@ add_setting_header(void *argp, const char *name, const char *value)
 		arg->ok = 0;
 		return;
 	}
+	if (reserved_header(name))
+	{
+		snprintf(arg->err, arg->errlen,
+				 "webhook.header.%s: the relay sets this header itself "
+				 "(Content-Type, Content-Length, Host, Expect, Transfer-Encoding, "
+				 "Idempotency-Key and X-Idem-*)", name);
+		arg->ok = 0;
+		return;
+	}
 	sb_init(&sb);
-	sb_printf(&sb, "%s: %s", name, value);
+	/* "Name:" with no value would tell libcurl to remove the header */
+	if (value[strspn(value, " \t")] == '\0')
+		sb_printf(&sb, "%s;", name);
+	else
+		sb_printf(&sb, "%s: %s", name, value);
 	arg->s->fixed = curl_slist_append(arg->s->fixed, sb.data);
 	sb_free(&sb);
 }
@@ -125,6 +181,30 @@ on_header(char *buf, size_t size, size_t nitems, void *userdata)
 	char	   *v;
 	char	   *end;
 
+	/*
+	 * libcurl passes the headers of interim answers (1xx) too: what one of
+	 * them said is not the final answer's.
+	 */
+	if (len >= 5 && strncmp(buf, "HTTP/", 5) == 0)
+	{
+		const char *sp = memchr(buf, ' ', len);
+
+		s->retry_after_ms = -1;
+		s->status = 0;
+		s->final_2xx = 0;
+		if (sp != NULL && sp + 4 <= buf + len &&
+			sp[1] >= '1' && sp[1] <= '5' &&
+			sp[2] >= '0' && sp[2] <= '9' && sp[3] >= '0' && sp[3] <= '9')
+			s->status = (sp[1] - '0') * 100 + (sp[2] - '0') * 10 + (sp[3] - '0');
+		return len;
+	}
+	/* the end of an answer's headers: a 2xx past it is the final answer */
+	if ((len == 2 && buf[0] == '\r' && buf[1] == '\n') || (len == 1 && buf[0] == '\n'))
+	{
+		if (s->status >= 200 && s->status < 300)
+			s->final_2xx = 1;
+		return len;
+	}
 	if (len < 12 || len >= sizeof(line) || strncasecmp(buf, "retry-after:", 12) != 0)
 		return len;
 	memcpy(line, buf, len);
@@ -171,6 +251,12 @@ on_body(char *buf, size_t size, size_t nmemb, void *userdata)
 	size_t		len = size * nmemb;
 	size_t		room = BODY_EXCERPT - s->body_len;
 
+	/*
+	 * A 2xx's body says nothing more: it is read only so that the
+	 * connection can be used again, and does not have to arrive whole.
+	 */
+	if (s->final_2xx)
+		return len;
 	if (room > len)
 		room = len;
 	memcpy(s->body + s->body_len, buf, room);
@@ -263,6 +349,8 @@ webhook_init(const SinkSettings *ss, char *err, size_t errlen)
 	curl_easy_setopt(s->curl, CURLOPT_FOLLOWLOCATION, 0L);
 	curl_easy_setopt(s->curl, CURLOPT_USERAGENT, "idem-relay/" RELAY_VERSION);
 	curl_easy_setopt(s->curl, CURLOPT_ERRORBUFFER, s->errbuf);
+	/* a proxy's answer to CONNECT is not the receiver's */
+	curl_easy_setopt(s->curl, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
 	curl_easy_setopt(s->curl, CURLOPT_HEADERFUNCTION, on_header);
 	curl_easy_setopt(s->curl, CURLOPT_HEADERDATA, s);
 	curl_easy_setopt(s->curl, CURLOPT_WRITEFUNCTION, on_body);
@@ -297,6 +385,9 @@ post_one(WebhookSink *s, const RelayMessage *m, Outcome *out)
 	CURLcode	rc;
 	long		status = 0;
 	char		excerpt[BODY_EXCERPT + 1];
+	size_t		head = 0;
+	long		sent = 0;
+	size_t		plen;
 
 	for (f = s->fixed; f; f = f->next)
 		h = curl_slist_append(h, f->data);
@@ -333,18 +424,48 @@ post_one(WebhookSink *s, const RelayMessage *m, Outcome *out)
 	}
 	sb_free(&sb);
 
+	for (f = h; f; f = f->next)
+		head += strlen(f->data) + 2;
+	plen = strlen(m->payload);
+	if (head + strlen(s->url) + HEAD_SLACK + (plen < CURL_INLINE_BODY ? plen : 0) >= CURL_MAX_REQUEST_HEAD)
+	{
+		curl_slist_free_all(h);
+		out->kind = OUTCOME_PERMANENT;
+		out->retry_after_ms = -1;
+		snprintf(out->error, sizeof(out->error),
+				 "webhook: the request's headers take %zu bytes (X-Idem-Headers: %zu); "
+				 "libcurl sends at most %d with the URL and a short body",
+				 head, m->headers ? strlen(m->headers) : 0, CURL_MAX_REQUEST_HEAD);
+		return;
+	}
+
 	s->retry_after_ms = -1;
+	s->status = 0;
+	s->final_2xx = 0;
 	s->body_len = 0;
 	s->body[0] = '\0';
 	s->errbuf[0] = '\0';
 	curl_easy_setopt(s->curl, CURLOPT_HTTPHEADER, h);
 	curl_easy_setopt(s->curl, CURLOPT_POSTFIELDS, m->payload);
-	curl_easy_setopt(s->curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) strlen(m->payload));
+	curl_easy_setopt(s->curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) plen);
 	rc = curl_easy_perform(s->curl);
 	curl_easy_setopt(s->curl, CURLOPT_HTTPHEADER, NULL);
 	curl_slist_free_all(h);
 
 	out->retry_after_ms = -1;
+
+	/*
+	 * Once the headers of a 2xx answer are in, the message is delivered,
+	 * whatever becomes of its body (slow, cut short, longer than its
+	 * Content-Length said, or a shutdown while it comes).
+	 */
+	if (rc != CURLE_OK && s->final_2xx)
+	{
+		relay_log(LOG_DEBUG, "webhook: HTTP %d, the body not read to its end: %s",
+				  s->status, s->errbuf[0] ? s->errbuf : curl_easy_strerror(rc));
+		out->kind = OUTCOME_DELIVERED;
+		return;
+	}
 	if (rc != CURLE_OK)
 	{
 		out->kind = OUTCOME_RETRY;
@@ -356,6 +477,20 @@ post_one(WebhookSink *s, const RelayMessage *m, Outcome *out)
 		else
 			snprintf(out->error, sizeof(out->error), "webhook: %s",
 					 s->errbuf[0] ? s->errbuf : curl_easy_strerror(rc));
+
+		/*
+		 * Out of memory before anything was sent, with large headers: the
+		 * request is more than libcurl builds (should its limit be lower
+		 * than the one checked above), and would be every time.
+		 */
+		if (rc == CURLE_OUT_OF_MEMORY && head >= CURL_INLINE_BODY &&
+			curl_easy_getinfo(s->curl, CURLINFO_REQUEST_SIZE, &sent) == CURLE_OK && sent == 0)
+		{
+			out->kind = OUTCOME_PERMANENT;
+			snprintf(out->error, sizeof(out->error),
+					 "webhook: libcurl could not build a request whose headers take %zu bytes: %s",
+					 head, s->errbuf[0] ? s->errbuf : curl_easy_strerror(rc));
+		}
 		return;
 	}
 	curl_easy_getinfo(s->curl, CURLINFO_RESPONSE_CODE, &status);

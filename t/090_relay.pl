@@ -16,7 +16,10 @@
 #   2xx delivered, 500 with Retry-After and 429 retried, 503 with
 #   Retry-After (seconds, HTTP date) waiting as long, 400 refused for good,
 #   the Idempotency-Key and X-Idem-* headers, per-topic routes from a
-#   configuration file;
+#   configuration file; a Retry-After on an interim 103 not applied to the
+#   final answer, a 2xx whose body stalls or is cut short delivered, headers
+#   of more than 1 MiB refused for good, an empty configured header sent,
+#   the relay's own headers refused in the configuration;
 # - no message is started with less than the timeout left of its lease;
 # - a relay killed with SIGKILL in the middle of a batch: a second relay
 #   delivers everything, the killed relay's unacknowledged deliveries again
@@ -188,6 +191,13 @@ my @usage_errors = (
 	[ [ '--name', "relay\xff" ], qr/name must be valid UTF-8/ ],
 	[ [ '--name', "relay\xc0\xaf" ], qr/name must be valid UTF-8/ ],
 	[ [ '--set', 'webhook.uri=http://x' ], qr/unknown setting "webhook.uri"/ ],
+	# a header the relay sets itself would be sent twice
+	[ [ '--once', '--sink', 'webhook', '--webhook-url', 'http://127.0.0.1/', '--set', 'webhook.header.idempotency-KEY=1' ],
+	  qr/webhook\.header\.idempotency-KEY: the relay sets this header itself/ ],
+	[ [ '--once', '--sink', 'webhook', '--webhook-url', 'http://127.0.0.1/', '--set', 'webhook.header.X-Idem-Attempt=1' ],
+	  qr/webhook\.header\.X-Idem-Attempt: the relay sets this header itself/ ],
+	[ [ '--once', '--sink', 'webhook', '--webhook-url', 'http://127.0.0.1/', '--set', 'webhook.header.Content-Length=1' ],
+	  qr/webhook\.header\.Content-Length: the relay sets this header itself/ ],
 	[ [ '--set', 'topic.a.b.sink=stdout' ], qr/unknown setting "topic.a.b.sink"/ ],
 	[ [ '--config', "$tmp/missing.conf" ], qr/could not open configuration file/ ],
 	[ [ '--no-such-flag' ], qr/unrecognized option/ ],
@@ -517,6 +527,48 @@ for my $db ('postgres', 'relay_1252')
 		DELETE FROM idem.outbox WHERE aggregatetype = 'nackorder';
 		DELETE FROM idem.outbox_keys WHERE topic = 'nackorder'});
 }
+
+# Answers that come in parts, and what the relay sends itself: a Retry-After
+# on an interim 103 is not the final 503's (the message waits the topic's
+# backoff, not an hour); a 2xx whose body stalls or is cut short is
+# delivered; a message whose headers are more than libcurl sends is refused
+# for good at once; an empty header of the configuration is sent empty.
+sql(q{SELECT idem_outbox_configure('more', 5, '50 milliseconds', '100 milliseconds')});
+my %more;
+$more{e103} = send_msg('more', 'e103', { reply => [ '503 early=3600', '200' ] });
+$more{stall} = send_msg('more', 'stall', { reply => [ '200 stall=3', '200' ] });
+$more{cut} = send_msg('more', 'cut', { reply => [ '200 cut', '200' ] });
+$more{big} = send_msg('more', 'big', { n => 1 }, { big => 'x' x (1100 * 1024) });
+$more{plain} = send_msg('more', 'plain', { n => 1 });
+$r = start_relay({}, '--sink', 'webhook', '--webhook-url', "$url/more",
+	'--set', 'webhook.header.X-Empty=', '--lease', '4s', '--timeout', '1s',
+	'--poll', '100ms', '--log-interval', '0');
+# done: every message delivered, dead, or waiting more than half an hour
+# (e103, should the 103's Retry-After be taken)
+ok( wait_for('the answers in parts', sub {
+			sql(q{SELECT NOT EXISTS (
+			        SELECT FROM idem.outbox o JOIN idem.outbox_keys k
+			          ON k.topic = o.aggregatetype AND k.key = o.aggregateid
+			       WHERE o.aggregatetype = 'more'
+			         AND NOT (k.dead OR k.available_at > now() + interval '30 minutes'))}) eq 't' }),
+	'the relay is done with the answers in parts');
+is(stop_relay($r, 'TERM'), 0, 'exit code 0');
+$rerr = slurp_file($r->{err});
+is(final_counts($rerr), 'leased 6, delivered 4, retried 1, dead 1, errors 0',
+	'final counts: e103 retried once, four delivered, big dead');
+my %more_got;
+push @{ $more_got{ $_->{idempotency_key} } }, $_ for grep { $_->{path} eq '/more' } @{ received() };
+is(join(',', map { scalar @{ $more_got{ $more{$_} } // [] } } qw(e103 stall cut big plain)),
+	'2,1,1,0,1', 'requests per message: two for e103, one each for stall, cut and plain, none for big');
+is(join(',', map { $_->{attempt} } @{ $more_got{ $more{e103} } // [] }), '1,2',
+	'a Retry-After on a 103 is not applied to the 503 after it: retried after the backoff');
+is( sql(qq{SELECT dead, attempts, last_error LIKE 'permanent: webhook: the request''s headers take % bytes (X-Idem-Headers: %'
+	      FROM idem.outbox_keys WHERE topic = 'more' AND key = 'big'}),
+	't|1|t', 'headers of more than 1 MiB: refused for good at the first attempt, with the reason');
+is($more_got{ $more{plain} }[0]{x_empty}, '', 'an empty header of the configuration is sent, empty');
+$node->safe_psql('postgres', q{
+	DELETE FROM idem.outbox WHERE aggregatetype = 'more';
+	DELETE FROM idem.outbox_keys WHERE topic = 'more'});
 
 ########################################################################
 # No publish outlives its lease

@@ -9,7 +9,8 @@ written before the answer is sent (so a request the relay was killed in the
 middle of is logged too):
 
     {"path", "idempotency_key", "topic", "key", "type", "attempt",
-     "headers", "content_type", "authorization", "body", "n", "reply"}
+     "headers", "content_type", "authorization", "x_empty", "body", "n",
+     "reply"}
 
 where topic, key and type are the X-Idem-* headers as sent
 (percent-encoded), body the JSON received, n how many requests with the
@@ -24,6 +25,11 @@ is a status code followed by options:
     "500 ra=0"          500 with "Retry-After: 0"
     "503 date=+7200"    503 with Retry-After an HTTP date two hours ahead
     "200 sleep=2"       wait 2 seconds, then 200
+    "503 early=3600"    first "103 Early Hints" with "Retry-After: 3600",
+                        then 503 without one
+    "200 stall=3"       200 with a Content-Length 100 bytes longer than the
+                        body sent, and the connection left open 3 seconds
+    "200 cut"           the same, but the connection is closed at once
 """
 
 import email.utils
@@ -71,6 +77,7 @@ class Handler(BaseHTTPRequestHandler):
                 "headers": self.headers.get("X-Idem-Headers"),
                 "content_type": self.headers.get("Content-Type"),
                 "authorization": self.headers.get("Authorization"),
+                "x_empty": self.headers.get("X-Empty"),
                 "body": body,
                 "n": n,
                 "reply": rule,
@@ -81,6 +88,8 @@ class Handler(BaseHTTPRequestHandler):
         words = rule.split()
         status = int(words[0])
         extra = []
+        early = None
+        stall = None
         for opt in words[1:]:
             name, _, value = opt.partition("=")
             if name == "ra":
@@ -90,15 +99,31 @@ class Handler(BaseHTTPRequestHandler):
                 extra.append(("Retry-After", email.utils.formatdate(when, usegmt=True)))
             elif name == "sleep":
                 time.sleep(float(value))
+            elif name == "early":
+                early = value
+            elif name == "stall":
+                stall = float(value)
+            elif name == "cut":
+                stall = 0
         answer = json.dumps({"status": status}).encode()
         try:
+            if early is not None:
+                self.send_response_only(103)
+                self.send_header("Retry-After", early)
+                self.end_headers()
             self.send_response(status)
             for name, value in extra:
                 self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
+            length = len(answer) + (100 if stall is not None else 0)
+            self.send_header("Content-Length", str(length))
             self.end_headers()
             self.wfile.write(answer)
+            if stall is not None:
+                # the rest of the body never comes
+                self.wfile.flush()
+                time.sleep(stall)
+                self.close_connection = True
         except OSError:
             pass                # the relay went away
 
