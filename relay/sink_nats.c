@@ -982,6 +982,17 @@ nats_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 			}
 			return 0;
 		}
+
+		/*
+		 * The connection may have taken up to the timeout: a batch started
+		 * now could be confirmed after its lease ran out.
+		 */
+		if (*ctl->stop_now || now_ms() >= ctl->deadline_ms)
+		{
+			for (i = 0; i < n; i++)
+				out[i].kind = OUTCOME_UNSENT;
+			return 0;
+		}
 	}
 
 	/* the batch, pipelined: one HPUB each, acknowledgements matched by reply */
