@@ -893,6 +893,8 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	StrBuf		nids;
 	int			nacks = 0;
 	int			ndelivered = 0;
+	int			nretried = 0;
+	int			ndead = 0;
 	int			nlate = 0;
 	int			i;
 	int			j;
@@ -946,7 +948,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 							 RELAY_MAX_RETRY_AFTER_MS : out[i].retry_after_ms);
 					w = wait;
 				}
-				COUNT(retried, 1);
+				nretried++;
 				printable_copy(last_error, sizeof(last_error), error, strlen(error));
 				relay_log(LOG_DEBUG, "retry %s (topic %s, key %s, attempt %d) after %s: %s",
 						  m->id, topic, key, m->attempt, w ? w : "the topic's backoff", error);
@@ -957,7 +959,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 				snprintf(error, sizeof(error), "permanent: %s", out[i].error);
 				printable_copy(error, sizeof(error), error, strlen(error));
 				perm = "t";
-				COUNT(dead, 1);
+				ndead++;
 				printable_copy(last_error, sizeof(last_error), error, strlen(error));
 				relay_log(LOG_WARNING, "message %s (topic %s, key %s, attempt %d) refused for good, "
 						  "dead: %s", m->id, topic, key, m->attempt, error);
@@ -977,7 +979,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 				else
 					snprintf(error, sizeof(error), "not published: the sink failed");
 				w = "0";
-				COUNT(retried, 1);
+				nretried++;
 				relay_log(LOG_DEBUG, "released %s (topic %s, key %s): %s", m->id, topic, key, error);
 				break;
 		}
@@ -999,8 +1001,8 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	sb_putc(&errs, '}');
 	sb_putc(&waits, '}');
 	sb_putc(&perms, '}');
-	COUNT(delivered, ndelivered);
 
+	/* counted once the database has them: a failed statement wrote nothing */
 	if (ndelivered > 0)
 	{
 		const char *params[1] = {ids.data};
@@ -1017,6 +1019,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 				relay_log(LOG_DEBUG, "%d of %d delivered messages were acknowledged before",
 						  ndelivered - atoi(PQgetvalue(res, 0, 0)), ndelivered);
 			PQclear(res);
+			COUNT(delivered, ndelivered);
 		}
 	}
 	if (ok && nacks > 0)
@@ -1031,7 +1034,11 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 			ok = 0;
 		}
 		else
+		{
 			PQclear(res);
+			COUNT(retried, nretried);
+			COUNT(dead, ndead);
+		}
 	}
 	drain_notifications();
 	sb_free(&ids);

@@ -20,6 +20,7 @@
 #   final answer, a 2xx whose body stalls or is cut short delivered, headers
 #   of more than 1 MiB refused for good, an empty configured header sent,
 #   the relay's own headers refused in the configuration;
+# - the counts: an ack or a nack that failed counts nothing;
 # - no message is started with less than the timeout left of its lease;
 # - a relay killed with SIGKILL in the middle of a batch: a second relay
 #   delivers everything, the killed relay's unacknowledged deliveries again
@@ -569,6 +570,30 @@ is($more_got{ $more{plain} }[0]{x_empty}, '', 'an empty header of the configurat
 $node->safe_psql('postgres', q{
 	DELETE FROM idem.outbox WHERE aggregatetype = 'more';
 	DELETE FROM idem.outbox_keys WHERE topic = 'more'});
+
+# The counts are of what the database took: an ack or a nack that fails
+# counts nothing delivered, retried or dead (exit code 3 with
+# --exit-on-error, after the final counts).
+sql(q{REVOKE EXECUTE ON FUNCTION idem_outbox_ack(uuid[]) FROM relay});
+send_msg('acks', 'a', { n => 1 });
+($rc, $out, $err) = run_relay({}, '--once', '--exit-on-error', '--log-interval', '0');
+is($rc, 3, 'the ack fails: exit code 3');
+is(final_counts($err), 'leased 1, delivered 0, retried 0, dead 0, errors 1',
+	'a message whose ack failed is not counted delivered');
+sql(q{GRANT EXECUTE ON FUNCTION idem_outbox_ack(uuid[]) TO relay;
+      REVOKE EXECUTE ON FUNCTION idem_outbox_nack(uuid, text, interval, text, boolean) FROM relay;
+      DELETE FROM idem.outbox WHERE aggregatetype = 'acks';
+      DELETE FROM idem.outbox_keys WHERE topic = 'acks'});
+send_msg('acks', 'r', { reply => ['503'] });
+send_msg('acks', 'd', { reply => ['400'] });
+($rc, $out, $err) = run_relay({}, '--sink', 'webhook', '--webhook-url', "$url/acks",
+	'--once', '--exit-on-error', '--log-interval', '0');
+is($rc, 3, 'the nack fails: exit code 3');
+is(final_counts($err), 'leased 2, delivered 0, retried 0, dead 0, errors 1',
+	'messages whose nack failed are not counted retried or dead');
+sql(q{GRANT EXECUTE ON FUNCTION idem_outbox_nack(uuid, text, interval, text, boolean) TO relay;
+      DELETE FROM idem.outbox WHERE aggregatetype = 'acks';
+      DELETE FROM idem.outbox_keys WHERE topic = 'acks'});
 
 ########################################################################
 # No publish outlives its lease
