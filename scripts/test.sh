@@ -6,6 +6,7 @@
 #
 #   scripts/test.sh              every suite
 #   scripts/test.sh regress      only some: regress, isolation, tap, citus, package
+#   TAP_TESTS=t/090_relay.pl scripts/test.sh tap     only some TAP files (a glob)
 #
 # The citus suite needs Citus in the system's PostgreSQL; when it is not
 # there, it is built from the tarball $CITUS_SOURCE (with the patches beside
@@ -334,7 +335,7 @@ for s in "${suites[@]}"; do
     case "$s" in
         regress) run_regress ;;
         isolation) run_isolation ;;
-        tap) run_tap ;;
+        tap) run_tap "${TAP_TESTS:-t/*.pl}" ;;
         citus) run_citus ;;
         package) run_package ;;
         *) die "unknown suite $s" ;;
