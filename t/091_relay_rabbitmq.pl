@@ -192,6 +192,27 @@ sub wait_for
 
 sub sql { return $node->safe_psql('postgres', $_[0]); }
 
+# What the outbox, the relays and the consumers were doing, for a failure.
+sub diag_state
+{
+	diag(sql(q{SELECT topic, key, dead, attempts, available_at > pg_catalog.clock_timestamp() AS later,
+	                  leased_by, head_id IS NOT NULL AS has_head, leased_through, leased_max, last_error,
+	                  (SELECT count(*) FROM idem.outbox o
+	                    WHERE o.aggregatetype = k.topic AND o.aggregateid = k.key) AS messages
+	             FROM idem.outbox_keys k ORDER BY key}));
+	diag(sql('SELECT * FROM idem_outbox_stats()'));
+	# sent, neither in the outbox nor applied: acknowledged and lost
+	my %seen = map { $_ => 1 } split /\n/,
+	  sql('SELECT id FROM idem.outbox UNION ALL SELECT message_id::uuid FROM order_events');
+	my @lost = grep { !$seen{$_} } sort keys %sent;
+	diag(scalar(@lost) . " sent messages neither in the outbox nor applied: @lost[0 .. ($#lost < 9 ? $#lost : 9)]");
+	for my $f (glob("$tmp/*.out"), glob("$tmp/*.err"))
+	{
+		my @lines = split /\n/, slurp_file($f);
+		diag("--- $f (last 40 lines)\n" . join("\n", @lines > 40 ? @lines[-40 .. -1] : @lines));
+	}
+}
+
 my @relay_args = ('--sink', 'rabbitmq', '--set', "rabbitmq.url=$amqp", '--batch', '10',
 	'--lease', '3s', '--timeout', '1s', '--reconnect-max', '1s', '--poll', '200ms',
 	'--log-interval', '0', '--verbose');
@@ -271,7 +292,8 @@ ok( wait_for('the outbox to be empty and every message applied',
 			sql(q{SELECT (SELECT count(*) FROM idem.outbox) = 0
 			         AND (SELECT count(DISTINCT message_id) FROM order_events) = } . $n) eq 't';
 		}),
-	'the relays delivered everything and the consumers applied it');
+	'the relays delivered everything and the consumers applied it')
+  or diag_state();
 # The queue drains: redeliveries of what was applied are acknowledged too.
 ok( wait_for('the queue to be empty',
 		sub {
