@@ -171,6 +171,21 @@ SELECT err($$DROP TYPE dt_state CASCADE$$);
 SELECT err($$DROP DOMAIN dt_dom CASCADE$$);
 SELECT err($$DROP COLLATION dt_coll CASCADE$$);
 SELECT err($$DROP TYPE dt_note CASCADE$$);
+-- the hint of such a drop is not that of ALTER TABLE ... DROP COLUMN
+CREATE FUNCTION hint(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    h text;
+BEGIN
+    EXECUTE q;
+    RETURN 'ok';
+EXCEPTION WHEN dependent_objects_still_exist THEN
+    GET STACKED DIAGNOSTICS h = PG_EXCEPTION_HINT;
+    RETURN h;
+END;
+$$;
+SELECT hint($$DROP TYPE dt_state CASCADE$$);
+SELECT hint($$ALTER TABLE dt DROP COLUMN st$$);
+DROP FUNCTION hint(text);
 SELECT idem_transition('dt', '1', 'paid');
 SELECT idem_transition('dd', '1', 'paid');
 SELECT idem_transition('dc', '1', 'paid');

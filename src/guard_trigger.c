@@ -1134,10 +1134,12 @@ idem_unguard(PG_FUNCTION_ARGS)
  * The guards of a table after a DDL command: each must still work, and
  * there is at most one.  created: the command created a trigger, whose own
  * error is raised; otherwise the command changed the table under its guard
- * and is refused as such.
+ * and is refused as such.  dropping: the command dropped a column of the
+ * table with an object it uses (sql_drop).
  */
 static void
-check_guards_after_ddl(Relation rel, Oid fn, bool created, bool new_table)
+check_guards_after_ddl(Relation rel, Oid fn, bool created, bool new_table,
+					   bool dropping)
 {
 	TriggerDesc *td = rel->trigdesc;
 	Trigger    *found = NULL;
@@ -1165,6 +1167,8 @@ check_guards_after_ddl(Relation rel, Oid fn, bool created, bool new_table)
 							   trigger->tgname, problem.message),
 					 new_table ?
 					 errhint("Create the partition without that key: the guard of its partitioned table guards it.") :
+					 dropping ?
+					 errhint("The command drops a guarded column with an object it uses (its type, domain or collation): remove the guard with idem_unguard() first to drop the column with it.") :
 					 errhint("Remove the guard with idem_unguard() first, make the change, and guard the table again with idem_guard(), in one transaction.")));
 		}
 		if (found != NULL)
@@ -1207,6 +1211,8 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 	Oid		   *relids;
 	bool	   *created;
 	bool	   *new_table;
+	EventTriggerData *evdata;
+	bool		dropping;
 	Oid			fn;
 
 	if (!CALLED_AS_EVENT_TRIGGER(fcinfo))
@@ -1225,7 +1231,8 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (strcmp(((EventTriggerData *) fcinfo->context)->event, "sql_drop") == 0)
+	evdata = (EventTriggerData *) fcinfo->context;
+	if (strcmp(evdata->event, "sql_drop") == 0)
 		ret = SPI_execute("SELECT DISTINCT d.objid, false, false "
 						  "FROM pg_catalog.pg_event_trigger_dropped_objects() d "
 						  "WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass "
@@ -1248,6 +1255,9 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 		elog(ERROR, "SPI_execute of the DDL commands failed: %s",
 			 SPI_result_code_string(ret));
 	n = SPI_processed;
+	/* a column dropped with what it uses, not by ALTER TABLE ... DROP */
+	dropping = strcmp(evdata->event, "sql_drop") == 0 &&
+		evdata->tag != CMDTAG_ALTER_TABLE;
 	relids = SPI_palloc(Max(n, 1) * sizeof(Oid));
 	created = SPI_palloc(Max(n, 1) * sizeof(bool));
 	new_table = SPI_palloc(Max(n, 1) * sizeof(bool));
@@ -1290,7 +1300,8 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 
 			if (rel == NULL)
 				continue;
-			check_guards_after_ddl(rel, fn, created[i], new_table[i]);
+			check_guards_after_ddl(rel, fn, created[i], new_table[i],
+								   dropping);
 			relation_close(rel, AccessShareLock);
 		}
 		list_free(rels);
