@@ -195,12 +195,22 @@ sub sql { return $node->safe_psql('postgres', $_[0]); }
 # What the outbox, the relays and the consumers were doing, for a failure.
 sub diag_state
 {
+	diag('topic|key|dead|attempts|later|leased_by|has_head|leased_through|leased_max|last_error|messages');
 	diag(sql(q{SELECT topic, key, dead, attempts, available_at > pg_catalog.clock_timestamp() AS later,
 	                  leased_by, head_id IS NOT NULL AS has_head, leased_through, leased_max, last_error,
 	                  (SELECT count(*) FROM idem.outbox o
 	                    WHERE o.aggregatetype = k.topic AND o.aggregateid = k.key) AS messages
 	             FROM idem.outbox_keys k ORDER BY key}));
 	diag(sql('SELECT * FROM idem_outbox_stats()'));
+	diag(sql(q{SELECT pid, application_name, state, pg_catalog.clock_timestamp() - xact_start AS in_xact,
+	                  wait_event_type, wait_event, left(query, 60)
+	             FROM pg_stat_activity WHERE backend_type = 'client backend' ORDER BY pid}));
+	for my $what ([ 'list_queues', 'name', 'messages', 'consumers' ],
+		[ 'list_connections', 'name', 'state' ])
+	{
+		my ($rc, $out) = rabbitmqctl($what->[0], '-q', '--no-table-headers', @$what[ 1 .. $#$what ]);
+		diag("rabbitmqctl $what->[0] (exit $rc):\n$out");
+	}
 	# sent, neither in the outbox nor applied: acknowledged and lost
 	my %seen = map { $_ => 1 } split /\n/,
 	  sql('SELECT id FROM idem.outbox UNION ALL SELECT message_id::uuid FROM order_events');
