@@ -228,19 +228,27 @@ LANGUAGE C;
 COMMENT ON FUNCTION idem._guard_ddl() IS
     'refuse DDL that would leave a guard that cannot work (internal)';
 REVOKE ALL ON FUNCTION idem._guard_ddl() FROM PUBLIC;
+-- The event triggers, made when the extension does not have them yet (an
+-- update script may run twice).
 DO $$
+DECLARE
+    have pg_catalog.name[];
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger e
-                    WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_ddl'
-                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
-                                   WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_event_trigger'::pg_catalog.regclass
-                                     AND d.objid OPERATOR(pg_catalog.=) e.oid
-                                     AND d.deptype OPERATOR(pg_catalog.=) 'e'
-                                     AND d.refobjid OPERATOR(pg_catalog.=)
-                                         (SELECT x.oid FROM pg_catalog.pg_extension x
-                                           WHERE x.extname OPERATOR(pg_catalog.=) 'idem'))) THEN
+    SELECT pg_catalog.array_agg(e.evtname) INTO have
+      FROM pg_catalog.pg_event_trigger e
+      JOIN pg_catalog.pg_depend d
+        ON d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_event_trigger'::pg_catalog.regclass
+       AND d.objid OPERATOR(pg_catalog.=) e.oid
+       AND d.deptype OPERATOR(pg_catalog.=) 'e'
+     WHERE d.refobjid OPERATOR(pg_catalog.=)
+           (SELECT x.oid FROM pg_catalog.pg_extension x WHERE x.extname OPERATOR(pg_catalog.=) 'idem');
+    IF NOT ('idem_guard_ddl' OPERATOR(pg_catalog.=) ANY (COALESCE(have, '{}'))) THEN
         CREATE EVENT TRIGGER idem_guard_ddl ON ddl_command_end
             WHEN TAG IN ('ALTER TABLE', 'CREATE INDEX', 'CREATE TABLE', 'CREATE TRIGGER')
+            EXECUTE FUNCTION idem._guard_ddl();
+    END IF;
+    IF NOT ('idem_guard_drop' OPERATOR(pg_catalog.=) ANY (COALESCE(have, '{}'))) THEN
+        CREATE EVENT TRIGGER idem_guard_drop ON sql_drop
             EXECUTE FUNCTION idem._guard_ddl();
     END IF;
 END;
@@ -248,22 +256,6 @@ $$;
 COMMENT ON EVENT TRIGGER idem_guard_ddl IS
     'refuse DDL that would leave a guard that cannot work: renaming or dropping a guarded column, '
     'changing the version column''s type or NOT NULL, putting it in a key, a guard trigger made by hand that cannot work';
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger e
-                    WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_drop'
-                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
-                                   WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_event_trigger'::pg_catalog.regclass
-                                     AND d.objid OPERATOR(pg_catalog.=) e.oid
-                                     AND d.deptype OPERATOR(pg_catalog.=) 'e'
-                                     AND d.refobjid OPERATOR(pg_catalog.=)
-                                         (SELECT x.oid FROM pg_catalog.pg_extension x
-                                           WHERE x.extname OPERATOR(pg_catalog.=) 'idem'))) THEN
-        CREATE EVENT TRIGGER idem_guard_drop ON sql_drop
-            EXECUTE FUNCTION idem._guard_ddl();
-    END IF;
-END;
-$$;
 COMMENT ON EVENT TRIGGER idem_guard_drop IS
     'refuse a drop that takes a guarded column with it, such as DROP TYPE ... CASCADE of its type';
 -- ==== END guard definitions ====
