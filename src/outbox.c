@@ -881,7 +881,10 @@ outbox_message_busy(TupleTableSlot *slot)
  * dead, and a nack, which write the key's row, against the ack of the
  * message, which may judge the key's row before it deletes the message
  * (see ack_key).  Without waiting, false when a transaction is deleting the
- * message (or has locked it so); in any case false when it is gone.
+ * message (or has locked it so); in any case false when it is gone.  Also
+ * false while another transaction is updating the message (an UPDATE by
+ * hand): the lock would hold on the version being replaced but not on the
+ * new one, which an ack could then delete without waiting for us.
  */
 bool
 outbox_lock_message(OutboxRels *r, ItemPointer tid, bool wait)
@@ -897,6 +900,8 @@ outbox_lock_message(OutboxRels *r, ItemPointer tid, bool wait)
 							  wait ? LockWaitBlock : LockWaitSkip,
 							  TUPLE_LOCK_FLAG_FIND_LAST_VERSION, &tmfd);
 	UnregisterSnapshot(snap);
+	if (result == TM_Ok && outbox_message_busy(slot))
+		result = TM_WouldBlock;
 	ExecDropSingleTupleTableSlot(slot);
 	return result == TM_Ok;
 }
