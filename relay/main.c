@@ -1245,6 +1245,9 @@ get_duration(const Config *cfg, const char *key, long def, long min)
 	if (v == NULL)
 		return def;
 	ms = parse_duration_ms(v);
+	if (ms == -2)
+		config_error("%s must be %sat least 1ms (durations are counted in whole milliseconds), not \"%s\" (%s)",
+					 key, min > 0 ? "" : "0 or ", v, config_origin(cfg, key));
 	if (ms < 0 || ms < min)
 		config_error("%s must be a duration %s and at most a day, such as 5s or 500ms, not \"%s\" (%s)",
 					 key, min > 0 ? "above zero" : "of zero or more", v, config_origin(cfg, key));
@@ -1375,8 +1378,10 @@ apply_config(const Config *cfg)
 	settings.poll_ms = get_duration(cfg, "poll", 1000, 1);
 	settings.linger_ms = get_duration(cfg, "linger", 1, 0);
 	if (settings.linger_ms > settings.poll_ms)
-		config_error("linger (%ld ms) must be at most the poll interval (%ld ms): a relay that found "
-					 "messages would wait longer than an idle one", settings.linger_ms, settings.poll_ms);
+		config_error("linger (%ld ms, %s) must be at most the poll interval (%ld ms, %s): a relay "
+					 "that found messages would wait longer than an idle one",
+					 settings.linger_ms, config_origin(cfg, "linger"),
+					 settings.poll_ms, config_origin(cfg, "poll"));
 	settings.timeout_ms = get_duration(cfg, "timeout", 10000, 1);
 	settings.log_interval_ms = get_duration(cfg, "log_interval", 10000, 0);
 	settings.reconnect_max_ms = get_duration(cfg, "reconnect_max", 30000, 1);
@@ -1387,10 +1392,11 @@ apply_config(const Config *cfg)
 	if (verbose)
 		log_verbose = 1;
 	if (settings.timeout_ms > settings.lease_ms / 2)
-		config_error("timeout (%ld ms) must be at most half the lease (%ld ms): no message is "
-					 "published with less than the timeout left of its lease, and the rest of a "
+		config_error("timeout (%ld ms, %s) must be at most half the lease (%ld ms, %s): no message "
+					 "is published with less than the timeout left of its lease, and the rest of a "
 					 "batch is released at the cost of an attempt",
-					 settings.timeout_ms, settings.lease_ms);
+					 settings.timeout_ms, config_origin(cfg, "timeout"),
+					 settings.lease_ms, config_origin(cfg, "lease"));
 
 	settings.sink = config_get(cfg, "sink");
 	if (settings.sink == NULL)

@@ -7,13 +7,18 @@
  * A message is delivered once its line was written to the file descriptor
  * (a pipe, a file): each line is flushed before the next one is started.
  * A write that fails (the reader of the pipe went away) stops the relay.
+ * A line it cuts short has no newline, and its message is delivered again;
+ * a relay that writes to a file (appends to it) whose last line has no
+ * newline ends that line first, so that its own first line stands alone.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "relay.h"
@@ -23,9 +28,48 @@ typedef struct StdoutSink
 	Sink		base;
 	StrBuf		line;
 	long		timeout_ms;		/* the longest the write of one line may take */
+	int			cut_line;		/* the file ends in a line cut short */
 } StdoutSink;
 
 static const char *const stdout_settings[] = {NULL};
+
+/*
+ * Whether fd is a regular file whose next write comes after a byte other
+ * than a newline: the end of the file when it is opened to append, else its
+ * offset.  A relay stopped in the middle of a line left it so (on a full
+ * disk, say).
+ */
+static int
+ends_in_cut_line(int fd)
+{
+	struct stat st;
+	off_t		at;
+	int			flags;
+	char		c;
+	ssize_t		n;
+
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+		(flags = fcntl(fd, F_GETFL)) < 0)
+		return 0;
+	at = (flags & O_APPEND) ? st.st_size : lseek(fd, 0, SEEK_CUR);
+	if (at <= 0)
+		return 0;
+	n = pread(fd, &c, 1, at - 1);
+	if (n < 0 && errno == EBADF)
+	{
+		/* opened to write only (">>"): read it through another open */
+		char		path[64];
+		int			rfd;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		rfd = open(path, O_RDONLY);
+		if (rfd < 0)
+			return 0;
+		n = pread(rfd, &c, 1, at - 1);
+		close(rfd);
+	}
+	return n == 1 && c != '\n';
+}
 
 static Sink *
 stdout_init(const SinkSettings *ss, char *err, size_t errlen)
@@ -35,6 +79,7 @@ stdout_init(const SinkSettings *ss, char *err, size_t errlen)
 	s->base.type = &sink_stdout_type;
 	sb_init(&s->line);
 	s->timeout_ms = ss->timeout_ms;
+	s->cut_line = ends_in_cut_line(STDOUT_FILENO);
 	return &s->base;
 }
 
@@ -106,6 +151,8 @@ stdout_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 			continue;
 		}
 		sb_reset(l);
+		if (s->cut_line)
+			sb_puts(l, "\n");
 		sb_puts(l, "{\"id\": ");
 		sb_json_string(l, m->id);
 		sb_puts(l, ", \"topic\": ");
@@ -151,6 +198,7 @@ stdout_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 				out[i].kind = OUTCOME_UNSENT;
 			return -1;
 		}
+		s->cut_line = 0;
 		out[i].kind = OUTCOME_DELIVERED;
 	}
 	return 0;

@@ -185,7 +185,8 @@ now_ms(void)
 /*
  * A duration: a number of seconds (decimals allowed), or a number followed
  * by ms, s, min or h.  Returns milliseconds, or -1 when s is not one or is
- * longer than a day.
+ * longer than a day, or -2 when it is above zero and under a millisecond
+ * (rounded, it would be 0, which turns some settings off).
  */
 long
 parse_duration_ms(const char *s)
@@ -227,6 +228,8 @@ parse_duration_ms(const char *s)
 	v *= unit;
 	if (v < 0 || v > (double) RELAY_MAX_RETRY_AFTER_MS)
 		return -1;
+	if (v > 0 && v < 0.5)
+		return -2;
 	return (long) (v + 0.5);
 }
 

@@ -175,14 +175,18 @@ like($out, qr/^idem-relay \d+\.\d+\.\d+$/m, '--version');
 
 my @usage_errors = (
 	[ [ '--batch', '0' ], qr/batch must be an integer from 1 to 10000/ ],
-	[ [ '--lease', '10s', '--timeout', '6s' ], qr/timeout \(6000 ms\) must be at most half the lease/ ],
+	[ [ '--lease', '10s', '--timeout', '6s' ], qr/timeout \(6000 ms, command line\) must be at most half the lease \(10000 ms, command line\)/ ],
 	[ [ '--poll', 'soon' ], qr/poll must be a duration/ ],
 	# decimal seconds only: strtod alone read 16 s and 1000 s
 	[ [ '--once', '--poll', '0x10' ], qr/poll must be a duration/ ],
 	[ [ '--once', '--poll', '1e3' ], qr/poll must be a duration/ ],
 	[ [ '--linger', 'soon' ], qr/linger must be a duration of zero or more/ ],
 	[ [ '--set', 'linger=-1ms' ], qr/linger must be a duration of zero or more/ ],
-	[ [ '--poll', '2ms', '--linger', '5ms' ], qr/linger \(5 ms\) must be at most the poll interval \(2 ms\)/ ],
+	[ [ '--poll', '2ms', '--linger', '5ms' ],
+	  qr/linger \(5 ms, command line\) must be at most the poll interval \(2 ms, command line\)/ ],
+	# under a millisecond: rounded to 0, it turned the counts off
+	[ [ '--log-interval', '0.1ms' ], qr/log_interval must be 0 or at least 1ms .*not "0\.1ms" \(command line\)/ ],
+	[ [ '--lease', '0.0004' ], qr/lease must be at least 1ms .*not "0\.0004" \(command line\)/ ],
 	[ [ '--sink', 'carrier-pigeon' ], qr/unknown sink "carrier-pigeon"/ ],
 	[ [ '--sink', 'webhook' ], qr/the webhook sink needs a URL/ ],
 	# a URL libcurl cannot use, found at start rather than by every message
@@ -216,6 +220,18 @@ close($bad);
 ($rc, $out, $err) = run_relay({}, '--config', "$tmp/bad.conf");
 is($rc, 1, 'exit code 1 for a malformed configuration file');
 like($err, qr/bad\.conf:3: expected "key = value"/, 'the file and line are named');
+
+# A check of two settings names where each comes from.
+open($bad, '>', "$tmp/cross.conf") or die;
+print $bad "lease = 10s\ntimeout = 6s\n";
+close($bad);
+($rc, $out, $err) = run_relay({}, '--config', "$tmp/cross.conf");
+is($rc, 1, 'exit code 1 for a timeout above half the lease');
+like($err, qr/timeout \(6000 ms, .*cross\.conf:2\) must be at most half the lease \(10000 ms, .*cross\.conf:1\)/,
+	'the file and line of each setting are named');
+($rc, $out, $err) = run_relay({}, '--config', "$tmp/cross.conf", '--lease', '11s');
+like($err, qr/timeout \(6000 ms, .*cross\.conf:2\) must be at most half the lease \(11000 ms, command line\)/,
+	'the command line is named where it wins over the file');
 
 # A byte order mark before the first key is not part of it.
 open($bad, '>', "$tmp/bom.conf") or die;
@@ -1040,6 +1056,27 @@ send_msg('closed', 'c', { n => $_ }) for 1 .. 2;
 is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'closed'}), 2, 'no message was acknowledged');
 sql(q{SELECT idem_outbox_ack(array_agg(id)) FROM idem.outbox WHERE aggregatetype = 'closed'});
 ($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0');
+
+# A file whose last line was cut short (a relay stopped in the middle of it,
+# a full disk): the next relay appending to it ends that line first, so that
+# its own first line is whole; a file that ends in a newline gets no blank line.
+for my $case ([ 'cut', qq({"id": "cut sh) ], [ 'whole', qq({"id": "whole"}\n) ])
+{
+	my ($name, $start) = @$case;
+	my $file = "$tmp/$name.out";
+	my $cerr = '';
+	open(my $fh, '>', $file) or die;
+	print $fh $start;
+	close($fh);
+	send_msg("append_$name", 'k', { n => 1 });
+	IPC::Run::run([ $relay, '--once', '--log-interval', '0' ], '>>', $file, '2>', \$cerr,
+		init => relay_env(), IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	my @lines = split /\n/, slurp_file($file), -1;
+	is(scalar(@lines), 3, "$name: the line before, the relay's line, nothing after its newline");
+	is($lines[0] . ($name eq 'whole' ? "\n" : ''), $start, "$name: the line before is left as it was");
+	my $line = eval { $jtext->decode($lines[1]) };
+	is($line && $line->{topic}, "append_$name", "$name: the relay's line stands alone");
+}
 
 # A reader that stops reading: the relay gives the line up after its timeout,
 # and a second SIGTERM does not wait for it
