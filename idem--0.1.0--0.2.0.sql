@@ -201,9 +201,7 @@ AS $$
 BEGIN
     -- Only finished and released requests have an expiry (idem._purge_expired,
     -- defined with the purge of claims)
-    RETURN idem._purge_expired('idem.requests', max_rows)
-        OPERATOR(pg_catalog.+) idem._purge_workers('idem.requests',
-            pg_catalog.format('SELECT %s.idem_request_purge(%s)', '@extschema@', max_rows));
+    RETURN idem._purge_expired('idem.requests', max_rows);
 END;
 $$;
 COMMENT ON FUNCTION idem_request_purge(pg_catalog.int4) IS
@@ -458,10 +456,16 @@ COMMENT ON FUNCTION idem._purge_workers(pg_catalog.regclass, pg_catalog.text) IS
     'on a Citus coordinator: runs a purge of a distributed table on every worker and adds what they deleted (internal)';
 REVOKE ALL ON FUNCTION idem._purge_workers(pg_catalog.regclass, pg_catalog.text) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION idem_purge(ns pg_catalog.text DEFAULT NULL, max_rows pg_catalog.int4 DEFAULT 10000)
+-- The purges' bodies are internal functions in the schema idem, which only
+-- the extension's owner may change, and the functions that run as the owner
+-- (the purges, idem_maintenance, and the calls sent to Citus workers) call
+-- those: the extension's own schema (public, usually) is one its owner, or
+-- a role with CREATE on it, could put a function of the same name in, or
+-- rename, and have it run as a superuser.
+CREATE OR REPLACE FUNCTION idem._purge_claims(ns pg_catalog.text, max_rows pg_catalog.int4)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
-SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     rel     pg_catalog.regclass;
@@ -482,8 +486,8 @@ BEGIN
                   DETAIL = pg_catalog.format('max_rows was %s.', max_rows),
                   HINT = 'Give the largest number of rows one call may delete.';
     END IF;
-    IF idem_purge.ns IS NOT NULL THEN
-        PERFORM idem._check_ns(idem_purge.ns);
+    IF _purge_claims.ns IS NOT NULL THEN
+        PERFORM idem._check_ns(_purge_claims.ns);
     END IF;
     budget := max_rows;
 
@@ -500,7 +504,7 @@ BEGIN
             SELECT s.ns FROM spaces s
              WHERE s.ns IS NOT NULL
                AND ($1 IS NULL OR s.ns OPERATOR(pg_catalog.=) $1)', rel)
-            USING idem_purge.ns
+            USING _purge_claims.ns
         LOOP
             EXIT WHEN budget OPERATOR(pg_catalog.<=) 0;
             -- The horizon is taken from this transaction's start: a claim
@@ -531,7 +535,20 @@ BEGIN
         END LOOP;
     END LOOP;
     RETURN total OPERATOR(pg_catalog.+) idem._purge_workers('idem.claims',
-        pg_catalog.format('SELECT %s.idem_purge(%L, %s)', '@extschema@', idem_purge.ns, max_rows));
+        pg_catalog.format('SELECT idem._purge_claims(%L, %s)', _purge_claims.ns, max_rows));
+END;
+$$;
+COMMENT ON FUNCTION idem._purge_claims(pg_catalog.text, pg_catalog.int4) IS
+    'what idem_purge does (internal)';
+REVOKE ALL ON FUNCTION idem._purge_claims(pg_catalog.text, pg_catalog.int4) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION idem_purge(ns pg_catalog.text DEFAULT NULL, max_rows pg_catalog.int4 DEFAULT 10000)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN idem._purge_claims(ns, max_rows);
 END;
 $$;
 
@@ -542,14 +559,13 @@ LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN idem._purge_expired('idem.tokens', max_rows)
-        OPERATOR(pg_catalog.+) idem._purge_workers('idem.tokens',
-            pg_catalog.format('SELECT %s.idem_token_purge(%s)', '@extschema@', max_rows));
+    RETURN idem._purge_expired('idem.tokens', max_rows);
 END;
 $$;
 
 -- Delete at most max_rows rows of tbl (tokens, requests) whose expires_at has
--- passed, oldest first, from the table or from this node's shards of it.
+-- passed, oldest first, from the table or from this node's shards of it, and
+-- on a Citus coordinator, on every worker too.
 -- Expiry is judged at this transaction's start, as consumption and begin
 -- judge it.  Rows locked by someone else are skipped, never waited for.
 CREATE OR REPLACE FUNCTION idem._purge_expired(tbl pg_catalog.regclass, max_rows pg_catalog.int4)
@@ -588,11 +604,12 @@ BEGIN
         GET DIAGNOSTICS n = ROW_COUNT;
         budget := budget OPERATOR(pg_catalog.-) n;
     END LOOP;
-    RETURN max_rows OPERATOR(pg_catalog.-) budget;
+    RETURN max_rows OPERATOR(pg_catalog.-) budget OPERATOR(pg_catalog.+) idem._purge_workers(tbl,
+        pg_catalog.format('SELECT idem._purge_expired(%L, %s)', tbl::pg_catalog.text, max_rows));
 END;
 $$;
 COMMENT ON FUNCTION idem._purge_expired(pg_catalog.regclass, pg_catalog.int4) IS
-    'delete expired rows of idem.tokens or idem.requests on this node, at most max_rows (internal)';
+    'delete expired rows of idem.tokens or idem.requests, at most max_rows on this node and on each Citus worker (internal)';
 REVOKE ALL ON FUNCTION idem._purge_expired(pg_catalog.regclass, pg_catalog.int4) FROM PUBLIC;
 -- ==== END retention and purge ====
 
@@ -972,11 +989,11 @@ COMMENT ON FUNCTION idem_outbox_stats() IS
 -- At most max_rows key rows go per call: the lock, which holds senders and
 -- relays back, is held for a bounded time; call it again while it returns
 -- max_rows.
-CREATE OR REPLACE FUNCTION idem_outbox_purge(lock_wait pg_catalog.interval DEFAULT '1 second',
-                                             max_rows pg_catalog.int4 DEFAULT 10000)
+-- The body is internal, for idem._maintenance (see idem._purge_claims).
+CREATE OR REPLACE FUNCTION idem._outbox_purge(lock_wait pg_catalog.interval, max_rows pg_catalog.int4)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
-SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     n pg_catalog.int8 := 0;
@@ -1041,6 +1058,20 @@ BEGIN
     RETURN n;
 END;
 $$;
+COMMENT ON FUNCTION idem._outbox_purge(pg_catalog.interval, pg_catalog.int4) IS
+    'what idem_outbox_purge does (internal)';
+REVOKE ALL ON FUNCTION idem._outbox_purge(pg_catalog.interval, pg_catalog.int4) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION idem_outbox_purge(lock_wait pg_catalog.interval DEFAULT '1 second',
+                                             max_rows pg_catalog.int4 DEFAULT 10000)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN idem._outbox_purge(lock_wait, max_rows);
+END;
+$$;
 COMMENT ON FUNCTION idem_outbox_purge(pg_catalog.interval, pg_catalog.int4) IS
     'remove the rows of keys whose messages were all delivered, at most max_rows per call; gives up (returns 0) when senders hold the table longer than lock_wait';
 
@@ -1098,11 +1129,13 @@ GRANT EXECUTE ON FUNCTION idem_metrics() TO pg_monitor;
 
 -- ==== BEGIN maintenance ====
 -- One round of the purges of every capability, each of at most max_rows
--- rows; what the maintenance worker runs, and what pg_cron can schedule.
-CREATE OR REPLACE FUNCTION idem_maintenance(max_rows pg_catalog.int4 DEFAULT 10000)
+-- rows; what the maintenance worker runs (as a superuser: the body, and all
+-- it calls, are in the schema idem, see idem._purge_claims), and what
+-- pg_cron can schedule (idem_maintenance).
+CREATE OR REPLACE FUNCTION idem._maintenance(max_rows pg_catalog.int4)
 RETURNS TABLE (kind pg_catalog.text, purged pg_catalog.int8)
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
-SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF max_rows IS NULL THEN
@@ -1117,9 +1150,9 @@ BEGIN
     FOREACH kind IN ARRAY ARRAY['claims', 'tokens', 'requests'] LOOP
         BEGIN
             purged := CASE kind
-                WHEN 'claims' THEN @extschema@.idem_purge(NULL, max_rows)
-                WHEN 'tokens' THEN @extschema@.idem_token_purge(max_rows)
-                ELSE @extschema@.idem_request_purge(max_rows) END;
+                WHEN 'claims' THEN idem._purge_claims(NULL, max_rows)
+                WHEN 'tokens' THEN idem._purge_expired('idem.tokens', max_rows)
+                ELSE idem._purge_expired('idem.requests', max_rows) END;
         EXCEPTION WHEN serialization_failure THEN
             -- at REPEATABLE READ or SERIALIZABLE, a row changed since the
             -- snapshot cannot be locked: this kind waits for the next round,
@@ -1136,7 +1169,7 @@ BEGIN
     kind := 'outbox_keys';
     IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=)
            ANY (ARRAY['read committed', 'read uncommitted']) THEN
-        purged := @extschema@.idem_outbox_purge('0', max_rows);
+        purged := idem._outbox_purge('0'::pg_catalog.interval, max_rows);
     ELSE
         RAISE NOTICE 'idle outbox keys are not purged at the % isolation level',
             pg_catalog.upper(pg_catalog.current_setting('transaction_isolation'))
@@ -1144,6 +1177,19 @@ BEGIN
         purged := 0;
     END IF;
     RETURN NEXT;
+END;
+$$;
+COMMENT ON FUNCTION idem._maintenance(pg_catalog.int4) IS
+    'what idem_maintenance does, and what the maintenance worker runs (internal)';
+REVOKE ALL ON FUNCTION idem._maintenance(pg_catalog.int4) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION idem_maintenance(max_rows pg_catalog.int4 DEFAULT 10000)
+RETURNS TABLE (kind pg_catalog.text, purged pg_catalog.int8)
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT m.kind, m.purged FROM idem._maintenance(max_rows) m;
 END;
 $$;
 COMMENT ON FUNCTION idem_maintenance(pg_catalog.int4) IS

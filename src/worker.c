@@ -178,7 +178,8 @@ idem_worker_init(void)
 }
 
 /*
- * One transaction of maintenance: idem_maintenance(batch), which purges at
+ * One transaction of maintenance: idem._maintenance(batch) (what
+ * idem_maintenance runs), which purges at
  * most a batch of each kind.  Returns the largest number purged of one kind,
  * or -1 when the extension is not installed, -2 when the round failed, -3
  * when the extension is at a version without idem_maintenance() (0.1.0,
@@ -199,34 +200,35 @@ worker_round(char *version, size_t versionlen)
 	PG_TRY();
 	{
 		SPI_connect();
-		if (SPI_execute("SELECT pg_catalog.quote_ident(n.nspname), e.extversion, "
-						"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) "
-						"OPERATOR(pg_catalog.||) '.idem_maintenance(pg_catalog.int4)') IS NOT NULL "
+		/*
+		 * idem._maintenance, not the extension's schema's idem_maintenance:
+		 * a role with CREATE on that schema (its owner: the database's owner
+		 * for public) could put a function of that name there, or rename
+		 * the schema and make another, and have it run as a superuser.
+		 */
+		if (SPI_execute("SELECT e.extversion, "
+						"pg_catalog.to_regprocedure('idem._maintenance(pg_catalog.int4)') IS NOT NULL "
 						"FROM pg_catalog.pg_extension e "
-						"JOIN pg_catalog.pg_namespace n "
-						"ON n.oid OPERATOR(pg_catalog.=) e.extnamespace "
 						"WHERE e.extname OPERATOR(pg_catalog.=) 'idem'",
 						true, 1) != SPI_OK_SELECT)
 			elog(ERROR, "could not look for extension \"idem\"");
 		if (SPI_processed == 0)
 			most = -1;
 		else if (strcmp(SPI_getvalue(SPI_tuptable->vals[0],
-									 SPI_tuptable->tupdesc, 3), "t") != 0)
+									 SPI_tuptable->tupdesc, 2), "t") != 0)
 		{
 			strlcpy(version, SPI_getvalue(SPI_tuptable->vals[0],
-										  SPI_tuptable->tupdesc, 2), versionlen);
+										  SPI_tuptable->tupdesc, 1), versionlen);
 			most = -3;
 		}
 		else
 		{
-			char	   *schema = SPI_getvalue(SPI_tuptable->vals[0],
-											  SPI_tuptable->tupdesc, 1);
 			char		sql[256];
 			uint64		i;
 
 			snprintf(sql, sizeof(sql),
-					 "SELECT kind, purged FROM %s.idem_maintenance(%d)",
-					 schema, worker_batch);
+					 "SELECT kind, purged FROM idem._maintenance(%d)",
+					 worker_batch);
 			if (SPI_execute(sql, false, 0) != SPI_OK_SELECT)
 				elog(ERROR, "idem_maintenance() did not return rows");
 			for (i = 0; i < SPI_processed; i++)

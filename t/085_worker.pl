@@ -90,18 +90,55 @@ is($node->safe_psql('postgres', 'SHOW idem.maintenance_load'), '0.25',
 
 # a round that fails is logged, and the next rounds go on once it works
 my $offset = -s $node->logfile;
-$node->safe_psql('postgres', q{ALTER FUNCTION idem_token_purge(int) RENAME TO idem_token_purge_away});
-ok(wait_for_log($node, qr/ERROR:.*idem_token_purge/, $offset), 'a failing round is logged');
+$node->safe_psql('postgres', q{ALTER FUNCTION idem._purge_expired(regclass, int) RENAME TO _purge_expired_away});
+ok(wait_for_log($node, qr/ERROR:.*idem\._purge_expired/, $offset), 'a failing round is logged');
 my $pid = worker_pid();
 isnt($pid, '', 'the worker is still there after a failing round');
 fill();
 usleep(1_500_000);
 is($node->safe_psql('postgres', q{SELECT count(*) FROM idem.claims WHERE ns = 'short' AND msg_id LIKE 'old-%'}),
 	'1000', 'nothing was purged while the round failed (it is one transaction)');
-$node->safe_psql('postgres', q{ALTER FUNCTION idem_token_purge_away(int) RENAME TO idem_token_purge});
+$node->safe_psql('postgres', q{ALTER FUNCTION idem._purge_expired_away(regclass, int) RENAME TO _purge_expired});
 ok(poll(q{SELECT count(*) FROM idem.claims WHERE ns = 'short' AND msg_id LIKE 'old-%'}, '0'),
 	'the rounds after it purge again');
 is(worker_pid(), $pid, 'by the same worker');
+
+# The worker runs as a superuser: nothing it runs may be chosen by a role
+# with CREATE on the extension's schema (the database's owner owns public),
+# here by renaming that schema and making another public with functions of
+# idem's names in it.
+$node->safe_psql('postgres', q{
+CREATE ROLE dbo;
+GRANT CREATE ON DATABASE postgres TO dbo;
+ALTER SCHEMA public OWNER TO dbo;
+CREATE TABLE idem_log (who text, fn text);
+GRANT INSERT ON idem_log TO PUBLIC;
+SET ROLE dbo;
+ALTER SCHEMA public RENAME TO public_old;
+CREATE SCHEMA public;
+CREATE FUNCTION public.idem_purge(text, int) RETURNS bigint LANGUAGE sql
+    AS $$ INSERT INTO public_old.idem_log VALUES (current_user, 'idem_purge') RETURNING 0::bigint $$;
+CREATE FUNCTION public.idem_token_purge(int) RETURNS bigint LANGUAGE sql
+    AS $$ INSERT INTO public_old.idem_log VALUES (current_user, 'idem_token_purge') RETURNING 0::bigint $$;
+CREATE FUNCTION public.idem_request_purge(int) RETURNS bigint LANGUAGE sql
+    AS $$ INSERT INTO public_old.idem_log VALUES (current_user, 'idem_request_purge') RETURNING 0::bigint $$;
+CREATE FUNCTION public.idem_outbox_purge(interval, int) RETURNS bigint LANGUAGE sql
+    AS $$ INSERT INTO public_old.idem_log VALUES (current_user, 'idem_outbox_purge') RETURNING 0::bigint $$;
+CREATE FUNCTION public.idem_maintenance(int) RETURNS TABLE (kind text, purged bigint) LANGUAGE sql
+    AS $$ INSERT INTO public_old.idem_log VALUES (current_user, 'idem_maintenance') RETURNING 'x', 0::bigint $$;
+RESET ROLE;
+INSERT INTO idem.claims SELECT 'short', 'old-' || i, now() - interval '2 days' FROM generate_series(1, 50) i;});
+ok(poll(q{SELECT count(*) FROM idem.claims WHERE ns = 'short' AND msg_id LIKE 'old-%'}, '0'),
+	'the worker purges with the schema of the extension renamed');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM public_old.idem_log}), '0',
+	'and runs none of the functions put in a schema of the old name');
+$node->safe_psql('postgres', q{
+DROP SCHEMA public CASCADE;
+ALTER SCHEMA public_old RENAME TO public;
+ALTER SCHEMA public OWNER TO pg_database_owner;
+DROP TABLE idem_log;
+REVOKE CREATE ON DATABASE postgres FROM dbo;
+DROP ROLE dbo;});
 
 # a crash of the worker: the postmaster resets the server (the worker
 # touches shared memory) and starts it again
