@@ -13,7 +13,9 @@
  * A batch is produced in its order, and then its delivery reports are
  * awaited, at most the timeout after the last produce: a report without an
  * error is delivered, one with an error (or none in time: what is left is
- * purged) is retried with the topic's backoff.
+ * purged) is retried with the topic's backoff.  A message whose topic name
+ * Kafka would refuse, or that the producer refuses itself, is refused for
+ * good; a produce refused for another reason retries the rest of the batch.
  *
  * Settings: brokers (bootstrap.servers), topic, and property.NAME = value
  * for any librdkafka setting (property.test.mock.num.brokers = 3 runs
@@ -51,7 +53,7 @@ on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 {
 	KafkaPending *p = m->_private;
 
-	if (p == NULL)
+	if (p == NULL || p->out == NULL)
 		return;
 	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
 		p->out->kind = OUTCOME_DELIVERED;
@@ -137,6 +139,15 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 			snprintf(err, errlen, "kafka.property.acks must stay all");
 			parg.ok = 0;
 		}
+		/* a message is delivered only by a report that says so */
+		len = sizeof(e);
+		if (parg.ok &&
+			rd_kafka_conf_get(conf, "delivery.report.only.error", e, &len) == RD_KAFKA_CONF_OK &&
+			strcmp(e, "false") != 0)
+		{
+			snprintf(err, errlen, "kafka.property.delivery.report.only.error must stay false");
+			parg.ok = 0;
+		}
 	}
 	if (!parg.ok)
 	{
@@ -191,6 +202,29 @@ expand(StrBuf *sb, const char *tmpl, const RelayMessage *m)
 	}
 }
 
+/*
+ * Whether Kafka takes name as a topic's: 1 to 249 of [A-Za-z0-9._-], not
+ * "." or "..".  librdkafka sends any name, and the broker's refusal would
+ * be retried until the message died.
+ */
+static int
+valid_topic(const char *name, size_t len)
+{
+	size_t		i;
+
+	if (len == 0 || len > 249 || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		return 0;
+	for (i = 0; i < len; i++)
+	{
+		char		c = name[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+			  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+			return 0;
+	}
+	return 1;
+}
+
 static int
 kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 			  const PublishControl *ctl)
@@ -199,7 +233,8 @@ kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 	KafkaPending *pend = xmalloc(sizeof(KafkaPending) * (size_t) n);
 	StrBuf		topic;
 	int64_t		until;
-	int			i;
+	int			i,
+				j;
 
 	sb_init(&topic);
 	s->pending = 0;
@@ -207,6 +242,8 @@ kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 	{
 		out[i].kind = OUTCOME_UNSENT;
 		out[i].retry_after_ms = -1;
+		pend[i].s = s;
+		pend[i].out = NULL;		/* set once produced */
 	}
 	/* no producer (making one failed since the last lease): nothing starts */
 	for (i = 0; i < n && s->rk != NULL; i++)
@@ -218,9 +255,17 @@ kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 
 		if (*ctl->stop_now || now_ms() >= ctl->deadline_ms)
 			continue;
-		pend[i].s = s;
-		pend[i].out = &out[i];
 		expand(&topic, s->topic, m);
+		if (!valid_topic(topic.data, topic.len))
+		{
+			/* the message (its key or type in the name): refused for good */
+			out[i].kind = OUTCOME_PERMANENT;
+			snprintf(out[i].error, sizeof(out[i].error),
+					 "kafka: \"%.200s\" is not a valid Kafka topic name (1 to 249 of a-z, A-Z, 0-9, \".\", \"_\" and \"-\")",
+					 topic.data);
+			continue;
+		}
+		pend[i].out = &out[i];
 		snprintf(attempt, sizeof(attempt), "%d", m->attempt);
 		hdrs = rd_kafka_headers_new(4);
 		rd_kafka_header_add(hdrs, "idem-message-id", -1, m->id, -1);
@@ -229,18 +274,27 @@ kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 		rd_kafka_header_add(hdrs, "idem-attempt", -1, attempt, -1);
 		if (m->headers)
 			rd_kafka_header_add(hdrs, "idem-headers", -1, m->headers, -1);
-		rc = rd_kafka_producev(s->rk,
-							   RD_KAFKA_V_TOPIC(topic.data),
-							   RD_KAFKA_V_KEY(m->key, strlen(m->key)),
-							   RD_KAFKA_V_VALUE((void *) m->payload, strlen(m->payload)),
-							   RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-							   RD_KAFKA_V_HEADERS(hdrs),
-							   RD_KAFKA_V_OPAQUE(&pend[i]),
-							   RD_KAFKA_V_END);
+		for (;;)
+		{
+			rc = rd_kafka_producev(s->rk,
+								   RD_KAFKA_V_TOPIC(topic.data),
+								   RD_KAFKA_V_KEY(m->key, strlen(m->key)),
+								   RD_KAFKA_V_VALUE((void *) m->payload, strlen(m->payload)),
+								   RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+								   RD_KAFKA_V_HEADERS(hdrs),
+								   RD_KAFKA_V_OPAQUE(&pend[i]),
+								   RD_KAFKA_V_END);
+			/* a full queue empties as reports come: waited for, in the lease */
+			if (rc != RD_KAFKA_RESP_ERR__QUEUE_FULL ||
+				*ctl->stop_now || now_ms() >= ctl->deadline_ms)
+				break;
+			rd_kafka_poll(s->rk, 100);
+		}
 		if (rc != RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
 			/* the headers are the caller's unless the produce succeeded */
 			rd_kafka_headers_destroy(hdrs);
+			pend[i].out = NULL;
 			snprintf(out[i].error, sizeof(out[i].error), "kafka: could not produce: %s",
 					 rd_kafka_err2str(rc));
 			if (rc == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
@@ -250,8 +304,19 @@ kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 				out[i].kind = OUTCOME_PERMANENT;
 				continue;
 			}
+
+			/*
+			 * The producer (a fatal error, a setting that keeps it from
+			 * producing, a queue still full at the deadline): this one and
+			 * the rest of the batch are retried after the topic's backoff,
+			 * not leased again at once.
+			 */
 			out[i].kind = OUTCOME_RETRY;
-			/* the rest of the batch: not started (the queue is full, ...) */
+			for (j = i + 1; j < n; j++)
+			{
+				out[j].kind = OUTCOME_RETRY;
+				memcpy(out[j].error, out[i].error, sizeof(out[j].error));
+			}
 			break;
 		}
 		s->pending++;
@@ -264,13 +329,35 @@ kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 	{
 		if (*ctl->stop_now || now_ms() >= until)
 		{
+			int64_t		purged_until = now_ms() + 5000;
+
 			/* what is left gets a report with an error: retried */
 			rd_kafka_purge(s->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-			while (s->pending > 0)
+			while (s->pending > 0 && now_ms() < purged_until)
 				rd_kafka_poll(s->rk, 100);
 			break;
 		}
 		rd_kafka_poll(s->rk, 100);
+	}
+	if (s->pending > 0)
+	{
+		/*
+		 * Reports that did not come even after the purge: those messages
+		 * are retried, and the producer, which would report them into pend,
+		 * is made again before the next lease (reports are only served by
+		 * rd_kafka_poll: none comes once it is destroyed).
+		 */
+		for (i = 0; i < n; i++)
+			if (pend[i].out != NULL && out[i].kind == OUTCOME_UNSENT)
+			{
+				out[i].kind = OUTCOME_RETRY;
+				snprintf(out[i].error, sizeof(out[i].error),
+						 "kafka: no delivery report within the timeout, nor after a purge");
+			}
+		relay_log(LOG_WARNING, "sink kafka: %d delivery reports did not come: making a new producer",
+				  s->pending);
+		rd_kafka_destroy(s->rk);
+		s->rk = NULL;
 	}
 	free(pend);
 	return 0;

@@ -134,6 +134,7 @@ watch_end(void)
 #define RMQ_KEY_TOO_LONG	1
 #define RMQ_BODY_TOO_LARGE	2
 #define RMQ_HEADERS_TOO_LARGE 3
+#define RMQ_TYPE_TOO_LONG	4
 
 /*
  * RabbitMQ's max_message_size, by default 128 MiB and at most 512 MiB: a
@@ -511,6 +512,9 @@ publish_one(RabbitSink *s, const RelayMessage *m, StrBuf *rk)
 	/* AMQP's short strings: the message, not the connection, is at fault */
 	if (rk->len > RMQ_SHORTSTR_MAX)
 		return RMQ_KEY_TOO_LONG;
+	/* 255 bytes in the database's encoding can be more in UTF-8 */
+	if (m->type && strlen(m->type) > RMQ_SHORTSTR_MAX)
+		return RMQ_TYPE_TOO_LONG;
 	if ((long) strlen(m->payload) > s->max_message_size)
 		return RMQ_BODY_TOO_LARGE;
 
@@ -753,7 +757,8 @@ rabbitmq_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 		watch_start(amqp_get_sockfd(s->conn), now_ms() + s->timeout_ms, ctl->stop_now);
 		rc = publish_one(s, &msgs[i], &rk);
 		watch_end();
-		if (rc == RMQ_KEY_TOO_LONG || rc == RMQ_BODY_TOO_LARGE || rc == RMQ_HEADERS_TOO_LARGE)
+		if (rc == RMQ_KEY_TOO_LONG || rc == RMQ_BODY_TOO_LARGE || rc == RMQ_HEADERS_TOO_LARGE ||
+			rc == RMQ_TYPE_TOO_LONG)
 		{
 			/* nothing was sent: refused for good, the batch goes on */
 			tags[i] = 0;
@@ -762,6 +767,10 @@ rabbitmq_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 				snprintf(out[i].error, sizeof(out[i].error),
 						 "rabbitmq: the routing key is %zu bytes long; AMQP allows at most %d",
 						 rk.len, RMQ_SHORTSTR_MAX);
+			else if (rc == RMQ_TYPE_TOO_LONG)
+				snprintf(out[i].error, sizeof(out[i].error),
+						 "rabbitmq: the type is %zu bytes long in UTF-8; AMQP's type property holds at most %d",
+						 strlen(msgs[i].type), RMQ_SHORTSTR_MAX);
 			else if (rc == RMQ_BODY_TOO_LARGE)
 				snprintf(out[i].error, sizeof(out[i].error),
 						 "rabbitmq: the payload is %zu bytes long; rabbitmq.max_message_size is %ld",

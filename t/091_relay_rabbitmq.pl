@@ -370,6 +370,28 @@ like(sql(q{SELECT last_error FROM idem.outbox_keys WHERE topic = 'longkey' AND d
 	qr/^permanent: rabbitmq: the routing key is 300 bytes long/, 'the one with the long key is dead at once');
 unlike(slurp_file("$tmp/relay-lk.err"), qr/rabbitmq: could not publish/, 'the connection was not given up');
 
+# A type of at most 255 bytes in a LATIN1 database, longer in UTF-8, which
+# AMQP's type property cannot hold (librabbitmq failed to encode it after the
+# method frame was sent, and the connection was dropped and the batch
+# retried until the message died): refused for good, the batch goes on.
+$node->safe_psql('postgres', q{CREATE DATABASE latin1 TEMPLATE template0 ENCODING 'LATIN1' LOCALE 'C'});
+$node->safe_psql('latin1', q{CREATE EXTENSION idem;
+SELECT idem_outbox_send('latin', 't1', '{"n": 1}', NULL, repeat(chr(233), 200));
+SELECT idem_outbox_send('latin', 't2', '{"n": 2}', NULL, repeat(chr(233), 100));});
+my $lt = IPC::Run::run([ $relay, '--name', 'relay-latin1', @relay_args, '--once',
+		'--set', 'rabbitmq.mandatory=false' ],
+	'>', "$tmp/relay-latin1.out", '2>', "$tmp/relay-latin1.err",
+	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; $ENV{PGDATABASE} = 'latin1'; },
+	IPC::Run::timeout(60));
+ok($lt, 'the relay stopped (--once)') or diag(slurp_file("$tmp/relay-latin1.err"));
+is($node->safe_psql('latin1', q{SELECT string_agg(aggregateid, ',') FROM idem.outbox}), 't1',
+	'the message with a type of 200 bytes in UTF-8 is delivered');
+is($node->safe_psql('latin1', q{SELECT key || ' ' || attempts || ' ' || last_error FROM idem.outbox_keys WHERE dead}),
+	"t1 1 permanent: rabbitmq: the type is 400 bytes long in UTF-8; AMQP's type property holds at most 255",
+	'the one of 400 bytes is dead at its first attempt, with the reason');
+unlike(slurp_file("$tmp/relay-latin1.err"), qr/rabbitmq: could not publish|closed by the broker/,
+	'the connection was not given up');
+
 # A body over the broker's max_message_size (it would close the channel, and
 # the batch would be retried until every message of it was dead) and headers
 # too large for an AMQP frame (librabbitmq cannot encode them, and the

@@ -21,6 +21,7 @@ use FindBin;
 use lib $FindBin::RealBin;
 
 use IPC::Run;
+use Time::HiRes qw(usleep);
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -141,10 +142,57 @@ is(join(' ', map { "$_=" . join(',', @{ $rseq{$_} // [] }) } qw(r1 r2 r3)),
 	'r1=1,2,3,4,5,6,7,8,9,10 r2=1,2,3 r3=1,2,3,4,5,6,7,8,9,10',
 	'the reports of each key in order, r2 up to its refused message');
 
+# A topic name Kafka would refuse (from the message's key or type, here an
+# empty type) is refused for good at once, not retried until the message
+# dies; the rest of the batch is delivered.
+sql(q{
+SELECT idem_outbox_send('named', 'n1', '{"n": 1}', NULL, 'good');
+SELECT idem_outbox_send('named', 'n2', '{"n": 2}');
+SELECT idem_outbox_send('named', 'n3', '{"n": 3}', NULL, 'a space');});
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.test.mock.num.brokers=1',
+	'--set', 'topic.named.kafka.topic={type}',
+	'--lease', '10s', '--timeout', '5s', '--once', '--log-interval', '0');
+is($rc, 0, 'the relay stopped (--once)') or diag($err);
+is(sql(q{SELECT string_agg(aggregateid, ',' ORDER BY aggregateid) FROM idem.outbox WHERE aggregatetype = 'named'}), 'n2,n3',
+	'the message whose topic name is valid is delivered');
+is(sql(q{SELECT string_agg(key || ': ' || last_error, E'\n' ORDER BY key) FROM idem.outbox_keys
+         WHERE topic = 'named' AND dead}),
+	qq{n2: permanent: kafka: "" is not a valid Kafka topic name (1 to 249 of a-z, A-Z, 0-9, ".", "_" and "-")\n}
+	  . qq{n3: permanent: kafka: "a space" is not a valid Kafka topic name (1 to 249 of a-z, A-Z, 0-9, ".", "_" and "-")},
+	'the others are dead at once, with the name');
+
+# A producer that cannot produce (here a transactional producer, which the
+# relay does not use as such: every produce fails): the batch is retried after
+# the topic's backoff, not leased again at once, which spent an attempt of
+# every message in milliseconds until they died.
+sql(q{SELECT idem_outbox_configure('stuck', 5, '10 seconds', '1 minute');
+SELECT idem_outbox_send('stuck', 's' || i, jsonb_build_object('n', i)) FROM generate_series(1, 10) i;});
+{
+	my ($sout, $serr) = ('', '');
+	my $h = IPC::Run::start([ $relay, '--sink', 'kafka', '--set', 'kafka.property.test.mock.num.brokers=1',
+			'--set', 'kafka.property.transactional.id=x', '--lease', '10s', '--timeout', '2s',
+			'--poll', '50ms', '--log-interval', '0' ],
+		'>', \$sout, '2>', \$serr,
+		init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; });
+	usleep(3_000_000);
+	$h->signal('TERM');
+	$h->finish;
+	like($serr, qr/leased 10, delivered 0, retried 10, dead 0/, 'the relay leased and retried each once')
+	  or diag($serr);
+}
+is(sql(q{SELECT string_agg(DISTINCT last_error, ', ') FROM idem.outbox_keys WHERE topic = 'stuck'}),
+	'kafka: could not produce: Local: Erroneous state', 'every message with the error of the produce');
+is(sql(q{SELECT count(*) || '|' || max(attempts) || '|' || count(*) FILTER (WHERE dead) FROM idem.outbox_keys WHERE topic = 'stuck'}),
+	'10|1|0', 'each message had one attempt, and waits for its backoff');
+sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'stuck'; DELETE FROM idem.outbox_keys WHERE topic = 'stuck'});
+
 # Settings that would weaken the guarantees are refused.
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.acks=1');
 is($rc, 1, 'acks=1 is refused');
 like($err, qr/acks must stay all/, 'with a message');
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.delivery.report.only.error=true');
+is($rc, 1, 'delivery.report.only.error=true is refused');
+like($err, qr/delivery\.report\.only\.error must stay false/, 'with a message');
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.no.such=1');
 is($rc, 1, 'an unknown librdkafka setting is refused');
 
