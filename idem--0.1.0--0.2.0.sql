@@ -1131,11 +1131,12 @@ GRANT EXECUTE ON FUNCTION idem_metrics() TO pg_monitor;
 -- One round of the purges of every capability, each of at most max_rows
 -- rows; what the maintenance worker runs (as a superuser: the body, and all
 -- it calls, are in the schema idem, see idem._purge_claims), and what
--- pg_cron can schedule (idem_maintenance).
+-- pg_cron can schedule (idem_maintenance).  It runs as the extension's
+-- owner, whoever calls it: the purges on Citus workers connect as that role.
 CREATE OR REPLACE FUNCTION idem._maintenance(max_rows pg_catalog.int4)
 RETURNS TABLE (kind pg_catalog.text, purged pg_catalog.int8)
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF max_rows IS NULL THEN
