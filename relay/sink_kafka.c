@@ -14,8 +14,9 @@
  * awaited, at most the timeout after the last produce: a report without an
  * error is delivered, one with an error (or none in time: what is left is
  * purged) is retried with the topic's backoff.  A message whose topic name
- * Kafka would refuse, or that the producer refuses itself, is refused for
- * good; a produce refused for another reason retries the rest of the batch.
+ * Kafka would refuse, that the producer refuses itself, or that the broker
+ * refuses as a record (invalid, too large), is refused for good; a produce
+ * refused for another reason retries the rest of the batch.
  *
  * Settings: brokers (bootstrap.servers), topic, and property.NAME = value
  * for any librdkafka setting (property.test.mock.num.brokers = 3 runs
@@ -57,6 +58,16 @@ on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 		return;
 	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
 		p->out->kind = OUTCOME_DELIVERED;
+	else if (rd_kafka_message_status(m) == RD_KAFKA_MSG_STATUS_NOT_PERSISTED &&
+			 (m->err == RD_KAFKA_RESP_ERR_INVALID_RECORD ||
+			  m->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
+			  m->err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE ||
+			  m->err == RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION))
+	{
+		/* the broker refused the message itself: it would refuse it again */
+		p->out->kind = OUTCOME_PERMANENT;
+		snprintf(p->out->error, sizeof(p->out->error), "kafka: %s", rd_kafka_err2str(m->err));
+	}
 	else
 	{
 		p->out->kind = OUTCOME_RETRY;
@@ -94,6 +105,60 @@ set_property(void *argp, const char *name, const char *value)
 		snprintf(arg->err, arg->errlen, "kafka.property.%s: %s", name, e);
 		arg->ok = 0;
 	}
+}
+
+/*
+ * Whether Kafka takes name as a topic's: 1 to 249 of [A-Za-z0-9._-], not
+ * "." or "..".  librdkafka sends any name, and the broker's refusal would
+ * be retried until the message died.
+ */
+static int
+valid_topic(const char *name, size_t len)
+{
+	size_t		i;
+
+	if (len == 0 || len > 249 || (len <= 2 && strspn(name, ".") >= len))
+		return 0;
+	for (i = 0; i < len; i++)
+	{
+		char		c = name[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+			  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+			return 0;
+	}
+	return 1;
+}
+
+/*
+ * Whether a topic template can give a valid name: its text besides the
+ * placeholders is of the characters Kafka allows, and one without
+ * placeholders is a valid name itself (a configuration error, not a reason
+ * for every message to die).
+ */
+static int
+valid_topic_template(const char *tmpl)
+{
+	const char *p = tmpl;
+	int			placeholders = 0;
+
+	while (*p)
+	{
+		size_t		n = strncmp(p, "{topic}", 7) == 0 ? 7 :
+			strncmp(p, "{type}", 6) == 0 ? 6 :
+			strncmp(p, "{key}", 5) == 0 ? 5 : 0;
+
+		if (n > 0)
+		{
+			p += n;
+			placeholders++;
+		}
+		else if (strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-", *p) == NULL)
+			return 0;
+		else
+			p++;
+	}
+	return placeholders > 0 || valid_topic(tmpl, strlen(tmpl));
 }
 
 static Sink *
@@ -149,6 +214,12 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 			parg.ok = 0;
 		}
 	}
+	if (parg.ok && !valid_topic_template(topic))
+	{
+		snprintf(err, errlen, "kafka.topic \"%s\" cannot give a valid Kafka topic name: besides {topic}, {key} "
+				 "and {type}, it may hold only a-z, A-Z, 0-9, \".\", \"_\" and \"-\"", topic);
+		parg.ok = 0;
+	}
 	if (!parg.ok)
 	{
 		rd_kafka_conf_destroy(conf);
@@ -200,29 +271,6 @@ expand(StrBuf *sb, const char *tmpl, const RelayMessage *m)
 		else
 			sb_putc(sb, *p++);
 	}
-}
-
-/*
- * Whether Kafka takes name as a topic's: 1 to 249 of [A-Za-z0-9._-], not
- * "." or "..".  librdkafka sends any name, and the broker's refusal would
- * be retried until the message died.
- */
-static int
-valid_topic(const char *name, size_t len)
-{
-	size_t		i;
-
-	if (len == 0 || len > 249 || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-		return 0;
-	for (i = 0; i < len; i++)
-	{
-		char		c = name[i];
-
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-			  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
-			return 0;
-	}
-	return 1;
 }
 
 static int
@@ -304,12 +352,24 @@ kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 				out[i].kind = OUTCOME_PERMANENT;
 				continue;
 			}
+			if (rc == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC ||
+				rc == RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION)
+			{
+				/* its topic, not the others': retried, the batch goes on */
+				out[i].kind = OUTCOME_RETRY;
+				continue;
+			}
+			if (rc == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+			{
+				/* still full at the end of the lease: the rest is released */
+				out[i].kind = OUTCOME_UNSENT;
+				break;
+			}
 
 			/*
 			 * The producer (a fatal error, a setting that keeps it from
-			 * producing, a queue still full at the deadline): this one and
-			 * the rest of the batch are retried after the topic's backoff,
-			 * not leased again at once.
+			 * producing): this one and the rest of the batch are retried
+			 * after the topic's backoff, not leased again at once.
 			 */
 			out[i].kind = OUTCOME_RETRY;
 			for (j = i + 1; j < n; j++)

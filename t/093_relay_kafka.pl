@@ -193,6 +193,13 @@ like($err, qr/acks must stay all/, 'with a message');
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.delivery.report.only.error=true');
 is($rc, 1, 'delivery.report.only.error=true is refused');
 like($err, qr/delivery\.report\.only\.error must stay false/, 'with a message');
+# A topic template that can never give a valid name is a configuration
+# error, not a reason for every message to die.
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.topic=my events');
+is($rc, 1, 'a topic template with a space is refused');
+like($err, qr/kafka\.topic "my events" cannot give a valid Kafka topic name/, 'with a message');
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'topic.named.kafka.topic=..');
+is($rc, 1, 'a topic\'s own template ".." is refused');
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.no.such=1');
 is($rc, 1, 'an unknown librdkafka setting is refused');
 
@@ -289,6 +296,18 @@ for my $row (split /\n/, sql(q{SELECT key, payload->>'seq' FROM applied ORDER BY
 }
 is(scalar(grep { join(',', @{ $applied_order{$_} // [] }) eq join(',', 1 .. $eper) } keys %applied_order),
 	$ekeys, 'the messages of each key were applied in the order they were sent');
+
+# A record the broker refuses (INVALID_RECORD) is refused for good, with the
+# broker's error; it was retried until the message died.  One of another key
+# after it is delivered.
+sql(q{SELECT idem_outbox_send('refused', 'x1', '{"n": 1}');});
+$mock_in .= "produce-errors 87 1\n";
+$mock->pump until $mock_out =~ /^pushed$/m || !$mock->pumpable;
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', "kafka.brokers=$bootstrap",
+	'--lease', '10s', '--timeout', '5s', '--once', '--log-interval', '0');
+is($rc, 0, 'the relay stopped (--once)') or diag($err);
+is(sql(q{SELECT dead || ' ' || attempts || ' ' || last_error FROM idem.outbox_keys WHERE topic = 'refused'}),
+	'true 1 permanent: kafka: Broker: Broker failed to validate record', 'a record the broker refuses is dead at once');
 
 $mock->signal('TERM');
 $mock->finish;

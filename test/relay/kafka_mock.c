@@ -7,7 +7,9 @@
  * Starts a mock cluster of BROKERS brokers (each listening on a loopback
  * TCP port), creates TOPIC with PARTITIONS partitions, prints the bootstrap
  * servers ("127.0.0.1:PORT,...") on a line of its own, and serves until
- * its standard input is closed or it gets SIGTERM.  The mock speaks the
+ * its standard input is closed or it gets SIGTERM.  A line "produce-errors
+ * CODE COUNT" on its standard input makes the next COUNT produce requests
+ * fail with the Kafka error CODE; it answers "pushed" on a line.  The mock speaks the
  * Kafka protocol: produce, fetch, and consumer groups (join, sync,
  * heartbeat, offset commit and fetch).  Built by t/093_relay_kafka.pl.
  */
@@ -72,8 +74,21 @@ main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	/* until stdin is closed, or a signal */
-	while (!stop && read(0, buf, sizeof(buf)) > 0)
-		;
+	while (!stop && fgets(buf, sizeof(buf), stdin) != NULL)
+	{
+		int			code;
+		int			count;
+		int			i;
+
+		if (sscanf(buf, "produce-errors %d %d", &code, &count) == 2 && count > 0)
+		{
+			for (i = 0; i < count; i++)
+				rd_kafka_mock_push_request_errors(mc, 0 /* Produce */ , 1,
+												  (rd_kafka_resp_err_t) code);
+			printf("pushed\n");
+			fflush(stdout);
+		}
+	}
 	rd_kafka_mock_cluster_destroy(mc);
 	rd_kafka_destroy(rk);
 	return 0;
