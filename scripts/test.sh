@@ -136,18 +136,20 @@ run_isolation() {
 }
 
 run_tap() {
-    local files f p fl rc pattern=${1:-t/*.pl} port=${2:-65432}
+    local files f p fl rc portlock pattern=${1:-t/*.pl} port=${2:-65432}
     files=$(cd "$work" && ls $pattern 2>/dev/null | sort)
     [ -n "$files" ] || return 0
     echo "== tap ($pattern)"
     # Ports are taken under locks in one directory for every run on the
     # machine: a test that frees a port for a while (a broker it restarts)
-    # keeps it from another run's tests.
-    install -d -o postgres -m 0755 /tmp/idem-portlock
+    # keeps it from another run's tests.  In postgres's home, not /tmp,
+    # where another user could make it first.
+    portlock="$(getent passwd postgres | cut -d: -f6)/idem-portlock"
+    install -d -o postgres -m 0755 "$portlock"
     for f in $files; do
         rm -rf "$work/tmp_check"; as_pg mkdir -p "$work/tmp_check"
         (cd "$work" && as_pg env TESTDIR="$work" PG_REGRESS="$PGXS_DIR/src/test/regress/pg_regress" \
-            PGPORT=$port PG_TEST_PORT_DIR=/tmp/idem-portlock prove -v -I "$PGXS_DIR/src/test/perl" -I . "$f") > "$work/tap.log" 2>&1
+            PGPORT=$port PG_TEST_PORT_DIR="$portlock" prove -v -I "$PGXS_DIR/src/test/perl" -I . "$f") > "$work/tap.log" 2>&1
         rc=$?
         p=$(grep -cE '^ok [0-9]+' "$work/tap.log")
         fl=$(grep -cE '^not ok [0-9]+' "$work/tap.log")
