@@ -13,8 +13,9 @@
 # transaction as idem_claim(msg_id), commits, then acks; now and then a
 # worker dies in the middle of a message and its message is delivered again.
 # The ledger has no unique constraint: a message applied twice would show.
-# Then a few calls of the API (claims, tokens, the guard, request keys), and
-# the server is stopped.
+# Then a few calls of the API (claims, tokens, the guard, request keys, the
+# transactional outbox delivered by idem-relay, ordered streams, statistics
+# and maintenance), and the server is stopped.
 #
 # Settings (environment): MESSAGES (20000), REDELIVER (0.3), WORKERS (4),
 # KILL_EVERY (a worker dies once per this many deliveries, 2000; 0: never).
@@ -41,7 +42,7 @@ stop_cluster "$dir"
 rm -rf "$dir"
 trap 'stop_cluster "$dir"; rm -rf "$work"' EXIT
 echo "== starting a server in $dir, port $port"
-start_cluster "$dir" "$port" "log_min_messages = warning"
+start_cluster "$dir" "$port" "log_min_messages = warning" "shared_preload_libraries = 'idem'"
 
 conn="host=$dir port=$port dbname=postgres"
 as_pg() { (cd "$dir" && runuser -u postgres -- env PATH="$PATH" "$@"); }
@@ -196,5 +197,54 @@ sql -e -c "SELECT status AS while_its_worker_runs FROM idem_request_begin('key-3
 wait "$holder"
 sql -e -c "SELECT status AS after_its_worker_left, recovery_point, recovery_data FROM idem_request_begin('key-3', 'fp')"
 
-echo "== done: every message applied exactly once; tokens, transitions and request keys shown above"
+echo "== transactional outbox: messages written with the business change, delivered by idem-relay"
+sql -e <<'EOF'
+CREATE TABLE shipments (id bigint PRIMARY KEY, order_id bigint NOT NULL);
+-- the message commits or rolls back with the business write
+BEGIN;
+INSERT INTO shipments VALUES (1, 4711);
+SELECT idem_outbox_send('shipments', 'order-4711', '{"event": "packed", "shipment": 1}') IS NOT NULL AS sent;
+SELECT idem_outbox_send('shipments', 'order-4711', '{"event": "shipped", "shipment": 1}') IS NOT NULL AS sent;
+COMMIT;
+BEGIN;
+INSERT INTO shipments VALUES (2, 4712);
+SELECT idem_outbox_send('shipments', 'order-4712', '{"event": "packed", "shipment": 2}') IS NOT NULL AS sent;
+ROLLBACK;
+SELECT idem_outbox_send('shipments', 'order-4713', '{"event": "packed", "shipment": 3}') IS NOT NULL AS sent;
+SELECT topic, pending, leased, dead FROM idem_outbox_stats();
+EOF
+[ $? = 0 ] || die "psql failed"
+# idem-relay leases (in order per key, one message of a key at a time),
+# delivers (here to its standard output; RabbitMQ, Kafka, NATS or a webhook
+# in production) and acknowledges; --once stops when the outbox is empty
+echo "   idem-relay --once --sink stdout (the rolled-back message is not there):"
+relay_out=$(as_pg idem-relay --dbname "$conn" --once --log-interval 0 2>/dev/null) || die "idem-relay failed"
+sed 's/"id": "[^"]*", //; s/, "headers".*//; s/^/   /' <<<"$relay_out"
+sql -e -c "SELECT count(*) AS left_in_outbox FROM idem.outbox"
+
+echo "== ordered streams: a consumer's offsets and a producer's sequence numbers"
+sql -e <<'EOF'
+-- the offset moves forward only, in the transaction of the work
+SELECT idem_offset_advance('billing', 'orders', 0, 41) AS to_41;
+SELECT idem_offset_advance('billing', 'orders', 0, 40) AS back_to_40;
+SELECT idem_offset_get('billing', 'orders', 0) AS "offset";
+-- a producer's sequence numbers: a retry is a duplicate
+SELECT idem_seq_accept('checkout', 1) AS first, idem_seq_accept('checkout', 2) AS second,
+       idem_seq_accept('checkout', 2) AS retry;
+EOF
+[ $? = 0 ] || die "psql failed"
+
+echo "== observability: what the calls above did, per namespace (also as Prometheus metrics)"
+sql -e <<'EOF'
+SELECT ns, kind, operations, duplicates, round(duplicate_rate::numeric, 3) AS duplicate_rate
+  FROM idem_stats ORDER BY kind, ns;
+SELECT line AS prometheus FROM regexp_split_to_table(idem_metrics(), E'\n') AS line
+ WHERE line LIKE 'idem_%_total{%' AND line NOT LIKE '% 0' LIMIT 8;
+EOF
+[ $? = 0 ] || die "psql failed"
+
+echo "== maintenance: one round of every purge (a background worker also runs them)"
+sql -e -c "SELECT * FROM idem_maintenance(10000)"
+
+echo "== done: every message applied exactly once; tokens, transitions, request keys, the outbox, streams and statistics shown above"
 exit 0
