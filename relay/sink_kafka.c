@@ -204,6 +204,15 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 			snprintf(err, errlen, "kafka.property.acks must stay all");
 			parg.ok = 0;
 		}
+		/* a key's messages share a partition (random ignores the key) */
+		len = sizeof(e);
+		if (parg.ok &&
+			rd_kafka_conf_get(conf, "partitioner", e, &len) == RD_KAFKA_CONF_OK &&
+			strcmp(e, "random") == 0)
+		{
+			snprintf(err, errlen, "kafka.property.partitioner must not be random: a key's messages must share a partition");
+			parg.ok = 0;
+		}
 		/* a message is delivered only by a report that says so */
 		len = sizeof(e);
 		if (parg.ok &&

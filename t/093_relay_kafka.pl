@@ -190,6 +190,9 @@ sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'stuck'; DELETE FROM idem.ou
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.acks=1');
 is($rc, 1, 'acks=1 is refused');
 like($err, qr/acks must stay all/, 'with a message');
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.partitioner=random');
+is($rc, 1, 'partitioner=random is refused');
+like($err, qr/partitioner must not be random/, 'with a message');
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.delivery.report.only.error=true');
 is($rc, 1, 'delivery.report.only.error=true is refused');
 like($err, qr/delivery\.report\.only\.error must stay false/, 'with a message');
