@@ -7,9 +7,16 @@
 #   scripts/sanitize.sh                      AddressSanitizer + UBSan
 #   SANITIZER=valgrind scripts/sanitize.sh   memcheck (slow: about 10 min)
 #   SANITIZE_FUZZ_SECONDS=0 scripts/sanitize.sh     without the random calls
+#   SANITIZE_RELAY=0 scripts/sanitize.sh     without idem-relay's TAP tests
 #
 # SANITIZE_DIR (/tmp/idem-sanitize) keeps the logs; SANITIZE_PORT (5651);
-# SANITIZE_FUZZ_SECONDS (60).
+# SANITIZE_FUZZ_SECONDS (60); SANITIZE_RELAY (1 with asan, 0 with valgrind).
+#
+# Then (asan) idem-relay: scripts/test.sh runs the relay's TAP tests
+# (t/090 to t/093: every sink, against real brokers) with idem-relay built
+# with ASan, LeakSanitizer and UBSan (RELAY_SANITIZE_DIR): the ASan and
+# LeakSanitizer reports, which must be none, are files of
+# SANITIZE_DIR/relay; undefined behaviour stops the relay, and fails its test.
 #
 # asan: idem is built with -fsanitize=address,undefined and the server
 #   (Debian's, not instrumented) runs with the ASan runtime preloaded.  Finds
@@ -38,6 +45,9 @@ mode=${SANITIZER:-asan}
 dir=${SANITIZE_DIR:-/tmp/idem-sanitize}
 port=${SANITIZE_PORT:-5651}
 fuzz_seconds=${SANITIZE_FUZZ_SECONDS:-60}
+relay_tests=${SANITIZE_RELAY:-1}
+[ "$mode" = asan ] || relay_tests=${SANITIZE_RELAY:-0}
+[ "$mode" = asan ] || [ "$relay_tests" = 0 ] || die "SANITIZE_RELAY needs SANITIZER=asan"
 
 case "$mode" in
     asan)
@@ -239,6 +249,21 @@ fi
 pg_private -m fast -w -t 600 stop >/dev/null
 trap 'rm -rf "$work"' EXIT
 
+relay_reports=0
+if [ "$relay_tests" = 1 ]; then
+    echo "== idem-relay with ASan and UBSan: its TAP tests (scripts/test.sh tap)"
+    RELAY_SANITIZE_DIR="$dir/relay" TAP_TESTS='t/09[0-3]_*.pl' bash "$here/scripts/test.sh" tap \
+        > "$dir/relay.log" 2>&1
+    rc=$?
+    grep -E '^(-- |== |!!)|passed, [0-9]+ failed$' "$dir/relay.log"
+    result[relay]="$(tail -n 1 "$dir/relay.log") (exit $rc)"
+    relay_re='ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:'
+    relay_reports=$(cat "$dir"/relay/asan.* 2>/dev/null | grep -cE "$relay_re")
+    for f in "$dir"/relay/asan.*; do
+        [ -f "$f" ] && { echo "--- $f"; head -n 60 "$f"; }
+    done | head -n 400
+fi
+
 echo
 echo "== $mode reports"
 tail -n +"$((log_offset + 1))" "$dir/server.log" > "$dir/server_after_control.log"
@@ -265,11 +290,13 @@ echo
 echo "regress:   ${result[regress]}"
 echo "isolation: ${result[isolation]}"
 [ -n "${result[fuzz]:-}" ] && echo "fuzz:      ${result[fuzz]}"
+[ -n "${result[relay]:-}" ] && echo "relay:     ${result[relay]}"
 echo "$mode reports in idem: $reports"
+[ "$relay_tests" = 1 ] && echo "asan reports in idem-relay: $relay_reports"
 [ "$mode" = valgrind ] && echo "valgrind reports outside idem (the server's own, not counted): $others"
 echo "crashes in the server log: $crash"
 ok=1
-[ "$reports" = 0 ] && [ "$crash" = 0 ] || ok=0
+[ "$reports" = 0 ] && [ "$crash" = 0 ] && [ "$relay_reports" = 0 ] || ok=0
 for k in "${!result[@]}"; do
     case "${result[$k]}" in *"(exit 0)"*|"no tests") ;; *) ok=0 ;; esac
 done
