@@ -312,6 +312,35 @@ is($rc, 0, 'the relay stopped (--once)') or diag($err);
 is(sql(q{SELECT dead || ' ' || attempts || ' ' || last_error FROM idem.outbox_keys WHERE topic = 'refused'}),
 	'true 1 permanent: kafka: Broker: Broker failed to validate record', 'a record the broker refuses is dead at once');
 
+# A topic the cluster does not have (its metadata says UNKNOWN_TOPIC_OR_PART)
+# fails only its own messages, which are retried after their backoff and
+# keep their key's order; the rest of the batch is delivered.  Once the
+# topic exists, its message is delivered too.
+sql(q{SELECT idem_outbox_configure('missing', 10, '1 second', '1 second')});
+sql(q{SELECT idem_outbox_send('missing', 'm1', '{"n": 1}'), idem_outbox_send('missing', 'm1', '{"n": 2}'),
+             idem_outbox_send('present', 'p1', '{"n": 1}')});
+$mock_in .= "topic-error missing 3\n";
+$mock->pump until $mock_out =~ /^set$/m || !$mock->pumpable;
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', "kafka.brokers=$bootstrap",
+	'--set', 'kafka.property.topic.metadata.propagation.max.ms=200',
+	'--lease', '10s', '--timeout', '5s', '--once', '--log-interval', '0');
+is($rc, 0, 'the relay stopped (--once)') or diag($err);
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'present'}), '0',
+	'the message of a topic the cluster has is delivered beside one of a missing topic');
+like(sql(q{SELECT dead || ' ' || attempts || ' ' || last_error FROM idem.outbox_keys WHERE topic = 'missing'}),
+	qr/^false 1 kafka: .*[Uu]nknown topic/, 'the message of a missing topic is retried, with the reason');
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'missing'}), '2',
+	'neither message of the missing topic was acknowledged');
+$mock_in .= "topic-error missing 0\n";
+$mock_out = '';
+$mock->pump until $mock_out =~ /^set$/m || !$mock->pumpable;
+usleep(1_100_000);   # the backoff: 0.5 s to 1 s
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', "kafka.brokers=$bootstrap",
+	'--lease', '10s', '--timeout', '5s', '--once', '--log-interval', '0');
+is($rc, 0, 'the relay stopped (--once)') or diag($err);
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'missing'}), '0',
+	'once the topic exists, its messages are delivered');
+
 $mock->signal('TERM');
 $mock->finish;
 $node->stop;

@@ -9,7 +9,9 @@
  * servers ("127.0.0.1:PORT,...") on a line of its own, and serves until
  * its standard input is closed or it gets SIGTERM.  A line "produce-errors
  * CODE COUNT" on its standard input makes the next COUNT produce requests
- * fail with the Kafka error CODE; it answers "pushed" on a line.  The mock speaks the
+ * fail with the Kafka error CODE; it answers "pushed" on a line.  A line
+ * "topic-error TOPIC CODE" makes the cluster's metadata give TOPIC the error
+ * CODE (0: none, 3: the topic does not exist); it answers "set".  The mock speaks the
  * Kafka protocol: produce, fetch, and consumer groups (join, sync,
  * heartbeat, offset commit and fetch).  Built by t/093_relay_kafka.pl.
  */
@@ -38,7 +40,7 @@ main(int argc, char **argv)
 	rd_kafka_t *rk;
 	rd_kafka_mock_cluster_t *mc;
 	rd_kafka_resp_err_t rc;
-	char		buf[64];
+	char		buf[512];
 	struct sigaction sa;
 
 	if (argc != 4)
@@ -76,11 +78,18 @@ main(int argc, char **argv)
 	/* until stdin is closed, or a signal */
 	while (!stop && fgets(buf, sizeof(buf), stdin) != NULL)
 	{
+		char		topic[256];
 		int			code;
 		int			count;
 		int			i;
 
-		if (sscanf(buf, "produce-errors %d %d", &code, &count) == 2 && count > 0)
+		if (sscanf(buf, "topic-error %255s %d", topic, &code) == 2)
+		{
+			rd_kafka_mock_topic_set_error(mc, topic, (rd_kafka_resp_err_t) code);
+			printf("set\n");
+			fflush(stdout);
+		}
+		else if (sscanf(buf, "produce-errors %d %d", &code, &count) == 2 && count > 0)
 		{
 			for (i = 0; i < count; i++)
 				rd_kafka_mock_push_request_errors(mc, 0 /* Produce */ , 1,
