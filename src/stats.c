@@ -23,10 +23,11 @@
  * counters to zero), so a backend may add to an entry without holding the
  * lock.
  *
- * When a namespace's duplicate rate over idem.duplicate_rate_interval exceeds
- * idem.duplicate_rate_warning, the backend that notices it first logs one
- * line; the interval then starts over, which limits the lines to one per
- * interval and namespace.
+ * A namespace's duplicate rate is judged when a transaction that counted
+ * into it commits, once idem.duplicate_rate_interval has passed since it was
+ * last judged, over the operations since then; when it exceeds
+ * idem.duplicate_rate_warning, that backend logs one line, with the time the
+ * rate covers.  The lines are at most one per interval and namespace.
  *
  * Without preloading, counting does nothing and the functions that read the
  * counters fail with 55000.
@@ -686,6 +687,7 @@ stats_check_rate(StatsEntry *entry)
 {
 	const StatsKindInfo *k = &kinds[entry->key.kind];
 	TimestampTz now;
+	TimestampTz start;
 	uint64		ops;
 	uint64		dups;
 	double		rate;
@@ -707,6 +709,7 @@ stats_check_rate(StatsEntry *entry)
 	}
 	ops = stats_operations(k, entry) - entry->interval_ops;
 	dups = pg_atomic_read_u64(&entry->counters[k->duplicate]) - entry->interval_dups;
+	start = entry->interval_start;
 	entry->interval_start = now;
 	entry->interval_ops += ops;
 	entry->interval_dups += dups;
@@ -717,9 +720,9 @@ stats_check_rate(StatsEntry *entry)
 	rate = (double) dups / (double) ops;
 	if (rate > stats_duplicate_rate_warning)
 		ereport(LOG,
-				(errmsg("idem: duplicate rate of %s namespace \"%s\" is %.3f over the last %d s",
+				(errmsg("idem: duplicate rate of %s namespace \"%s\" is %.3f over the last %.0f s",
 						k->name, entry->key.ns, rate,
-						stats_duplicate_rate_interval),
+						(double) (now - start) / USECS_PER_SEC),
 				 errdetail("%llu of %llu operations were duplicates; idem.duplicate_rate_warning is %g.",
 						   (unsigned long long) dups, (unsigned long long) ops,
 						   stats_duplicate_rate_warning)));
