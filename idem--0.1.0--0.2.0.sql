@@ -629,6 +629,12 @@ BEGIN
     IF NOT pg_catalog.pg_has_role(
             (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) TG_RELID),
             'USAGE') THEN
+        IF TG_TABLE_NAME OPERATOR(pg_catalog.=) 'initial_states' THEN
+            RAISE EXCEPTION 'permission denied for table %', TG_TABLE_NAME
+                USING ERRCODE = '42501',
+                      DETAIL = 'Initial states are changed through idem_allow_initial and idem_disallow_initial, or by the owner of the table.',
+                      HINT = 'Grant EXECUTE on idem_allow_initial and idem_disallow_initial to the role.';
+        END IF;
         RAISE EXCEPTION 'permission denied for table %', TG_TABLE_NAME
             USING ERRCODE = '42501',
                   DETAIL = 'State machines are changed through idem_allow and idem_disallow, or by the owner of the table.',
@@ -638,7 +644,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION idem._transitions_writer() IS
-    'refuse writes to idem.transitions from roles without its owner''s rights (internal)';
+    'refuse writes to idem.transitions and idem.initial_states from roles without their owner''s rights (internal)';
 REVOKE ALL ON FUNCTION idem._transitions_writer() FROM PUBLIC;
 CREATE OR REPLACE TRIGGER transitions_writers
     BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON idem.transitions
