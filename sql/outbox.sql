@@ -302,10 +302,21 @@ SELECT count(*) FROM idem_outbox_lease('relay-a') WHERE topic = 'long';
 SELECT idem_outbox_nack(pg_temp.id_of(70), repeat('é', 1500)) AS nacked;
 SELECT octet_length(last_error), char_length(last_error) FROM idem.outbox_keys WHERE topic = 'long';
 
--- in a read-only transaction: refused as an INSERT would be
+-- in a read-only transaction: refused as an INSERT would be, every
+-- function that writes, also with nothing to write (an empty ack, an
+-- unknown id); the ack and the nack are also given a leased message
 BEGIN READ ONLY;
 SELECT pg_temp.err($$SELECT idem_outbox_send('t', 'k', '{}')$$);
 SELECT pg_temp.err($$SELECT * FROM idem_outbox_lease('r')$$);
+SELECT pg_temp.err(format('SELECT idem_outbox_ack(%L)', ARRAY[pg_temp.id_of(50)]));
+SELECT pg_temp.err($$SELECT idem_outbox_ack('{}')$$);
+SELECT pg_temp.err(format('SELECT idem_outbox_nack(%L, %L)', pg_temp.id_of(50), 'e'));
+SELECT pg_temp.err($$SELECT idem_outbox_nack(gen_random_uuid(), 'e', '0')$$);
+SELECT pg_temp.err($$SELECT idem_outbox_redrive()$$);
+SELECT pg_temp.err($$SELECT idem_outbox_redrive('stats', 'a')$$);
+SELECT pg_temp.err($$SELECT idem_outbox_configure('stats', 3, '1 second', '1 minute')$$);
+SELECT pg_temp.err($$SELECT idem_outbox_purge()$$);
+SELECT pg_temp.err($$SELECT idem_outbox_purge('0', 1)$$);
 ROLLBACK;
 
 -- a failure that is permanent (the receiver refused the message itself): dead at once

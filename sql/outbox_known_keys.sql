@@ -99,6 +99,45 @@ ALTER TABLE idem.outbox_keys ENABLE ALWAYS TRIGGER outbox_keys_deleted;
 -- the trigger only fires before a DELETE of each row
 SELECT idem._outbox_keys_deleted();
 
+-- deleted under session_replication_role = replica, as in a logical
+-- replication worker: the trigger is ENABLE ALWAYS, so it fires there too.
+-- The DELETE waits for the senders in flight (its SHARE lock on the table),
+-- and the session forgets the key: its next send makes the row again, and
+-- the key's messages are leased, those sent before the DELETE included.
+SELECT idem_outbox_send('kk', 'x', '{"n": 1}') IS NOT NULL AS sent;
+SELECT idem_outbox_send('kk', 'x', '{"n": 2}') IS NOT NULL AS sent;
+BEGIN;
+SET LOCAL session_replication_role = replica;
+DELETE FROM idem.outbox_keys WHERE topic = 'kk' AND key = 'x';
+SELECT string_agg(mode, ', ' ORDER BY mode) AS locks FROM pg_locks
+ WHERE locktype = 'relation' AND relation = 'idem.outbox_keys'::regclass
+   AND pid = pg_backend_pid() AND granted;
+COMMIT;
+SHOW session_replication_role;
+SELECT has_row('x');
+SELECT idem_outbox_send('kk', 'x', '{"n": 3}') IS NOT NULL AS sent;
+SELECT has_row('x');
+SELECT key, payload, attempt, idem_outbox_ack(ARRAY[id]) AS acked
+  FROM idem_outbox_lease('kk-relay', 10000) WHERE topic = 'kk';
+SELECT key, payload, attempt, idem_outbox_ack(ARRAY[id]) AS acked
+  FROM idem_outbox_lease('kk-relay', 10000) WHERE topic = 'kk';
+SELECT key, payload, attempt, idem_outbox_ack(ARRAY[id]) AS acked
+  FROM idem_outbox_lease('kk-relay', 10000) WHERE topic = 'kk';
+-- a key whose messages were all delivered, its row removed by
+-- idem_outbox_purge under replica (as a replication worker applies a purge
+-- made on the publisher): the same
+SELECT idem_outbox_send('kk', 'y', '{}') IS NOT NULL AS sent;
+SELECT idem_outbox_send('kk', 'y', '{}') IS NOT NULL AS sent;
+SELECT deliver();
+SET session_replication_role = replica;
+SELECT idem_outbox_purge() > 0 AS purged;
+RESET session_replication_role;
+SELECT has_row('y');
+SELECT idem_outbox_send('kk', 'y', '{"n": "y"}') IS NOT NULL AS sent;
+SELECT has_row('y');
+SELECT key, payload, attempt, idem_outbox_ack(ARRAY[id]) AS acked
+  FROM idem_outbox_lease('kk-relay', 10000) WHERE topic = 'kk';
+
 -- every message sent here is leased
 SELECT count(*) AS undelivered FROM idem.outbox WHERE aggregatetype = 'kk';
 SELECT deliver() AS delivered;

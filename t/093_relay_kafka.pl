@@ -317,8 +317,8 @@ is(sql(q{SELECT dead || ' ' || attempts || ' ' || last_error FROM idem.outbox_ke
 # keep their key's order; the rest of the batch is delivered.  Once the
 # topic exists, its message is delivered too.
 sql(q{SELECT idem_outbox_configure('missing', 10, '1 second', '1 second')});
-sql(q{SELECT idem_outbox_send('missing', 'm1', '{"n": 1}'), idem_outbox_send('missing', 'm1', '{"n": 2}'),
-             idem_outbox_send('present', 'p1', '{"n": 1}')});
+sql(q{SELECT idem_outbox_send('missing', 'm1', '{"n": 1}'), idem_outbox_send('missing', 'm1', '{"n": 2}')});
+sql(q{SELECT idem_outbox_send('present', 'p' || k, '{"n": 1}') FROM generate_series(1, 4) k});
 $mock_in .= "topic-error missing 3\n";
 $mock->pump until $mock_out =~ /^set$/m || !$mock->pumpable;
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', "kafka.brokers=$bootstrap",
@@ -326,7 +326,7 @@ $mock->pump until $mock_out =~ /^set$/m || !$mock->pumpable;
 	'--lease', '10s', '--timeout', '5s', '--once', '--log-interval', '0');
 is($rc, 0, 'the relay stopped (--once)') or diag($err);
 is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'present'}), '0',
-	'the message of a topic the cluster has is delivered beside one of a missing topic');
+	'the messages of a topic the cluster has are delivered beside one of a missing topic');
 like(sql(q{SELECT dead || ' ' || attempts || ' ' || last_error FROM idem.outbox_keys WHERE topic = 'missing'}),
 	qr/^false 1 kafka: .*[Uu]nknown topic/, 'the message of a missing topic is retried, with the reason');
 is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'missing'}), '2',
