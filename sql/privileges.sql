@@ -205,6 +205,15 @@ GRANT EXECUTE ON FUNCTION
     idem_guard_trigger()
   TO regress_idem_admin;
 INSERT INTO idem.claims VALUES ('priv', 'aged', now() - interval '2 days');
+-- two tokens and two finished requests expired long ago: the oldest of
+-- their tables, so that a purge of two rows takes them whatever else expired
+INSERT INTO idem.tokens
+SELECT 'priv-aged', sha256(convert_to('aged-' || i, 'UTF8')), timestamptz '2000-01-01' + i * interval '1 day', NULL
+  FROM generate_series(1, 2) i;
+INSERT INTO idem.requests (ns, key, fingerprint, response_code, attempts, created_at, finished_at, expires_at)
+SELECT 'priv-aged', 'aged-' || i, 'fp', 200, 1, timestamptz '2000-01-01', timestamptz '2000-01-01',
+       timestamptz '2000-01-01' + i * interval '1 day'
+  FROM generate_series(1, 2) i;
 SET ROLE regress_idem_admin;
 SELECT idem_release('p-1', 'priv'), idem_release('p-1', 'priv');
 SELECT idem_set_retention('priv', '1 day');
@@ -212,9 +221,9 @@ SELECT idem_purge('priv');
 SELECT idem_claim_info('aged', 'priv') IS NULL AS purged,
        idem_claim_info('p-2', 'priv') IS NOT NULL AS kept;
 -- ==== single-use tokens ====
-SELECT idem_token_purge() >= 0 AS token_purge_runs;
+SELECT idem_token_purge(2) AS tokens_purged;
 -- ==== request idempotency keys ====
-SELECT idem_request_set_retention('priv', '1 hour'), idem_request_purge() >= 0 AS request_purge_runs;
+SELECT idem_request_set_retention('priv', '1 hour'), idem_request_purge(2) AS requests_purged;
 -- ==== state-transition guard ====
 SELECT idem_allow('priv', 'shipped', 'returned'),
        idem_disallow('priv', 'shipped', 'returned');
@@ -225,6 +234,8 @@ SELECT pg_temp.outcome('SELECT * FROM idem.claims'),
        pg_temp.outcome('SELECT * FROM idem.namespaces');
 RESET ROLE;
 SELECT ns, retention FROM idem.namespaces WHERE ns = 'priv';
+SELECT (SELECT count(*) FROM idem.tokens WHERE scope = 'priv-aged') AS aged_tokens_left,
+       (SELECT count(*) FROM idem.requests WHERE ns = 'priv-aged') AS aged_requests_left;
 SELECT count(*) AS guarded FROM pg_trigger
  WHERE tgrelid = 'priv_admin'::regclass AND tgname = 'idem_guard';
 

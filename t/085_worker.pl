@@ -72,9 +72,44 @@ SELECT count(idem_token_issue('s', '1 millisecond')) FROM generate_series(1, 300
 SELECT count(idem_token_issue('s', '1 hour')) FROM generate_series(1, 20) WHERE NOT EXISTS (SELECT 1 FROM idem.tokens WHERE expires_at > now() + interval '1 minute');});
 }
 
+# every statement that deletes claims logs its transaction, how many it
+# deleted, when the transaction began and when the statement ended; it
+# sleeps 50 ms first, so that each batch takes long enough for its pause
+# to be measured
+$node->safe_psql('postgres', q{
+CREATE TABLE public.purge_log (xid xid8, began timestamptz, ended timestamptz, deleted bigint);
+CREATE FUNCTION public.purge_logged() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint;
+BEGIN
+    SELECT count(*) INTO n FROM gone;
+    IF n > 0 THEN
+        PERFORM pg_catalog.pg_sleep(0.05);
+        INSERT INTO public.purge_log
+        VALUES (pg_catalog.pg_current_xact_id(), pg_catalog.transaction_timestamp(),
+                pg_catalog.clock_timestamp(), n);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER purge_logged AFTER DELETE ON idem.claims REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION public.purge_logged();});
 fill();
 ok(poll(q{SELECT count(*) FROM idem.claims WHERE ns = 'short' AND msg_id LIKE 'old-%'}, '0'),
-	'expired claims are purged, in batches of 100');
+	'expired claims are purged');
+# one transaction per batch of idem.maintenance_batch (100); after each, a
+# pause so that the worker works idem.maintenance_load (0.25) of the time:
+# three times as long as the batch took
+my $batches = $node->safe_psql('postgres', q{
+SELECT count(*), max(deleted), sum(deleted),
+       bool_and(next_began IS NULL OR next_began - ended >= 2.5 * (ended - began))
+  FROM (SELECT xid, min(began) AS began, max(ended) AS ended, sum(deleted) AS deleted,
+               lead(min(began)) OVER (ORDER BY min(began)) AS next_began
+          FROM public.purge_log GROUP BY xid) b});
+is($batches, '10|100|1000|t', 'in 10 transactions of 100, each followed by a pause of three times its length');
+$node->safe_psql('postgres', q{
+DROP TRIGGER purge_logged ON idem.claims;
+DROP FUNCTION public.purge_logged();
+DROP TABLE public.purge_log;});
 is($node->safe_psql('postgres', q{
 SELECT (SELECT count(*) FROM idem.claims WHERE ns = 'short' AND msg_id LIKE 'new-%'),
        (SELECT count(*) FROM idem.claims WHERE ns = 'long')}),
@@ -83,10 +118,9 @@ ok(poll(q{SELECT count(*) FROM idem.tokens WHERE expires_at <= now()}, '0'),
 	'expired tokens are purged');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM idem.tokens}), '20',
 	'valid tokens are kept');
-# the 10 batches of 100 above ran with a pause after each, so that the
-# worker purged a quarter of the time (idem.maintenance_load)
+# the pauses above are those of the default load
 is($node->safe_psql('postgres', 'SHOW idem.maintenance_load'), '0.25',
-	'the worker works a quarter of the time by default while there is more to purge');
+	'idem.maintenance_load is 0.25 by default');
 
 # a round that fails is logged, and the next rounds go on once it works
 my $offset = -s $node->logfile;
@@ -170,12 +204,19 @@ is($node->safe_psql('postgres', q{SELECT count(*) FROM idem.claims WHERE msg_id 
 	'its claims were purged');
 $node->safe_psql('postgres', q{ALTER DATABASE postgres RESET default_transaction_isolation});
 
-# by hand, for pg_cron
-$node->safe_psql('postgres', q{
-INSERT INTO idem.claims SELECT 'short', 'hand-' || i, now() - interval '2 days' FROM generate_series(1, 30) i});
+# by hand, for pg_cron: at most max_rows of each kind, in the caller's
+# transaction (which also keeps the rows it made from the worker)
 my $round = $node->safe_psql('postgres', q{
-SELECT string_agg(kind || '=' || (purged >= 0)::text, ',' ORDER BY kind) FROM idem_maintenance(10)});
-is($round, 'claims=true,outbox_keys=true,requests=true,tokens=true', 'idem_maintenance() reports every kind');
+BEGIN;
+INSERT INTO idem.claims SELECT 'short', 'hand-' || i, now() - interval '2 days' FROM generate_series(1, 30) i;
+INSERT INTO idem.tokens
+SELECT 'hand', sha256(convert_to('hand-' || i, 'UTF8')), now() - interval '1 day', NULL FROM generate_series(1, 12) i;
+INSERT INTO idem.requests (ns, key, fingerprint, response_code, attempts, created_at, finished_at, expires_at)
+SELECT 'hand', 'hand-' || i, 'fp', 200, 1, now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'
+  FROM generate_series(1, 12) i;
+SELECT string_agg(kind || '=' || purged, ',' ORDER BY kind) FROM idem_maintenance(10);
+COMMIT;});
+is($round, 'claims=10,outbox_keys=0,requests=10,tokens=10', 'idem_maintenance() purges every kind, max_rows of each');
 is(sqlstate_of($node, 'postgres', 'SELECT * FROM idem_maintenance(0)'), '22023', 'a batch of 0 is refused');
 
 # stopping: the worker ends with the server
