@@ -13,10 +13,11 @@
 # SANITIZE_FUZZ_SECONDS (60); SANITIZE_RELAY (1 with asan, 0 with valgrind).
 #
 # Then (asan) idem-relay: scripts/test.sh runs the relay's TAP tests
-# (t/090 to t/093: every sink, against real brokers) with idem-relay built
-# with ASan, LeakSanitizer and UBSan (RELAY_SANITIZE_DIR): the ASan and
-# LeakSanitizer reports, which must be none, are files of
-# SANITIZE_DIR/relay; undefined behaviour stops the relay, and fails its test.
+# (t/090 to t/093: every sink, against real brokers, Kafka's being
+# librdkafka's mock cluster) with idem-relay built with ASan, LeakSanitizer
+# and UBSan (RELAY_SANITIZE_DIR): the ASan and LeakSanitizer reports, which
+# must be none, are files of SANITIZE_DIR/relay; undefined behaviour stops
+# the relay with exit code 86, which fails its test.
 #
 # asan: idem is built with -fsanitize=address,undefined and the server
 #   (Debian's, not instrumented) runs with the ASan runtime preloaded.  Finds
@@ -47,6 +48,7 @@ port=${SANITIZE_PORT:-5651}
 fuzz_seconds=${SANITIZE_FUZZ_SECONDS:-60}
 relay_tests=${SANITIZE_RELAY:-1}
 [ "$mode" = asan ] || relay_tests=${SANITIZE_RELAY:-0}
+case "$relay_tests" in 0|1) ;; *) die "SANITIZE_RELAY must be 0 or 1" ;; esac
 [ "$mode" = asan ] || [ "$relay_tests" = 0 ] || die "SANITIZE_RELAY needs SANITIZER=asan"
 
 case "$mode" in

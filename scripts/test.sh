@@ -78,18 +78,20 @@ fi
 # ASan and LeakSanitizer write their reports to files DIR/asan.PID and
 # change no exit status, so that the TAP tests of the relay run as usual;
 # UBSan (whose reports, with ASan, go to standard error only) stops the
-# relay at the first undefined behaviour, which fails the test that ran it.
+# relay at the first undefined behaviour with exit code 86, which no test
+# expects.
 sanitize_relay() {
     local dir=$1 flags='-fsanitize=address,undefined -fsanitize-recover=address -fno-sanitize-recover=undefined'
     local asan_opts=halt_on_error=0:detect_leaks=1:malloc_context_size=20 out
     install -d -o postgres -m 0755 "$dir"
-    rm -f "$work"/relay/*.o "$work/relay/idem-relay"
+    rm -f "$dir"/asan.* "$dir"/control.* "$work"/relay/*.o "$work/relay/idem-relay"
     runuser -u postgres -- make -C "$work" -s with_llvm=no PG_CONFIG="$PG_BIN/pg_config" \
         PG_CFLAGS="$BUILD_FLAGS $flags -fno-omit-frame-pointer -g -O1" \
         PG_LDFLAGS="-fsanitize=address,undefined" relay/idem-relay || die "sanitized build of idem-relay failed"
     install -m 0755 "$work/relay/idem-relay" "$PG_BIN/idem-relay" || die "cannot install idem-relay"
     ldd "$PG_BIN/idem-relay" | grep -q libasan || die "idem-relay is not linked with ASan"
-    export ASAN_OPTIONS="log_path=$dir/asan:$asan_opts" LSAN_OPTIONS=exitcode=0 UBSAN_OPTIONS=print_stacktrace=1
+    export ASAN_OPTIONS="log_path=$dir/asan:$asan_opts" LSAN_OPTIONS=exitcode=0
+    export UBSAN_OPTIONS=print_stacktrace=1:exitcode=86
     # positive controls, built and run the same way: a heap overflow and a
     # leak reported in DIR/control.*, a bad shift that stops the program
     printf '%s\n' '#include <stdlib.h>' '#include <string.h>' \
@@ -101,7 +103,8 @@ sanitize_relay() {
     runuser -u postgres -- env ASAN_OPTIONS="log_path=$dir/control:$asan_opts" "$dir/control" >/dev/null 2>&1
     grep -qs 'heap-buffer-overflow' "$dir"/control.* && grep -qs 'LeakSanitizer' "$dir"/control.* ||
         die "the ASan control was not reported in $dir"
-    out=$(runuser -u postgres -- "$dir/control" ubsan 2>&1) && die "the UBSan control did not stop"
+    out=$(runuser -u postgres -- env UBSAN_OPTIONS="$UBSAN_OPTIONS" "$dir/control" ubsan 2>&1)
+    [ $? = 86 ] || die "the UBSan control did not stop with exit code 86"
     echo "$out" | grep -q 'runtime error: shift' || die "the UBSan control was not reported: $out"
     echo "-- idem-relay built with ASan and UBSan; reports go to $dir (the controls were reported)"
 }

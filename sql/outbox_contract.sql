@@ -4,6 +4,9 @@
 -- redrive.  Its topics start with "oc_"; outputs are booleans or counts.
 \set VERBOSITY terse
 
+-- the leases below take every topic's messages: the files before leave none
+SELECT count(*) AS messages_left_before FROM idem.outbox;
+
 -- the id of a message, by its topic and its payload's "n"
 CREATE FUNCTION pg_temp.id_of(t text, n int) RETURNS uuid LANGUAGE sql AS $$
     SELECT id FROM idem.outbox WHERE aggregatetype = t AND (payload ->> 'n')::int = n;

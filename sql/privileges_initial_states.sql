@@ -7,18 +7,20 @@
 -- table it may INSERT into start in a state the machine does not allow.
 \set VERBOSITY terse
 
--- err(query): the SQLSTATE, message and detail of the error the query
--- raises; the trigger's refusal has a detail, the server's own
--- "permission denied" has none
+-- err(query): the SQLSTATE, message, detail and hint of the error the
+-- query raises; the trigger's refusal has a detail and a hint, the
+-- server's own "permission denied" has neither
 CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     detail text;
+    hint text;
 BEGIN
     EXECUTE q;
     RETURN 'no error';
 EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
-    RETURN SQLSTATE || ': ' || SQLERRM || coalesce(' (' || nullif(detail, '') || ')', '');
+    GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL, hint = PG_EXCEPTION_HINT;
+    RETURN SQLSTATE || ': ' || SQLERRM || coalesce(' (' || nullif(detail, '') || ')', '')
+        || coalesce(' [' || nullif(hint, '') || ']', '');
 END $$;
 GRANT EXECUTE ON FUNCTION pg_temp.err(text) TO PUBLIC;
 

@@ -313,8 +313,8 @@ is(sql(q{SELECT dead || ' ' || attempts || ' ' || last_error FROM idem.outbox_ke
 	'true 1 permanent: kafka: Broker: Broker failed to validate record', 'a record the broker refuses is dead at once');
 
 # A topic the cluster does not have (its metadata says UNKNOWN_TOPIC_OR_PART)
-# fails only its own messages, which are retried after their backoff and
-# keep their key's order; the rest of the batch is delivered.  Once the
+# fails only its own messages, which are retried after their backoff; the
+# rest of the batch is delivered.  Once the
 # topic exists, its message is delivered too.
 sql(q{SELECT idem_outbox_configure('missing', 10, '1 second', '1 second')});
 sql(q{SELECT idem_outbox_send('missing', 'm1', '{"n": 1}'), idem_outbox_send('missing', 'm1', '{"n": 2}')});
