@@ -132,7 +132,7 @@ usage(FILE *f)
 			"                           what several commits sent; not while waiting gains\n"
 			"                           nothing (few keys ready); at most --poll (default\n"
 			"                           1ms, 0 for none)\n"
-			"  -t, --timeout=DUR        longest publish of one message; shorter than the\n"
+			"  -t, --timeout=DUR        longest publish of one message; at most half the\n"
 			"                           lease; no message is started with less left (default 10s)\n"
 			"      --once               stop (exit 0) when a lease comes back empty\n"
 			"\n"
@@ -560,6 +560,24 @@ prepare(const char *name, const char *sql, int *failure)
  * Returns 1, 0 when the connection failed, -1 when a statement failed.
  */
 /*
+ * A message of the server outside a statement's result (a NOTICE, or the
+ * FATAL of a terminated session), which libpq would print on stderr as it
+ * is: a log line of the relay.
+ */
+static void
+log_notice(void *arg, const char *message)
+{
+	static const char *const quiet[] = {"NOTICE:", "INFO:", "LOG:", "DEBUG", NULL};
+	LogLevel	level = LOG_WARNING;
+	int			i;
+
+	for (i = 0; quiet[i] != NULL; i++)
+		if (strncmp(message, quiet[i], strlen(quiet[i])) == 0)
+			level = LOG_INFO;
+	relay_log(level, "server: %s", message);
+}
+
+/*
  * Whether the database's encoding is another than UTF8 (or SQL_ASCII, whose
  * bytes the server does not convert): the lease then also returns the
  * server's bytes of each topic and key, which key_hash is computed from,
@@ -619,6 +637,8 @@ db_connect(void)
 		drop_connection();
 		return 0;
 	}
+	/* the server's notices, and its FATAL before it ends the session: logged */
+	PQsetNoticeProcessor(conn, log_notice, NULL);
 
 	res = run("SELECT pg_catalog.quote_ident(n.nspname) "
 			  "FROM pg_catalog.pg_extension e "
@@ -1312,16 +1332,29 @@ add_route(const Config *cfg, const char *topic, const SinkType *type)
 {
 	SinkSettings ss;
 	char		err[1024];
+	int			cannot_start;
 	Sink	   *sink;
 
 	ss.cfg = cfg;
 	ss.sink = type->name;
 	ss.topic = topic;
 	ss.timeout_ms = settings.timeout_ms;
+	cannot_start = 0;
+	ss.cannot_start = &cannot_start;
 	err[0] = '\0';
 	sink = type->init(&ss, err, sizeof(err));
+	if (sink == NULL && cannot_start && reload_jmp == NULL)
+	{
+		relay_log(LOG_ERROR, "sink %s cannot start: %s", type->name, err);
+		exit(EXIT_RELAY_SINK);
+	}
 	if (sink == NULL)
-		config_error("%s", err);
+	{
+		char		origins[2048];
+
+		sink_setting_origins(&ss, err, origins, sizeof(origins));
+		config_error("%s%s", err, origins);
+	}
 	routes = xrealloc(routes, sizeof(Route) * (size_t) (nroutes + 1));
 	routes[nroutes].topic = topic ? xstrdup(topic) : NULL;
 	routes[nroutes].type = type;
@@ -1500,7 +1533,7 @@ reload_config(void)
 	memset(&newcfg, 0, sizeof(newcfg));
 	if (!read_config(&newcfg, err, sizeof(err)))
 	{
-		relay_log(LOG_ERROR, "configuration not reloaded: %s", err);
+		relay_log(LOG_ERROR, "configuration not reloaded, the one in force is kept: %s", err);
 		config_free(&newcfg);
 		return;
 	}

@@ -190,6 +190,8 @@ typedef struct SinkSettings
 	const char *sink;			/* the sink's name, such as "webhook" */
 	const char *topic;			/* NULL for the default instance */
 	long		timeout_ms;		/* the longest a publish of one message may take */
+	int		   *cannot_start;	/* init sets it to 1: the sink failed, not its
+								 * settings (exit code 4, not 1) */
 } SinkSettings;
 
 /* A setting NAME of the sink ("url" for webhook.url), or NULL */
@@ -197,6 +199,9 @@ extern const char *sink_setting(const SinkSettings *ss, const char *name);
 
 /* Calls fn for each setting "<prefix><suffix>" (suffix given), topic's first;
  * a suffix set for the topic hides the one for every topic. */
+/* " (KEY: ORIGIN; ...)" of the settings in force that msg names, or "" */
+extern void sink_setting_origins(const SinkSettings *ss, const char *msg,
+								 char *buf, size_t len);
 extern void sink_setting_each(const SinkSettings *ss, const char *prefix,
 							  void (*fn) (void *arg, const char *suffix, const char *value),
 							  void *arg);

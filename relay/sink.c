@@ -6,6 +6,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <ctype.h>
 #include <string.h>
 
 #include "relay.h"
@@ -123,6 +124,70 @@ sink_setting(const SinkSettings *ss, const char *name)
 		if ((s = own_setting(ss, ss->cfg->items[i].key)) != NULL && strcmp(s, name) == 0)
 			return ss->cfg->items[i].value;
 	return NULL;
+}
+
+/* Whether msg names key as a word of its own ("nats.user and ..."). */
+static int
+names_key(const char *msg, const char *key)
+{
+	size_t		n = strlen(key);
+	const char *p;
+
+	for (p = strstr(msg, key); p != NULL; p = strstr(p + 1, key))
+	{
+		char		after = p[n];
+
+		if ((p == msg || p[-1] == ' ' || p[-1] == '(') &&
+			!(isalnum((unsigned char) after) || after == '_' || after == '.'))
+			return 1;
+	}
+	return 0;
+}
+
+/* The setting of this instance in force for "<sink>.<name>" (generic). */
+static const ConfigItem *
+setting_in_force(const SinkSettings *ss, const char *generic)
+{
+	int			i;
+	const char *rest;
+
+	for (i = ss->cfg->nitems - 1; i >= 0; i--)
+		if ((rest = topic_rest(ss, &ss->cfg->items[i])) != NULL && strcmp(rest, generic) == 0)
+			return &ss->cfg->items[i];
+	for (i = ss->cfg->nitems - 1; i >= 0; i--)
+		if (strcmp(ss->cfg->items[i].key, generic) == 0)
+			return &ss->cfg->items[i];
+	return NULL;
+}
+
+/*
+ * Where each setting of this instance that msg (an error of its init) names
+ * was set: " (nats.user: relay.conf:3)", or "" when it names none that was
+ * set.
+ */
+void
+sink_setting_origins(const SinkSettings *ss, const char *msg, char *buf, size_t len)
+{
+	StrBuf		sb;
+	int			i;
+
+	sb_init(&sb);
+	for (i = 0; i < ss->cfg->nitems; i++)
+	{
+		const ConfigItem *it = &ss->cfg->items[i];
+		const char *rest = topic_rest(ss, it);
+		const char *generic = rest ? rest : it->key;
+
+		/* each named setting once, where the one in force was set */
+		if (own_setting(ss, generic) == NULL || !names_key(msg, generic) ||
+			setting_in_force(ss, generic) != it)
+			continue;
+		sb_printf(&sb, "%s%s: %s", sb.len == 0 ? " (" : "; ", it->key, it->origin);
+	}
+	if (sb.len > 0)
+		sb_putc(&sb, ')');
+	snprintf(buf, len, "%s", sb.len > 0 ? sb.data : "");
+	sb_free(&sb);
 }
 
 void

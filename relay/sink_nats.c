@@ -162,12 +162,12 @@ parse_url(NatsSink *s, const char *url, char *err, size_t errlen)
 		p += 7;
 	else if (strstr(p, "://") != NULL)
 	{
-		snprintf(err, errlen, "NATS URL \"%s\" is not nats:// (the nats sink has no TLS)", url);
+		snprintf(err, errlen, "nats.url \"%s\" is not nats:// (the nats sink has no TLS)", url);
 		return 0;
 	}
 	if (strchr(p, '@') != NULL)
 	{
-		snprintf(err, errlen, "NATS URL \"%s\": give the credentials in nats.user and "
+		snprintf(err, errlen, "nats.url \"%s\": give the credentials in nats.user and "
 				 "nats.password, or nats.token, not in the URL", url);
 		return 0;
 	}
@@ -212,7 +212,7 @@ parse_url(NatsSink *s, const char *url, char *err, size_t errlen)
 	return 1;
 
 bad:
-	snprintf(err, errlen, "NATS URL \"%s\" is not nats://HOST:PORT", url);
+	snprintf(err, errlen, "nats.url \"%s\" is not nats://HOST:PORT", url);
 	return 0;
 }
 

@@ -420,7 +420,7 @@ rabbitmq_init(const SinkSettings *ss, char *err, size_t errlen)
 	amqp_default_connection_info(&s->info);
 	if (amqp_parse_url(s->url_copy, &s->info) != AMQP_STATUS_OK || s->info.ssl)
 	{
-		snprintf(err, errlen, "rabbitmq URL \"%s\" is not amqp://[USER[:PASSWORD]@]HOST[:PORT][/VHOST]",
+		snprintf(err, errlen, "rabbitmq.url \"%s\" is not amqp://[USER[:PASSWORD]@]HOST[:PORT][/VHOST]",
 				 url);
 		free(s->url_copy);
 		free(s);

@@ -294,7 +294,7 @@ webhook_init(const SinkSettings *ss, char *err, size_t errlen)
 	}
 	if (strncasecmp(url, "http://", 7) != 0 && strncasecmp(url, "https://", 8) != 0)
 	{
-		snprintf(err, errlen, "webhook URL \"%s\" is not http:// or https://", url);
+		snprintf(err, errlen, "webhook.url \"%s\" is not http:// or https://", url);
 		return NULL;
 	}
 	/* a URL libcurl cannot use would fail every message until it is dead */
@@ -311,7 +311,7 @@ webhook_init(const SinkSettings *ss, char *err, size_t errlen)
 		curl_url_cleanup(u);
 		if (uc != CURLUE_OK)
 		{
-			snprintf(err, errlen, "webhook URL \"%s\" is not valid: %s", url, curl_url_strerror(uc));
+			snprintf(err, errlen, "webhook.url \"%s\" is not valid: %s", url, curl_url_strerror(uc));
 			return NULL;
 		}
 	}
@@ -332,7 +332,10 @@ webhook_init(const SinkSettings *ss, char *err, size_t errlen)
 	if (!harg.ok || s->curl == NULL)
 	{
 		if (harg.ok)
+		{
 			snprintf(err, errlen, "could not create a libcurl handle");
+			*ss->cannot_start = 1;
+		}
 		curl_slist_free_all(s->fixed);
 		if (s->curl)
 			curl_easy_cleanup(s->curl);

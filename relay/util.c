@@ -368,10 +368,33 @@ relay_log(LogLevel level, const char *fmt,...)
 	if (n > 0)
 	{
 		char	   *msg = xmalloc((size_t) n + 1);
+		char	   *c;
+		char	   *d;
+		char		prev;
 
 		va_start(ap, fmt);
 		vsnprintf(msg, (size_t) n + 1, fmt, ap);
 		va_end(ap);
+		/*
+		 * One line each: a library's message (libpq's) may hold newlines and
+		 * the tabs that indent its next lines, which become one space.
+		 */
+		while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+			msg[--n] = '\0';
+		for (c = d = msg, prev = '\0'; *c; c++)
+		{
+			char		ch = *c;
+
+			if (ch == '\n' || ch == '\r' || (ch == '\t' && prev == '\n'))
+			{
+				if (d > msg && d[-1] != ' ')
+					*d++ = ' ';
+			}
+			else
+				*d++ = ch;
+			prev = ch;
+		}
+		*d = '\0';
 		sb_puts(&sb, msg);
 		free(msg);
 	}

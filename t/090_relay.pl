@@ -190,8 +190,9 @@ my @usage_errors = (
 	[ [ '--sink', 'carrier-pigeon' ], qr/unknown sink "carrier-pigeon"/ ],
 	[ [ '--sink', 'webhook' ], qr/the webhook sink needs a URL/ ],
 	# a URL libcurl cannot use, found at start rather than by every message
-	[ [ '--sink', 'webhook', '--webhook-url', 'http://127.0.0.1:99999/' ], qr/webhook URL ".*" is not valid/ ],
-	[ [ '--sink', 'webhook', '--webhook-url', 'http://a b/' ], qr/webhook URL ".*" is not valid/ ],
+	[ [ '--sink', 'webhook', '--webhook-url', 'http://127.0.0.1:99999/' ], qr/webhook\.url ".*" is not valid/ ],
+	[ [ '--sink', 'webhook', '--webhook-url', 'http://a b/' ],
+	  qr/webhook\.url ".*" is not valid: .* \(webhook\.url: command line\)/ ],
 	# the database would refuse the name in every lease
 	[ [ '--name', "relay\xff" ], qr/name must be valid UTF-8/ ],
 	[ [ '--name', "relay\xc0\xaf" ], qr/name must be valid UTF-8/ ],
@@ -232,6 +233,22 @@ like($err, qr/timeout \(6000 ms, .*cross\.conf:2\) must be at most half the leas
 ($rc, $out, $err) = run_relay({}, '--config', "$tmp/cross.conf", '--lease', '11s');
 like($err, qr/timeout \(6000 ms, .*cross\.conf:2\) must be at most half the lease \(11000 ms, command line\)/,
 	'the command line is named where it wins over the file');
+
+# A sink's setting that it refuses: the file and line of the one in force
+# (the topic's, over the one of every topic).
+open($bad, '>', "$tmp/sink.conf") or die;
+print $bad "sink = webhook\nwebhook.url = ftp://x/\n";
+close($bad);
+($rc, $out, $err) = run_relay({}, '--config', "$tmp/sink.conf");
+is($rc, 1, 'exit code 1 for a webhook URL that is not http');
+like($err, qr/webhook\.url "ftp:\/\/x\/" is not http:\/\/ or https:\/\/ \(webhook\.url: .*sink\.conf:2\)/,
+	'a sink setting refused: its file and line are named');
+open($bad, '>', "$tmp/sink.conf") or die;
+print $bad "webhook.url = http://127.0.0.1/\ntopic.t1.sink = webhook\ntopic.t1.webhook.url = ftp://y/\n";
+close($bad);
+($rc, $out, $err) = run_relay({}, '--config', "$tmp/sink.conf");
+like($err, qr/webhook\.url "ftp:\/\/y\/" is not http:\/\/ or https:\/\/ \(topic\.t1\.webhook\.url: .*sink\.conf:3\)$/m,
+	'the topic\'s setting, which is the one in force, is named');
 
 # A byte order mark before the first key is not part of it.
 open($bad, '>', "$tmp/bom.conf") or die;
@@ -559,6 +576,11 @@ $more{stall} = send_msg('more', 'stall', { reply => [ '200 stall=3', '200' ] });
 $more{cut} = send_msg('more', 'cut', { reply => [ '200 cut', '200' ] });
 $more{big} = send_msg('more', 'big', { n => 1 }, { big => 'x' x (1100 * 1024) });
 $more{plain} = send_msg('more', 'plain', { n => 1 });
+# a final 3xx (the relay follows no redirect) and a 425 are retried, not
+# taken for a delivery nor refused; a Retry-After beyond a day waits a day
+$more{r301} = send_msg('more', 'r301', { reply => [ '301', '200' ] });
+$more{r425} = send_msg('more', 'r425', { reply => [ '425', '200' ] });
+$more{rday} = send_msg('more', 'rday', { reply => ['503 ra=172800'] });
 $r = start_relay({}, '--sink', 'webhook', '--webhook-url', "$url/more",
 	'--set', 'webhook.header.X-Empty=', '--lease', '4s', '--timeout', '1s',
 	'--poll', '100ms', '--log-interval', '0');
@@ -573,12 +595,18 @@ ok( wait_for('the answers in parts', sub {
 	'the relay is done with the answers in parts');
 is(stop_relay($r, 'TERM'), 0, 'exit code 0');
 $rerr = slurp_file($r->{err});
-is(final_counts($rerr), 'leased 6, delivered 4, retried 1, dead 1, errors 0',
-	'final counts: e103 retried once, four delivered, big dead');
+is(final_counts($rerr), 'leased 11, delivered 6, retried 4, dead 1, errors 0',
+	'final counts: e103, r301, r425 and rday retried once, six delivered, big dead');
 my %more_got;
 push @{ $more_got{ $_->{idempotency_key} } }, $_ for grep { $_->{path} eq '/more' } @{ received() };
-is(join(',', map { scalar @{ $more_got{ $more{$_} } // [] } } qw(e103 stall cut big plain)),
-	'2,1,1,0,1', 'requests per message: two for e103, one each for stall, cut and plain, none for big');
+is(join(',', map { scalar @{ $more_got{ $more{$_} } // [] } } qw(e103 stall cut big plain r301 r425 rday)),
+	'2,1,1,0,1,2,2,1', 'requests per message: two for e103, r301 and r425, one each for stall, cut, plain and rday, none for big');
+is(join(' ', map { join(',', map { $_->{attempt} } @{ $more_got{ $more{$_} } // [] }) } qw(r301 r425)),
+	'1,2 1,2', 'a final 301 and a 425 are retried: second attempt delivered');
+is( sql(q{SELECT dead, available_at > now() + interval '23 hours 50 minutes'
+	                AND available_at <= now() + interval '1 day', last_error
+	      FROM idem.outbox_keys WHERE topic = 'more' AND key = 'rday'}),
+	'f|t|webhook: HTTP 503: {"status": 503}', 'a Retry-After of two days waits a day, the longest a nack takes');
 is(join(',', map { $_->{attempt} } @{ $more_got{ $more{e103} } // [] }), '1,2',
 	'a Retry-After on a 103 is not applied to the 503 after it: retried after the backoff');
 is( sql(qq{SELECT dead, attempts, last_error LIKE 'permanent: webhook: the request''s headers take % bytes (X-Idem-Headers: %'
@@ -945,6 +973,19 @@ like(slurp_file($r->{err}), qr/idem_outbox_lease cancelled: stopping/, 'the leas
 sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'BEGIN; LOCK TABLE idem.outbox_keys%'});
 $locker->finish;
 
+# A connection lost while the relay waits is logged on one line, although
+# libpq's message has several.
+$r = start_relay({}, '--log-interval', '0', '--poll', '10s');
+ok(wait_for('the idle relay', sub { sql(q{SELECT count(*) FROM pg_stat_activity
+                                            WHERE application_name = 'idem-relay' AND state = 'idle'}) == 1 }),
+	'a relay waits, idle');
+sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'idem-relay'});
+ok(wait_for('the loss logged', sub { slurp_file($r->{err}) =~ /connection lost/ }), 'the relay logs the lost connection');
+is(stop_relay($r, 'TERM'), 0, 'and stops on SIGTERM');
+my @broken = grep { !/^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC idem-relay\[\d+\] [A-Z]+:  \S/ }
+  split /\n/, slurp_file($r->{err});
+is(join(' | ', @broken), '', 'each line of its log is one message, libpq\'s included');
+
 ########################################################################
 # SIGHUP: the configuration file read again
 ########################################################################
@@ -1080,19 +1121,24 @@ for my $case ([ 'cut', qq({"id": "cut sh) ], [ 'whole', qq({"id": "whole"}\n) ])
 	is($line && $line->{topic}, "append_$name", "$name: the relay's line stands alone");
 }
 
-# A reader that stops reading: the relay gives the line up after its timeout,
-# and a second SIGTERM does not wait for it
+# A reader that stops reading: the relay gives the line up after its
+# timeout, releases the rest of its batch and stops with exit code 4 (a sink
+# that cannot go on)
 sql(q{SELECT idem_outbox_send('slow', 'k' || i, jsonb_build_object('pad', repeat('x', 2000))) FROM generate_series(1, 100) i});
 {
 	my $slow_err = "$tmp/slow.err";
-	my $h = IPC::Run::start([ 'sh', '-c', 'exec "$0" --name slow --lease 4s --timeout 1s --log-interval 0 | sleep 60', $relay ],
+	my $h = IPC::Run::start([ 'bash', '-c',
+			'"$0" --name slow --lease 4s --timeout 1s --log-interval 0 | sleep 8; exit ${PIPESTATUS[0]}', $relay ],
 		'2>', $slow_err, init => relay_env());
 	ok(wait_for('the stuck write', sub { slurp_file($slow_err) =~ /could not write to standard output: the reader took nothing/ }),
 		'a line that the reader does not take within the timeout is given up');
-	$h->kill_kill;
+	$h->finish;
+	is($h->result(0), 4, 'the relay stops with exit code 4');
 }
-is(sql(q{SELECT count(*) > 0 FROM idem.outbox WHERE aggregatetype = 'slow'}), 't',
-	'and what the reader did not take is not acknowledged');
+is( sql(q{SELECT count(*) > 0, count(*) FILTER (WHERE k.leased_by IS NOT NULL OR k.available_at > now())
+	        FROM idem.outbox o JOIN idem.outbox_keys k ON k.topic = o.aggregatetype AND k.key = o.aggregateid
+	       WHERE o.aggregatetype = 'slow'}),
+	't|0', 'what the reader did not take is not acknowledged, and is available again at once');
 ($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0');
 
 # A name longer than idem_outbox_lease takes is a configuration error

@@ -416,6 +416,32 @@ like(sql(q{SELECT string_agg(key || ' ' || attempts || ' ' || last_error, E'\n' 
 unlike(slurp_file("$tmp/relay-big.err"), qr/rabbitmq: could not publish|closed by the broker/,
 	'the connection was not given up');
 
+# mandatory (the default): a message no queue takes comes back
+# (basic.return) and is retried with the reason, not acknowledged; once a
+# queue takes it, it is delivered.
+sql(q{SELECT idem_outbox_configure('unroutable', 10, '1 second', '1 second');
+SELECT idem_outbox_send('unroutable', 'u1', '{"n": 1}');});
+my $ur_run = sub {
+	return IPC::Run::run([ $relay, '--name', 'relay-unroutable', @relay_args, '--once' ],
+		'>', "$tmp/relay-unroutable.out", '2>', "$tmp/relay-unroutable.err",
+		init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; }, IPC::Run::timeout(60));
+};
+ok($ur_run->(), 'the relay stopped (--once)') or diag(slurp_file("$tmp/relay-unroutable.err"));
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'unroutable'}), '1',
+	'a message no queue takes is not acknowledged');
+is(sql(q{SELECT attempts || ' ' || dead || ' ' || last_error FROM idem.outbox_keys WHERE topic = 'unroutable'}),
+	'1 false rabbitmq: unroutable: no queue is bound to the routing key (basic.return)',
+	'it is retried, with the reason');
+my ($qout, $qerr) = ('', '');
+ok( IPC::Run::run([ 'python3', '-c', 'import pika, sys; c = pika.BlockingConnection(pika.URLParameters(sys.argv[1])); '
+			. 'c.channel().queue_declare(queue="unroutable", durable=True); c.close()', $amqp ],
+		'>', \$qout, '2>', \$qerr),
+	'a queue named as the topic is declared') or diag($qerr);
+usleep(1_100_000);    # the backoff: 0.5 s to 1 s
+ok($ur_run->(), 'the relay stopped (--once)') or diag(slurp_file("$tmp/relay-unroutable.err"));
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'unroutable'}), '0',
+	'once a queue takes it, it is delivered');
+
 ########################################################################
 # A broker that stops reading: a memory alarm blocks publishers
 ########################################################################

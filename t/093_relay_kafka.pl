@@ -189,7 +189,11 @@ sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'stuck'; DELETE FROM idem.ou
 # Settings that would weaken the guarantees are refused.
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.acks=1');
 is($rc, 1, 'acks=1 is refused');
-like($err, qr/acks must stay all/, 'with a message');
+like($err, qr/kafka\.property\.acks must stay all \(kafka\.property\.acks: command line\)/,
+	'with a message naming where it was set');
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.enable.idempotence=false');
+is($rc, 1, 'enable.idempotence=false is refused');
+like($err, qr/enable\.idempotence must stay true/, 'with a message');
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.partitioner=random');
 is($rc, 1, 'partitioner=random is refused');
 like($err, qr/partitioner must not be random/, 'with a message');
