@@ -135,6 +135,8 @@ sub js
 	return $out;
 }
 
+sub js_count { return $json->decode(js('stream-info', $_[0]))->{messages}; }
+
 start_nats();
 my $created = $json->decode(js('stream-create', 'IDEM', 'orders', 120));
 is($created->{config}{duplicate_window}, 120_000_000_000,
@@ -334,10 +336,10 @@ is(sql(q{SELECT count(*) FROM idem.outbox_keys WHERE dead}), 0, 'no message dead
 ########################################################################
 
 for my $case (
-	[ [ '--nats-url', 'https://127.0.0.1:4222' ], qr/NATS URL "https:\/\/127.0.0.1:4222" is not nats:\/\// ],
+	[ [ '--nats-url', 'https://127.0.0.1:4222' ], qr/nats\.url "https:\/\/127.0.0.1:4222" is not nats:\/\/.* \(nats\.url: command line\)/ ],
 	[ [ '--nats-url', 'nats://relay:pw@127.0.0.1' ], qr/give the credentials in nats.user and nats.password/ ],
 	[ [ '--set', 'nats.subject=orders.*' ], qr/nats.subject "orders.\*" is not a valid NATS subject/ ],
-	[ [ '--set', 'nats.user=relay' ], qr/nats.user and nats.password go together/ ])
+	[ [ '--set', 'nats.user=relay' ], qr/nats\.user and nats\.password go together \(nats\.user: command line\)/ ])
 {
 	my ($out, $err) = ('', '');
 	IPC::Run::run([ $relay, '--sink', 'nats', @{ $case->[0] } ], '>', \$out, '2>', \$err,
@@ -365,6 +367,23 @@ IPC::Run::run([ $relay, '--sink', 'nats', '--nats-url', "nats://$nats_url", '--o
 like(sql(q{SELECT attempts, dead, last_error FROM idem.outbox_keys WHERE topic = 'accented'}),
 	qr/^1\|f\|nats: no stream takes subject "no\.stream\.\?\?t\?\?" \(503 no responders\)$/,
 	'a subject in UTF-8 is published to') or diag $aerr;
+
+# A stream that refuses a message (full, discarding new ones) answers with
+# an error: that message is retried with the stream's reason, not
+# acknowledged; the one it took is delivered.
+my $full = $json->decode(js('stream-create', 'FULL', 'full', 120, 1));
+is($full->{config}{max_msgs}, 1, 'stream FULL holds one message and refuses more');
+sql(q{SELECT idem_outbox_configure('full', 5, '1 hour', '1 hour');
+      SELECT idem_outbox_send('full', 'f1', '{"n": 1}'), idem_outbox_send('full', 'f2', '{"n": 2}');});
+IPC::Run::run([ $relay, '--sink', 'nats', '--nats-url', "nats://$nats_url", '--once', '--log-interval', '0',
+		'--set', 'topic.full.nats.subject=full' ], '>', \my $fout, '2>', \my $ferr,
+	init => env_init(PGUSER => 'relay_b'));
+like(sql(q{SELECT count(*) || '|' || string_agg(k.attempts || '|' || k.dead || '|' || k.last_error, ',')
+             FROM idem.outbox o JOIN idem.outbox_keys k ON k.topic = o.aggregatetype AND k.key = o.aggregateid
+            WHERE o.aggregatetype = 'full'}),
+	qr/^1\|1\|false\|nats: the stream refused the message: maximum messages exceeded/,
+	'one message stored, the other refused by the stream: retried, with its reason') or diag $ferr;
+is(js_count('FULL'), 1, 'the stream holds the one it took');
 
 stop_nats();
 $node->stop;

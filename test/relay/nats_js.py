@@ -2,7 +2,9 @@
 """JetStream administration for t/092_relay_nats.pl, over the NATS protocol
 (the client of examples/consumer_nats.py):
 
-    nats_js.py HOST:PORT stream-create NAME SUBJECT DUPLICATE_WINDOW_SECONDS
+    nats_js.py HOST:PORT stream-create NAME SUBJECT DUPLICATE_WINDOW_SECONDS [MAX_MSGS]
+                                               (with MAX_MSGS, a full stream
+                                               refuses new messages)
     nats_js.py HOST:PORT stream-info NAME      the stream's state, JSON
     nats_js.py HOST:PORT stream-dump NAME      one JSON line per stored message:
                                                seq, msg_id, headers, payload
@@ -23,10 +25,12 @@ def main():
     cmd, args = sys.argv[2], sys.argv[3:]
     nc = Nats(host, port, name='nats_js.py')
     if cmd == 'stream-create':
-        name, subject, window = args
-        print(json.dumps(nc.js_api('$JS.API.STREAM.CREATE.' + name, {
-            'name': name, 'subjects': [subject], 'storage': 'file', 'retention': 'limits',
-            'duplicate_window': int(float(window) * 1e9)})))
+        name, subject, window = args[:3]
+        config = {'name': name, 'subjects': [subject], 'storage': 'file', 'retention': 'limits',
+                  'duplicate_window': int(float(window) * 1e9)}
+        if len(args) > 3:
+            config.update({'max_msgs': int(args[3]), 'discard': 'new'})
+        print(json.dumps(nc.js_api('$JS.API.STREAM.CREATE.' + name, config)))
     elif cmd == 'stream-info':
         print(json.dumps(nc.js_api('$JS.API.STREAM.INFO.' + args[0], None)['state']))
     elif cmd == 'stream-dump':
