@@ -90,6 +90,21 @@ is( $coord->safe_psql(
 	                              'idem.producer_seqs')}),
 	'1', 'the text-keyed tables are colocated');
 
+# every function routed: by its first argument, colocated with its table
+# (the text-keyed ones), delegated also inside a transaction block
+my @routed = grep { /\(/ } split /\n/, $dist;
+cmp_ok(scalar(@routed), '>=', 10, 'the ten functions keyed by their table are routed (with their overloads)');
+my $routed_list = join(', ', map { "'$_'::regprocedure" } @routed);
+is( $coord->safe_psql(
+		'postgres', qq{
+	SELECT count(*) || '|' || string_agg(DISTINCT o.distribution_argument_index || ' ' || o.force_delegation || ' '
+	       || (o.colocationid = (SELECT colocationid FROM pg_dist_partition
+	                              WHERE logicalrelid = 'idem.claims'::regclass)), ',')
+	  FROM pg_dist_object o
+	 WHERE o.classid = 'pg_proc'::regclass AND o.objid IN ($routed_list)}),
+	scalar(@routed) . '|0 true true',
+	'each by its first argument, colocated with the keyed tables, delegated inside transactions');
+
 # claims through the coordinator and through the workers
 is($coord->safe_psql('postgres', "SELECT idem_claim('c-1')"), 't', 'claim through the coordinator');
 is($coord->safe_psql('postgres', "SELECT idem_claim('c-1')"), 'f', 'duplicate through the coordinator');
