@@ -399,10 +399,10 @@ result_error(PGresult *res, char *buf, size_t size)
 
 	if (msg == NULL)
 		msg = PQerrorMessage(conn);
-	printable_copy(line, sizeof(line), msg, strlen(msg));
-	/* libpq's own messages end with a newline, now a '?' */
-	if (line[0] && line[strlen(line) - 1] == '?' && msg[strlen(msg) - 1] == '\n')
-		line[strlen(line) - 1] = '\0';
+	/* libpq's own messages span lines */
+	snprintf(line, sizeof(line), "%s", msg);
+	one_line(line);
+	printable_copy(line, sizeof(line), line, strlen(line));
 	if (state)
 		snprintf(buf, size, "%s (SQLSTATE %s)", line, state);
 	else
@@ -560,21 +560,22 @@ prepare(const char *name, const char *sql, int *failure)
  * Returns 1, 0 when the connection failed, -1 when a statement failed.
  */
 /*
- * A message of the server outside a statement's result (a NOTICE, or the
- * FATAL of a terminated session), which libpq would print on stderr as it
- * is: a log line of the relay.
+ * A notice (a NOTICE of the server, or its FATAL before it ends a session),
+ * which libpq would print on stderr as it is: a log line of the relay, a
+ * warning from WARNING up (by the severity's name in English, whatever the
+ * server's lc_messages).
  */
 static void
-log_notice(void *arg, const char *message)
+log_notice(void *arg, const PGresult *res)
 {
-	static const char *const quiet[] = {"NOTICE:", "INFO:", "LOG:", "DEBUG", NULL};
+	const char *severity = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
 	LogLevel	level = LOG_WARNING;
-	int			i;
 
-	for (i = 0; quiet[i] != NULL; i++)
-		if (strncmp(message, quiet[i], strlen(quiet[i])) == 0)
-			level = LOG_INFO;
-	relay_log(level, "server: %s", message);
+	if (severity != NULL &&
+		(strcmp(severity, "NOTICE") == 0 || strcmp(severity, "INFO") == 0 ||
+		 strcmp(severity, "LOG") == 0 || strncmp(severity, "DEBUG", 5) == 0))
+		level = LOG_INFO;
+	relay_log(level, "server: %s", PQresultErrorMessage(res));
 }
 
 /*
@@ -631,14 +632,16 @@ db_connect(void)
 		char		msg[512];
 		const char *e = conn ? PQerrorMessage(conn) : "out of memory";
 
-		printable_copy(msg, sizeof(msg), e, strlen(e));
+		snprintf(msg, sizeof(msg), "%s", e);
+		one_line(msg);
+		printable_copy(msg, sizeof(msg), msg, strlen(msg));
 		relay_log(LOG_ERROR, "could not connect: %s", msg);
 		note_error(msg);
 		drop_connection();
 		return 0;
 	}
 	/* the server's notices, and its FATAL before it ends the session: logged */
-	PQsetNoticeProcessor(conn, log_notice, NULL);
+	PQsetNoticeReceiver(conn, log_notice, NULL);
 
 	res = run("SELECT pg_catalog.quote_ident(n.nspname) "
 			  "FROM pg_catalog.pg_extension e "
@@ -1345,7 +1348,10 @@ add_route(const Config *cfg, const char *topic, const SinkType *type)
 	sink = type->init(&ss, err, sizeof(err));
 	if (sink == NULL && cannot_start && reload_jmp == NULL)
 	{
-		relay_log(LOG_ERROR, "sink %s cannot start: %s", type->name, err);
+		if (topic)
+			relay_log(LOG_ERROR, "sink %s of topic \"%s\" cannot start: %s", type->name, topic, err);
+		else
+			relay_log(LOG_ERROR, "sink %s cannot start: %s", type->name, err);
 		exit(EXIT_RELAY_SINK);
 	}
 	if (sink == NULL)

@@ -63,6 +63,8 @@ extern int64_t now_ms(void);
 /* "30", "30s", "1.5", "500ms", "2min": milliseconds, or -1 */
 extern long parse_duration_ms(const char *s);
 
+/* s made one line, in place: line breaks and the indents after them as a space */
+extern void one_line(char *s);
 /* a copy of s cut to at most max bytes, control and non-ASCII bytes as '?' */
 extern void printable_copy(char *dst, size_t dstsize, const char *s, size_t len);
 
@@ -197,11 +199,12 @@ typedef struct SinkSettings
 /* A setting NAME of the sink ("url" for webhook.url), or NULL */
 extern const char *sink_setting(const SinkSettings *ss, const char *name);
 
-/* Calls fn for each setting "<prefix><suffix>" (suffix given), topic's first;
- * a suffix set for the topic hides the one for every topic. */
 /* " (KEY: ORIGIN; ...)" of the settings in force that msg names, or "" */
 extern void sink_setting_origins(const SinkSettings *ss, const char *msg,
 								 char *buf, size_t len);
+
+/* Calls fn for each setting "<prefix><suffix>" (suffix given), topic's first;
+ * a suffix set for the topic hides the one for every topic. */
 extern void sink_setting_each(const SinkSettings *ss, const char *prefix,
 							  void (*fn) (void *arg, const char *suffix, const char *value),
 							  void *arg);

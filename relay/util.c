@@ -303,6 +303,34 @@ printable_copy(char *dst, size_t dstsize, const char *s, size_t len)
 	dst[j] = '\0';
 }
 
+/*
+ * A message made one line, in place: each line break, with the blanks that
+ * indent the next line (libpq's messages have both), becomes one space, and
+ * blanks at the end go.
+ */
+void
+one_line(char *s)
+{
+	char	   *c = s;
+	char	   *d = s;
+
+	while (*c)
+	{
+		if (*c == '\n' || *c == '\r')
+		{
+			while (*c == '\n' || *c == '\r' || *c == ' ' || *c == '\t')
+				c++;
+			if (d > s && d[-1] != ' ')
+				*d++ = ' ';
+		}
+		else
+			*d++ = *c++;
+	}
+	while (d > s && (d[-1] == ' ' || d[-1] == '\t'))
+		d--;
+	*d = '\0';
+}
+
 #define FNV64_OFFSET	UINT64_C(0xcbf29ce484222325)
 #define FNV64_PRIME		UINT64_C(0x100000001b3)
 
@@ -368,33 +396,11 @@ relay_log(LogLevel level, const char *fmt,...)
 	if (n > 0)
 	{
 		char	   *msg = xmalloc((size_t) n + 1);
-		char	   *c;
-		char	   *d;
-		char		prev;
 
 		va_start(ap, fmt);
 		vsnprintf(msg, (size_t) n + 1, fmt, ap);
 		va_end(ap);
-		/*
-		 * One line each: a library's message (libpq's) may hold newlines and
-		 * the tabs that indent its next lines, which become one space.
-		 */
-		while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
-			msg[--n] = '\0';
-		for (c = d = msg, prev = '\0'; *c; c++)
-		{
-			char		ch = *c;
-
-			if (ch == '\n' || ch == '\r' || (ch == '\t' && prev == '\n'))
-			{
-				if (d > msg && d[-1] != ' ')
-					*d++ = ' ';
-			}
-			else
-				*d++ = ch;
-			prev = ch;
-		}
-		*d = '\0';
+		one_line(msg);
 		sb_puts(&sb, msg);
 		free(msg);
 	}

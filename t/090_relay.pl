@@ -976,9 +976,10 @@ $locker->finish;
 # A connection lost while the relay waits is logged on one line, although
 # libpq's message has several.
 $r = start_relay({}, '--log-interval', '0', '--poll', '10s');
-ok(wait_for('the idle relay', sub { sql(q{SELECT count(*) FROM pg_stat_activity
-                                            WHERE application_name = 'idem-relay' AND state = 'idle'}) == 1 }),
-	'a relay waits, idle');
+ok( wait_for('the idle relay', sub { sql(q{SELECT count(*) FROM pg_stat_activity
+                                             WHERE application_name = 'idem-relay' AND state = 'idle'
+                                               AND state_change < now() - interval '1 second'}) == 1 }),
+	'a relay waits, idle (not between its first statements)');
 sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'idem-relay'});
 ok(wait_for('the loss logged', sub { slurp_file($r->{err}) =~ /connection lost/ }), 'the relay logs the lost connection');
 is(stop_relay($r, 'TERM'), 0, 'and stops on SIGTERM');
@@ -1127,8 +1128,12 @@ for my $case ([ 'cut', qq({"id": "cut sh) ], [ 'whole', qq({"id": "whole"}\n) ])
 sql(q{SELECT idem_outbox_send('slow', 'k' || i, jsonb_build_object('pad', repeat('x', 2000))) FROM generate_series(1, 100) i});
 {
 	my $slow_err = "$tmp/slow.err";
+	# the reader: a FIFO opened for reading and never read, until the relay
+	# has exited
 	my $h = IPC::Run::start([ 'bash', '-c',
-			'"$0" --name slow --lease 4s --timeout 1s --log-interval 0 | sleep 8; exit ${PIPESTATUS[0]}', $relay ],
+			'mkfifo "$1/slow.fifo" || exit 9; ( exec 3<"$1/slow.fifo"; exec sleep 600 ) & '
+			  . '"$0" --name slow --lease 4s --timeout 1s --log-interval 0 >"$1/slow.fifo"; rc=$?; '
+			  . 'kill $!; exit $rc', $relay, $tmp ],
 		'2>', $slow_err, init => relay_env());
 	ok(wait_for('the stuck write', sub { slurp_file($slow_err) =~ /could not write to standard output: the reader took nothing/ }),
 		'a line that the reader does not take within the timeout is given up');

@@ -26,6 +26,7 @@ use lib $FindBin::RealBin;
 
 use Cwd qw(abs_path);
 use IPC::Run;
+use JSON::PP;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -437,10 +438,62 @@ ok( IPC::Run::run([ 'python3', '-c', 'import pika, sys; c = pika.BlockingConnect
 			. 'c.channel().queue_declare(queue="unroutable", durable=True); c.close()', $amqp ],
 		'>', \$qout, '2>', \$qerr),
 	'a queue named as the topic is declared') or diag($qerr);
-usleep(1_100_000);    # the backoff: 0.5 s to 1 s
+sql(q{UPDATE idem.outbox_keys SET available_at = now() WHERE topic = 'unroutable'});    # its backoff, over
 ok($ur_run->(), 'the relay stopped (--once)') or diag(slurp_file("$tmp/relay-unroutable.err"));
 is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'unroutable'}), '0',
 	'once a queue takes it, it is delivered');
+
+# What a message carries (read back with basic.get): persistent
+# (delivery_mode 2, so that a broker that restarts keeps it in a durable
+# queue), JSON, its id, type and origin, and the x-idem-* headers.
+sql(q{SELECT idem_outbox_send('props', 'p1', '{"n": 1}', '{"trace": "t-1"}', 'order.paid');});
+ok( IPC::Run::run([ 'python3', '-c', 'import pika, sys; c = pika.BlockingConnection(pika.URLParameters(sys.argv[1])); '
+			. 'c.channel().queue_declare(queue="props", durable=True); c.close()', $amqp ],
+		'>', \$qout, '2>', \$qerr),
+	'a queue "props" is declared') or diag($qerr);
+my $props_id = sql(q{SELECT id FROM idem.outbox WHERE aggregatetype = 'props'});
+ok($ur_run->(), 'the relay stopped (--once)');
+my $props_py = <<'PY';
+import json, pika, sys
+c = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
+method, p, body = c.channel().basic_get(queue="props", auto_ack=True)
+h = p.headers or {}
+def s(v):
+    return v.decode() if isinstance(v, bytes) else v
+print(json.dumps({"delivery_mode": p.delivery_mode, "content_type": p.content_type,
+                  "message_id": p.message_id, "type": p.type, "app_id": p.app_id,
+                  "topic": s(h.get("x-idem-topic")), "key": s(h.get("x-idem-key")),
+                  "attempt": s(h.get("x-idem-attempt")), "headers": s(h.get("x-idem-headers")),
+                  "body": json.loads(body)}, sort_keys=True))
+c.close()
+PY
+($qout, $qerr) = ('', '');
+ok(IPC::Run::run([ 'python3', '-c', $props_py, $amqp ], '>', \$qout, '2>', \$qerr), 'the message is read back')
+  or diag($qerr);
+my $props = eval { JSON::PP->new->decode($qout) } // {};
+is_deeply($props,
+	{ delivery_mode => 2, content_type => 'application/json', message_id => $props_id, type => 'order.paid',
+	  app_id => 'idem-relay', topic => 'props', key => 'p1', attempt => '1',
+	  headers => '{"trace": "t-1"}', body => { n => 1 } },
+	'persistent, JSON, with its id, type, origin and x-idem-* headers') or diag($qout);
+
+# A queue that refuses messages once full (x-overflow reject-publish)
+# answers basic.nack: that message is retried with the reason, not
+# acknowledged; the one it took is delivered.
+($qout, $qerr) = ('', '');
+ok( IPC::Run::run([ 'python3', '-c', 'import pika, sys; c = pika.BlockingConnection(pika.URLParameters(sys.argv[1])); '
+			. 'c.channel().queue_declare(queue="fullq", durable=True, arguments={"x-max-length": 1, '
+			. '"x-overflow": "reject-publish"}); c.close()', $amqp ],
+		'>', \$qout, '2>', \$qerr),
+	'a queue "fullq" that holds one message is declared') or diag($qerr);
+sql(q{SELECT idem_outbox_configure('fullq', 10, '1 hour', '1 hour');
+SELECT idem_outbox_send('fullq', 'f1', '{"n": 1}'), idem_outbox_send('fullq', 'f2', '{"n": 2}');});
+ok($ur_run->(), 'the relay stopped (--once)');
+is( sql(q{SELECT count(*) || '|' || string_agg(k.attempts || '|' || k.dead || '|' || k.last_error, ',')
+             FROM idem.outbox o JOIN idem.outbox_keys k ON k.topic = o.aggregatetype AND k.key = o.aggregateid
+            WHERE o.aggregatetype = 'fullq'}),
+	'1|1|false|rabbitmq: the broker refused the message (basic.nack)',
+	'one message taken, the other refused by the queue: retried, with the reason');
 
 ########################################################################
 # A broker that stops reading: a memory alarm blocks publishers

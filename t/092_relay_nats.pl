@@ -377,7 +377,7 @@ sql(q{SELECT idem_outbox_configure('full', 5, '1 hour', '1 hour');
       SELECT idem_outbox_send('full', 'f1', '{"n": 1}'), idem_outbox_send('full', 'f2', '{"n": 2}');});
 IPC::Run::run([ $relay, '--sink', 'nats', '--nats-url', "nats://$nats_url", '--once', '--log-interval', '0',
 		'--set', 'topic.full.nats.subject=full' ], '>', \my $fout, '2>', \my $ferr,
-	init => env_init(PGUSER => 'relay_b'));
+	init => env_init(PGUSER => 'relay_b'), IPC::Run::timeout(60));
 like(sql(q{SELECT count(*) || '|' || string_agg(k.attempts || '|' || k.dead || '|' || k.last_error, ',')
              FROM idem.outbox o JOIN idem.outbox_keys k ON k.topic = o.aggregatetype AND k.key = o.aggregateid
             WHERE o.aggregatetype = 'full'}),
