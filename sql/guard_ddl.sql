@@ -206,5 +206,16 @@ SELECT e.evtname, e.evtevent, e.evttags, e.evtfoid::regprocedure,
  WHERE d.refclassid = 'pg_extension'::regclass
  ORDER BY e.evtname;
 
+-- DROP EXTENSION fails while a table is guarded: its trigger depends on
+-- idem_guard_trigger (in a transaction rolled back, should it not fail)
+SELECT idem_allow('gx', 'new', 'paid');
+CREATE TABLE gx (id integer PRIMARY KEY, st text NOT NULL);
+SELECT idem_guard('gx', 'gx', 'st');
+BEGIN;
+SELECT left(err('DROP EXTENSION idem'), 80) AS drop_extension;
+ROLLBACK;
+SELECT idem_unguard('gx');
+DROP TABLE gx;
+
 DELETE FROM idem.transitions;
 DROP FUNCTION err(text);

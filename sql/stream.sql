@@ -324,3 +324,13 @@ BEGIN;
 UPDATE idem.producer_seqs SET high = -9223372036854775807 WHERE producer = 'p';
 SELECT idem_seq_accept('p', 5, 32);
 ROLLBACK;
+-- the view idem_offsets is for pg_monitor: a member reads it, another role
+-- is refused (42501)
+CREATE ROLE regress_idem_stream_monitor IN ROLE pg_monitor;
+CREATE ROLE regress_idem_stream_other;
+SET ROLE regress_idem_stream_monitor;
+SELECT count(*) > 0 AS monitor_reads FROM idem_offsets WHERE consumer = 'c';
+SET ROLE regress_idem_stream_other;
+SELECT count(*) FROM idem_offsets;
+RESET ROLE;
+DROP ROLE regress_idem_stream_monitor, regress_idem_stream_other;
