@@ -556,10 +556,6 @@ prepare(const char *name, const char *sql, int *failure)
 }
 
 /*
- * Connects, finds idem's schema, LISTENs and prepares the statements.
- * Returns 1, 0 when the connection failed, -1 when a statement failed.
- */
-/*
  * A notice (a NOTICE of the server, or its FATAL before it ends a session),
  * which libpq would print on stderr as it is: a log line of the relay, a
  * warning from WARNING up (by the severity's name in English, whatever the
@@ -586,6 +582,10 @@ log_notice(void *arg, const PGresult *res)
  */
 static int	hash_server_bytes = 0;
 
+/*
+ * Connects, finds idem's schema, LISTENs and prepares the statements.
+ * Returns 1, 0 when the connection failed, -1 when a statement failed.
+ */
 static int
 db_connect(void)
 {
