@@ -1206,7 +1206,7 @@ config_error(const char *fmt,...) PRINTF_LIKE(1, 2);
 
 /* set while a reload applies a new configuration: errors come back there */
 static sigjmp_buf *reload_jmp = NULL;
-static char reload_error[1024];
+static char reload_error[4096];	/* room for a sink's error and its origins */
 
 static void
 config_error(const char *fmt,...)

@@ -126,17 +126,27 @@ sink_setting(const SinkSettings *ss, const char *name)
 	return NULL;
 }
 
-/* Whether msg names key as a word of its own ("nats.user and ..."). */
+/*
+ * Whether msg names key as a word of its own ("nats.user and ..."), outside
+ * the values it quotes ("nats.url \"nats://h/ nats.user\" ..." names only
+ * nats.url).  A value that holds a double quote itself can still mislead it.
+ */
 static int
 names_key(const char *msg, const char *key)
 {
 	size_t		n = strlen(key);
 	const char *p;
+	int			quoted = 0;
 
-	for (p = strstr(msg, key); p != NULL; p = strstr(p + 1, key))
+	for (p = msg; *p != '\0'; p++)
 	{
-		char		after = p[n];
+		char		after;
 
+		if (*p == '"')
+			quoted = !quoted;
+		if (quoted || strncmp(p, key, n) != 0)
+			continue;
+		after = p[n];
 		if ((p == msg || p[-1] == ' ' || p[-1] == '(') &&
 			!(isalnum((unsigned char) after) || after == '_' || after == '.'))
 			return 1;

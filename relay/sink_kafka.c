@@ -90,6 +90,8 @@ typedef struct PropArg
 	char	   *err;
 	size_t		errlen;
 	int			ok;
+	const char *acks;			/* the property that set acks last: "acks"
+								 * or its alias */
 } PropArg;
 
 static void
@@ -100,6 +102,8 @@ set_property(void *argp, const char *name, const char *value)
 
 	if (!arg->ok)
 		return;
+	if (strcmp(name, "acks") == 0 || strcmp(name, "request.required.acks") == 0)
+		arg->acks = name;
 	if (rd_kafka_conf_set(arg->conf, name, value, e, sizeof(e)) != RD_KAFKA_CONF_OK)
 	{
 		snprintf(arg->err, arg->errlen, "kafka.property.%s: %s", name, e);
@@ -178,6 +182,7 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 	parg.err = err;
 	parg.errlen = errlen;
 	parg.ok = 1;
+	parg.acks = "acks";
 	snprintf(tmo, sizeof(tmo), "%ld", ss->timeout_ms);
 	set_property(&parg, "enable.idempotence", "true");
 	set_property(&parg, "acks", "all");
@@ -201,7 +206,7 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 		if (parg.ok && rd_kafka_conf_get(conf, "acks", e, &len) == RD_KAFKA_CONF_OK &&
 			strcmp(e, "all") != 0 && strcmp(e, "-1") != 0)
 		{
-			snprintf(err, errlen, "kafka.property.acks must stay all");
+			snprintf(err, errlen, "kafka.property.%s must stay all", parg.acks);
 			parg.ok = 0;
 		}
 		/* a key's messages share a partition (random ignores the key) */

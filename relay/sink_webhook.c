@@ -304,7 +304,8 @@ webhook_init(const SinkSettings *ss, char *err, size_t errlen)
 
 		if (u == NULL)
 		{
-			snprintf(err, errlen, "out of memory");
+			snprintf(err, errlen, "could not create a libcurl URL handle");
+			*ss->cannot_start = 1;
 			return NULL;
 		}
 		uc = curl_url_set(u, CURLUPART_URL, url, 0);

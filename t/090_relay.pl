@@ -249,6 +249,13 @@ close($bad);
 ($rc, $out, $err) = run_relay({}, '--config', "$tmp/sink.conf");
 like($err, qr/webhook\.url "ftp:\/\/y\/" is not http:\/\/ or https:\/\/ \(topic\.t1\.webhook\.url: .*sink\.conf:3\)$/m,
 	'the topic\'s setting, which is the one in force, is named');
+# A setting's name inside a value the error quotes is not taken for it.
+open($bad, '>', "$tmp/sink.conf") or die;
+print $bad "sink = webhook\nwebhook.header.X-A = 1\nwebhook.url = ftp://x/ webhook.header.X-A\n";
+close($bad);
+($rc, $out, $err) = run_relay({}, '--config', "$tmp/sink.conf");
+like($err, qr/is not http:\/\/ or https:\/\/ \(webhook\.url: \S*sink\.conf:3\)$/m,
+	'a setting named inside the quoted value is not named as set');
 
 # A byte order mark before the first key is not part of it.
 open($bad, '>', "$tmp/bom.conf") or die;
@@ -1029,6 +1036,15 @@ $r->{h}->signal('HUP');
 ok( wait_for('the refused reload', sub {
 			substr(slurp_file($r->{err}), $before) =~ /configuration not reloaded, the one in force is kept: batch must be an integer/ }),
 	'a configuration with an error is not applied, and the relay says why');
+# a long value: the error is cut, not the file and line it ends with
+$before = length(slurp_file($r->{err}));
+write_conf($hupconf, "sink = webhook\nwebhook.url = ftp://" . ('x' x 1100) . "/\n");
+$r->{h}->signal('HUP');
+ok( wait_for('the refused reload', sub {
+			substr(slurp_file($r->{err}), $before) =~ /configuration not reloaded, the one in force is kept: webhook\.url "ftp:/ }),
+	'a sink setting refused at a reload');
+like(substr(slurp_file($r->{err}), $before), qr/x \(webhook\.url: \S*hup\.conf:2\)$/m,
+	'the reload error keeps the origin after a long value');
 my $hup3 = send_msg('hup', 'h', { n => 3 });
 ok(wait_for('the third message', sub { paths_of($hup3) eq '/hup2' }), 'the relay goes on with the one it had');
 is(stop_relay($r, 'TERM'), 0, 'exit code 0 after the reloads');

@@ -191,6 +191,10 @@ sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'stuck'; DELETE FROM idem.ou
 is($rc, 1, 'acks=1 is refused');
 like($err, qr/kafka\.property\.acks must stay all \(kafka\.property\.acks: command line\)/,
 	'with a message naming where it was set');
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.request.required.acks=1');
+is($rc, 1, 'acks=1 through its alias is refused');
+like($err, qr/kafka\.property\.request\.required\.acks must stay all \(kafka\.property\.request\.required\.acks: command line\)/,
+	'naming the alias that was set, and where');
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.enable.idempotence=false');
 is($rc, 1, 'enable.idempotence=false is refused');
 like($err, qr/enable\.idempotence must stay true/, 'with a message');
