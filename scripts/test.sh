@@ -347,6 +347,10 @@ run_package() {
             { echo "$SYS_BIN/idem-relay is not from $PKG"; rc=1; }
         [ "$("$SYS_BIN/idem-relay" --version 2>&1)" = "idem-relay $ver" ] ||
             { echo "$SYS_BIN/idem-relay --version does not say $ver"; rc=1; }
+        # README's systemd unit starts the packaged relay
+        unit_bin=$(sed -n 's/^ExecStart=\([^ ]*\) .*/\1/p' "$work/README.md" | head -n 1)
+        [ "$unit_bin" = "$SYS_BIN/idem-relay" ] ||
+            { echo "README's systemd unit starts ${unit_bin:-nothing}, not $SYS_BIN/idem-relay"; rc=1; }
         dpkg-query -L "$PKG" | grep -E '\.(so|sql|control)$|/idem-relay$'
     fi
     pkg_result install $rc

@@ -719,6 +719,35 @@ is(join(' ', @{ $rseq{c} }), join(' ', map { "$_/1" } 1 .. 10), 'key c in order,
 is(sql(q{SELECT string_agg(payload->>'n', ',' ORDER BY seq) FROM idem.outbox WHERE aggregatetype = 'runs'}),
 	'7,8,9,10', 'b7 dead holds back the rest of its key');
 
+# README's configuration file as printed there, its connection and URLs
+# made local: every topic to the webhook with its header, audit to
+# standard output, "billing.v2" to a URL of its own.
+my $readme = slurp_file("$FindBin::RealBin/../README.md");
+my ($readme_conf) = $readme =~ m{^```ini\n(# /etc/idem-relay/shop\.conf\n.*?)^```}ms;
+ok(defined $readme_conf, "README's configuration file is found");
+$readme_conf //= '';
+$readme_conf =~ s{^dbname = .*\n}{}m or fail('it has a dbname');
+$readme_conf =~ s{https://hooks\.example\.com/outbox}{$url/outbox} or fail('it has the webhook URL');
+$readme_conf =~ s{https://billing\.example\.com/events}{$url/events} or fail('it has the URL of billing.v2');
+write_conf("$tmp/readme.conf", $readme_conf);
+my %rm = (
+	shop => send_msg('shop', 'k', { n => 1 }),
+	audit => send_msg('audit', 'k', { n => 2 }),
+	billing => send_msg('billing.v2', 'k', { n => 3 }));
+($rc, $out, $err) = run_relay({}, '--config', "$tmp/readme.conf", '--once');
+is($rc, 0, "README's configuration file works as written") or diag($err);
+my ($rm_shop) = grep { $_->{idempotency_key} eq $rm{shop} } @{ received() };
+my ($rm_billing) = grep { $_->{idempotency_key} eq $rm{billing} } @{ received() };
+is( join(' ', map { $_ ? "$_->{path} $_->{authorization}" : 'none' } $rm_shop, $rm_billing),
+	'/outbox Bearer 8f0c2e /events Bearer 8f0c2e',
+	'its webhook URLs, the topic\'s over every topic\'s, each with its header');
+like($out, qr/^\{"id": "\Q$rm{audit}\E", "topic": "audit"/m, 'and the audit topic on standard output');
+# README's systemd unit does not restart a relay whose configuration is bad
+my ($no_restart) = $readme =~ /^RestartPreventExitStatus=(\d+)$/m;
+write_conf("$tmp/bad-readme.conf", "batch = none\n");
+($rc, $out, $err) = run_relay({}, '--config', "$tmp/bad-readme.conf");
+is($rc, $no_restart // 'none', "README's systemd unit prevents a restart on the exit code of a bad configuration");
+
 # Runs of two topics routed to two URLs, with the same key names: a round
 # of runs goes to each route its own messages, and each outcome comes back
 # to its message (the keys' first messages alternate between the topics,

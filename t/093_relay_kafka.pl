@@ -140,7 +140,7 @@ for my $id ($err =~ /delivered (\S+) \(topic runs/g)
 }
 is(join(' ', map { "$_=" . join(',', @{ $rseq{$_} // [] }) } qw(r1 r2 r3)),
 	'r1=1,2,3,4,5,6,7,8,9,10 r2=1,2,3 r3=1,2,3,4,5,6,7,8,9,10',
-	'the reports of each key in order, r2 up to its refused message');
+	'each key\'s messages delivered in order, r2 up to its refused message');
 
 # A topic name Kafka would refuse (from the message's key or type, here an
 # empty type) is refused for good at once, not retried until the message
