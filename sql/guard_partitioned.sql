@@ -283,6 +283,45 @@ SELECT tableoid::regclass, * FROM pgs ORDER BY id;
 DROP TABLE pm, pgen, pgs;
 DROP FUNCTION nothing_deleted();
 
+-- Inheritance children are not partitions: a guard on an inheritance parent
+-- guards the parent's own rows.  An UPDATE of the parent reaches a child's
+-- rows unguarded, and idem_transition on the parent does what UPDATE ONLY
+-- would: not_found for a child's key, on either path.  A child guarded on
+-- its own is checked by its own guard, also through its parent, and keeps
+-- it when the parent is unguarded.
+CREATE TABLE inh_orders (id integer PRIMARY KEY, status text NOT NULL,
+                         version bigint NOT NULL DEFAULT 0);
+CREATE TABLE inh_orders_old (PRIMARY KEY (id)) INHERITS (inh_orders);
+SELECT idem_guard('inh_orders', 'pay', 'status', 'version');
+SELECT * FROM guards('inh_orders');
+INSERT INTO inh_orders VALUES (1, 'new'), (4, 'new');
+INSERT INTO inh_orders_old VALUES (2, 'new'), (3, 'new');
+SELECT err($$UPDATE inh_orders SET status = 'shipped' WHERE id = 1$$);
+UPDATE inh_orders SET status = 'shipped' WHERE id = 2;   -- the child's row: unguarded
+SET client_min_messages = debug1;
+SELECT idem_transition('inh_orders', '3', 'paid');
+SELECT idem_transition('inh_orders', '1', 'paid', 0);
+RESET client_min_messages;
+-- the SPI path (a statement-level trigger on the parent)
+CREATE TRIGGER stmt AFTER UPDATE ON inh_orders FOR EACH STATEMENT EXECUTE FUNCTION nothing();
+SET client_min_messages = debug1;
+SELECT idem_transition('inh_orders', '3', 'paid');
+SELECT idem_transition('inh_orders', '4', 'paid', 0);
+RESET client_min_messages;
+SELECT tableoid::regclass, * FROM inh_orders ORDER BY id;
+-- the child guarded on its own
+SELECT idem_guard('inh_orders_old', 'pay', 'status', 'version');
+SELECT * FROM guards('inh_orders');
+SELECT err($$UPDATE inh_orders SET status = 'shipped' WHERE id = 3$$);
+UPDATE inh_orders SET status = 'paid' WHERE id = 3;
+SELECT idem_transition('inh_orders', '3', 'shipped', 1);
+SELECT idem_transition('inh_orders_old', '3', 'shipped', 1);
+SELECT idem_unguard('inh_orders');
+SELECT * FROM guards('inh_orders');
+SELECT err($$UPDATE inh_orders SET status = 'new' WHERE id = 3$$);
+SELECT tableoid::regclass, * FROM inh_orders ORDER BY id;
+DROP TABLE inh_orders CASCADE;
+
 DROP TABLE pt_orders, pt_single, pt_mixed, mixed_2, pt_payments, cmp_direct, cmp_spi, cmp_part,
     cmp_part_spi, requests, answers;
 DROP FUNCTION nothing();

@@ -373,7 +373,9 @@ $primary->safe_psql('unlogged', q{
 CREATE EXTENSION idem;
 ALTER TABLE idem.tokens SET UNLOGGED;
 ALTER TABLE idem.claims SET UNLOGGED;
+ALTER TABLE idem.offsets SET UNLOGGED;
 SELECT idem_claim('u-1');
+SELECT idem_offset_advance('billing', 'orders', 0, 41);
 CREATE TABLE kept (token text);
 INSERT INTO kept SELECT idem_token_issue('u', '1 day');});
 is($primary->safe_psql('unlogged', q{SELECT idem_token_status(token, 'u') FROM kept}),
@@ -388,6 +390,15 @@ is(sqlstate_of($standby, 'unlogged', q{SELECT idem_token_consume(token, 'u') FRO
 	'25006', 'unlogged tokens: idem_token_consume on the standby fails with 25006');
 is(sqlstate_of($standby, 'unlogged', q{SELECT idem_claim_info('u-1')}),
 	'0A000', 'unlogged claims: idem_claim_info on the standby fails with 0A000');
+# idem.offsets made unlogged: the same for idem_offset_get
+is($primary->safe_psql('unlogged', q{SELECT idem_offset_get('billing', 'orders', 0)}),
+	'41', 'unlogged offsets: the primary has the offset');
+is(sqlstate_of($standby, 'unlogged', q{SELECT idem_offset_get('billing', 'orders', 0)}),
+	'0A000', 'unlogged offsets: idem_offset_get on the standby fails with 0A000');
+is(sqlstate_of($standby, 'unlogged', 'SELECT count(*) FROM idem.offsets'),
+	'0A000', 'unlogged offsets: a query of the table fails with the same SQLSTATE');
+is(sqlstate_of($standby, 'unlogged', q{SELECT idem_offset_advance('billing', 'orders', 0, 42)}),
+	'25006', 'unlogged offsets: idem_offset_advance on the standby fails with 25006');
 
 ########################################################################
 # A transaction left open on the primary
@@ -470,6 +481,8 @@ foreach my $kind (@kinds)
 # the promoted standby has the unlogged table, empty
 is($standby->safe_psql('unlogged', q{SELECT idem_token_status(token, 'u') FROM kept}),
 	'unknown', 'unlogged tokens: after the failover the token is unknown');
+is($standby->safe_psql('unlogged', q{SELECT idem_offset_get('billing', 'orders', 0) IS NULL}),
+	't', 'unlogged offsets: after the failover no offset is stored');
 
 $standby->stop;
 

@@ -3,7 +3,9 @@
 # The maintenance worker: it purges expired claims, tokens and requests in
 # batches and leaves fresh ones; it is restarted after it crashes; a round
 # that fails is logged and the next one goes on; idem_maintenance() runs one
-# round by hand.
+# round by hand; a database whose settings make transactions read-only or
+# SERIALIZABLE is purged all the same, and one that does not exist or does
+# not accept connections is logged once and skipped.
 
 use strict;
 use warnings;
@@ -205,6 +207,23 @@ is($node->safe_psql('postgres', q{SELECT count(*) FROM idem.claims WHERE msg_id 
 	'its claims were purged');
 $node->safe_psql('postgres', q{ALTER DATABASE postgres RESET default_transaction_isolation});
 
+# a database whose transactions default to read-only: the worker's are
+# read-write all the same, and no round fails
+$node->safe_psql('postgres', q{ALTER DATABASE postgres SET default_transaction_read_only = on});
+my $ro_offset = -s $node->logfile;
+$node->safe_psql('postgres', q{
+SET default_transaction_read_only = off;
+INSERT INTO idem.claims SELECT 'short', 'ro-' || i, now() - interval '2 days' FROM generate_series(1, 30) i});
+is($node->safe_psql('postgres', 'SHOW default_transaction_read_only'), 'on',
+	'the database defaults to read-only transactions');
+ok(poll(q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'ro-%'}, '0'),
+	'the worker purges in a database whose transactions default to read-only');
+unlike(slurp_file($node->logfile, $ro_offset), qr/read-only transaction/,
+	'and no round failed for it');
+$node->safe_psql('postgres', q{
+SET default_transaction_read_only = off;
+ALTER DATABASE postgres RESET default_transaction_read_only});
+
 # by hand, for pg_cron: at most max_rows of each kind, in the caller's
 # transaction (which also keeps the rows it made from the worker)
 my $round = $node->safe_psql('postgres', q{
@@ -283,6 +302,23 @@ $old->restart;
 ok(poll_node($old, $cut, q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'long-%'}, '0'),
 	'a database name longer than a name is cut as CREATE DATABASE cuts it');
 unlike(slurp_file($old->logfile), qr/database "long_d+" does not exist/, 'and is not reported missing');
+
+# a database that does not accept connections (datallowconn off) is logged
+# once and skipped, as a missing one: no round tries to connect to it; once
+# it accepts connections again, the worker purges there
+my $nc_offset = -s $old->logfile;
+$old->safe_psql('postgres', qq{ALTER DATABASE "$cut" ALLOW_CONNECTIONS false});
+ok(wait_for_log($old, qr/idem maintenance worker: database "\Q$cut\E" does not accept connections/, $nc_offset),
+	'a database that does not accept connections is logged');
+sleep(3);
+my $nc_log = slurp_file($old->logfile, $nc_offset);
+is(scalar(() = $nc_log =~ /does not accept connections/g), 1, 'once, not every round');
+unlike($nc_log, qr/FATAL:  (?!terminating background worker)/, 'and no round fails to connect');
+$old->safe_psql('postgres', qq{ALTER DATABASE "$cut" ALLOW_CONNECTIONS true});
+$old->safe_psql($cut, q{
+INSERT INTO idem.claims SELECT 'default', 'back-' || i, now() - interval '30 days' FROM generate_series(1, 20) i});
+ok(poll_node($old, $cut, q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'back-%'}, '0'),
+	'once it accepts connections again, the worker purges there');
 $old->stop;
 
 # off switch
