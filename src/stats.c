@@ -27,7 +27,10 @@
  * into it commits, once idem.duplicate_rate_interval has passed since it was
  * last judged, over the operations since then; when it exceeds
  * idem.duplicate_rate_warning, that backend logs one line, with the time the
- * rate covers.  The lines are at most one per interval and namespace.
+ * rate covers.  The maintenance worker's launcher also judges, at each of
+ * its rounds, every namespace whose interval is over, so that a burst of
+ * duplicates followed by silence is not left until the namespace's next
+ * commit.  The lines are at most one per interval and namespace.
  *
  * Without preloading, counting does nothing and the functions that read the
  * counters fail with 55000.
@@ -681,9 +684,13 @@ stats_operations(const StatsKindInfo *k, StatsEntry *entry)
 	return ops;
 }
 
-/* Log the duplicate rate of an entry whose interval is over, if too high. */
+/*
+ * Log the duplicate rate of an entry whose interval is over, if too high.
+ * dbname, given by a process connected to no database, names the entry's
+ * database in the line (a backend's log_line_prefix can say it).
+ */
 static void
-stats_check_rate(StatsEntry *entry)
+stats_check_rate(StatsEntry *entry, const char *(*dbname) (Oid dbid))
 {
 	const StatsKindInfo *k = &kinds[entry->key.kind];
 	TimestampTz now;
@@ -718,7 +725,21 @@ stats_check_rate(StatsEntry *entry)
 	if (ops < (uint64) stats_duplicate_rate_min_operations)
 		return;
 	rate = (double) dups / (double) ops;
-	if (rate > stats_duplicate_rate_warning)
+	if (rate <= stats_duplicate_rate_warning)
+		return;
+	if (dbname != NULL)
+	{
+		const char *db = dbname(entry->key.dbid);
+
+		ereport(LOG,
+				(errmsg("idem: duplicate rate of %s namespace \"%s\" is %.3f over the last %.0f s",
+						k->name, entry->key.ns, rate,
+						(double) (now - start) / USECS_PER_SEC),
+				 errdetail("%llu of %llu operations in database \"%s\" were duplicates; idem.duplicate_rate_warning is %g.",
+						   (unsigned long long) dups, (unsigned long long) ops,
+						   db ? db : "?", stats_duplicate_rate_warning)));
+	}
+	else
 		ereport(LOG,
 				(errmsg("idem: duplicate rate of %s namespace \"%s\" is %.3f over the last %.0f s",
 						k->name, entry->key.ns, rate,
@@ -726,6 +747,47 @@ stats_check_rate(StatsEntry *entry)
 				 errdetail("%llu of %llu operations were duplicates; idem.duplicate_rate_warning is %g.",
 						   (unsigned long long) dups, (unsigned long long) ops,
 						   stats_duplicate_rate_warning)));
+}
+
+/*
+ * Judge every namespace whose interval is over, as a commit of its work
+ * would.  The maintenance worker's launcher calls it at each round; dbname
+ * names a database for the lines.  Entries are never removed, so those
+ * found under the shared lock stay valid once it is released.
+ */
+void
+idem_stats_judge_idle(const char *(*dbname) (Oid dbid))
+{
+	HASH_SEQ_STATUS seq;
+	StatsEntry *entry;
+	StatsEntry **due;
+	int			ndue = 0;
+	int			maxdue = 64;
+	TimestampTz now;
+	int			i;
+
+	if (stats_shared == NULL || stats_duplicate_rate_warning <= 0.0)
+		return;
+	now = GetCurrentTimestamp();
+	due = palloc(sizeof(StatsEntry *) * maxdue);
+	LWLockAcquire(stats_shared->lock, LW_SHARED);
+	hash_seq_init(&seq, stats_hash);
+	while ((entry = hash_seq_search(&seq)) != NULL)
+	{
+		if (!TimestampDifferenceExceeds(entry->interval_start, now,
+										stats_duplicate_rate_interval * 1000))
+			continue;
+		if (ndue == maxdue)
+		{
+			maxdue *= 2;
+			due = repalloc(due, sizeof(StatsEntry *) * maxdue);
+		}
+		due[ndue++] = entry;
+	}
+	LWLockRelease(stats_shared->lock);
+	for (i = 0; i < ndue; i++)
+		stats_check_rate(due[i], dbname);
+	pfree(due);
 }
 
 /* The shared entry of a kind and namespace, if this backend knows it. */
@@ -789,7 +851,7 @@ stats_add(int32 kind, const char *ns, const int64 *counts)
 	for (j = 0; j < kinds[kind].noutcomes; j++)
 		if (counts[j] != 0)
 			pg_atomic_fetch_add_u64(&entry->counters[j], counts[j]);
-	stats_check_rate(entry);
+	stats_check_rate(entry, NULL);
 }
 
 /* Add the transaction's counts to shared memory. */

@@ -20,6 +20,10 @@
  * template, as any database without sessions.  A database that does not
  * exist is skipped (and logged once) until it does.
  *
+ * At each round the launcher also judges the duplicate rate of every
+ * namespace whose interval is over (see stats.c), so that a namespace that
+ * fell silent after a burst of duplicates is judged within a round.
+ *
  * A round that fails is logged and retried at the next interval.  A
  * database without the extension is skipped (and logged once).  The
  * launcher ends at once on SIGTERM, and is restarted by the postmaster
@@ -396,6 +400,40 @@ worker_database_state(void)
 	return state;
 }
 
+/*
+ * The name of a database, for the launcher's lines of duplicate rates
+ * (idem_stats_judge_idle), by the same plain scan; NULL once dropped.
+ */
+static const char *
+worker_database_name(Oid dbid)
+{
+	static NameData name;
+	bool		found = false;
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tup;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	(void) GetTransactionSnapshot();
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while ((tup = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
+
+		if (db->oid != dbid)
+			continue;
+		namestrcpy(&name, NameStr(db->datname));
+		found = true;
+		break;
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+	CommitTransactionCommand();
+	return found ? NameStr(name) : NULL;
+}
+
 /* The round in progress, which the launcher ends when it exits. */
 static BackgroundWorkerHandle *worker_round_handle = NULL;
 
@@ -520,6 +558,8 @@ idem_maintenance_main(Datum main_arg)
 								 errhint("Allow connections to it, or set idem.database to another database.")));
 					break;
 			}
+			/* namespaces silent since a burst of duplicates: judged now */
+			idem_stats_judge_idle(worker_database_name);
 			next_round = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													 worker_interval * 1000L);
 			continue;

@@ -35,7 +35,9 @@ my $node = idem_node('stats',
 	'idem.max_namespaces = 10',
 	'idem.duplicate_rate_warning = 0.3',
 	"idem.duplicate_rate_interval = '1s'",
-	'idem.duplicate_rate_min_operations = 10');
+	'idem.duplicate_rate_min_operations = 10',
+	# no round judges a rate before the test below asks for rounds
+	"idem.maintenance_interval = '1h'");
 
 # the metrics text, parsed by prometheus_client
 $node->safe_psql('postgres', q{
@@ -78,6 +80,23 @@ cmp_ok($covered // 0, '>=', 3, 'the line gives the time the rate covers: since i
 my $lines = () = $log =~ /duplicate rate of claim namespace "noisy"/g;
 is($lines, 1, 'one line per interval');
 unlike($log, qr/duplicate rate of claim namespace "calm"/, 'a namespace under the warning is not logged');
+
+# a burst of duplicates followed by silence: judged by the maintenance
+# worker's next round, without another commit of the namespace's work, in
+# one line that names the database
+$node->append_conf('postgresql.conf', "idem.maintenance_interval = '1s'");
+$node->reload;
+$offset = -s $node->logfile;
+$node->safe_psql('postgres', q{SELECT idem_claim('q' || i % 4, 'quiet') FROM generate_series(1, 20) i});
+ok(wait_for_log($node, qr/duplicate rate of claim namespace "quiet" is 0\.8\d* over the last \d+ s/, $offset),
+	'a namespace silent after a burst of duplicates is judged by the maintenance worker');
+ok(wait_for_log($node, qr/DETAIL:  16 of 20 operations in database "postgres" were duplicates/, $offset),
+	'its line names the database');
+# three more rounds: the silent namespace has nothing more to judge
+sleep 3;
+$log = slurp_file($node->logfile, $offset);
+$lines = () = $log =~ /duplicate rate of claim namespace "quiet"/g;
+is($lines, 1, 'and it is logged once');
 
 # the namespace limit: new namespaces are counted under "*"
 $node->safe_psql('postgres', q{SELECT idem_stats_reset();
