@@ -64,7 +64,9 @@ def parse_headers(raw):
 class Nats:
     """A NATS connection: publish, and request/reply over one inbox."""
 
-    def __init__(self, host, port, timeout=5.0, name='consumer_nats.py'):
+    def __init__(self, host, port, timeout=5.0, name='consumer_nats.py', auth=None):
+        """auth: the CONNECT fields of a server that requires them, such as
+        {'user': ..., 'pass': ...} or {'auth_token': ...}."""
         self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         self.buf = b''
         self.inbox = '_INBOX.%016x' % random.getrandbits(64)
@@ -77,6 +79,7 @@ class Nats:
             raise NatsError('the server requires TLS, which this client does not speak')
         opts = {'verbose': False, 'pedantic': False, 'headers': True, 'no_responders': True,
                 'protocol': 1, 'lang': 'python', 'version': '0', 'name': name}
+        opts.update(auth or {})
         self._send(b'CONNECT ' + json.dumps(opts).encode() + b'\r\n'
                    + ('SUB %s.* 1\r\nPING\r\n' % self.inbox).encode())
         while True:

@@ -14,7 +14,9 @@
 # - the broker is killed with SIGKILL and started again while the second
 #   half is being delivered: the relays and the consumer reconnect;
 # - at the end every message was applied exactly once, and in order per key
-#   (checked in the business table).
+#   (checked in the business table);
+# - a connection the broker closes while the relay is idle costs the next
+#   message no attempt.
 #
 # A broker that cannot be started fails the test: it is never skipped.
 
@@ -494,6 +496,67 @@ is( sql(q{SELECT count(*) || '|' || string_agg(k.attempts || '|' || k.dead || '|
             WHERE o.aggregatetype = 'fullq'}),
 	'1|1|false|rabbitmq: the broker refused the message (basic.nack)',
 	'one message taken, the other refused by the queue: retried, with the reason');
+
+########################################################################
+# An idle connection closed by the broker
+########################################################################
+
+# The broker closes the relay's connection while the relay is idle: the
+# relay finds it closed before its next lease and connects again, so the
+# next message is published once, at its first attempt.
+($qout, $qerr) = ('', '');
+ok( IPC::Run::run([ 'python3', '-c', 'import pika, sys; c = pika.BlockingConnection(pika.URLParameters(sys.argv[1])); '
+			. 'c.channel().queue_declare(queue="idle", durable=True); c.close()', $amqp ],
+		'>', \$qout, '2>', \$qerr),
+	'a queue "idle" is declared') or diag($qerr);
+sql(q{SELECT idem_outbox_configure('idle', 10, '1 second', '1 second')});
+my $ri = start_relay('relay-idle');
+my $i1 = sql(q{SELECT idem_outbox_send('idle', 'i1', '{"n": 1}')});
+ok(wait_for('i1 to be delivered', sub { sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'idle'}) == 0 }),
+	'the relay delivered a first message and is idle');
+my ($lrc, $conns) = rabbitmqctl('list_connections', '-q', '--no-table-headers', 'name');
+my @before = grep { /\S/ } split /\n/, $conns;
+ok(scalar(@before) >= 1, 'the relay has a connection to the broker') or diag($conns);
+my $log_before = length(slurp_file("$tmp/relay-idle.err"));
+my ($crc, $cout, $cerr) = rabbitmqctl('close_all_connections', '-p', '/', 'closed while idle');
+is($crc, 0, 'the broker closes it') or diag("$cout$cerr");
+# the broker is done with it: the close is on its way to the relay
+ok( wait_for('the connection to be gone', sub {
+			my ($rc, $now) = rabbitmqctl('list_connections', '-q', '--no-table-headers', 'name');
+			return $rc == 0 && !grep { my $c = $_; grep { $_ eq $c } split /\n/, $now } @before; }),
+	'the broker no longer lists it');
+my $i2 = sql(q{SELECT idem_outbox_send('idle', 'i2', '{"n": 2}')});
+ok(wait_for('i2 to be delivered', sub { sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'idle'}) == 0 }),
+	'the next message is delivered');
+$ri->signal('TERM');
+$ri->finish;
+my $idle_log = substr(slurp_file("$tmp/relay-idle.err"), $log_before);
+my $reconnected_then_delivered = join('(?:.*\n)*?',
+	'rabbitmq: connection to .* closed by the broker .*\n', '.*rabbitmq: connected to .* again\n',
+	".*delivered \Q$i2\E \\(topic idle, key i2, attempt 1\\)");
+like($idle_log, qr/$reconnected_then_delivered/,
+	'the relay found the connection closed, connected again, and then delivered the next message')
+  or diag($idle_log);
+unlike($idle_log, qr/ retry \S+ \(topic idle|could not publish/, 'no publish failed: nothing was retried');
+my $idle_py = <<'PY';
+import json, pika, sys
+c = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
+ch = c.channel()
+got = []
+while True:
+    method, p, body = ch.basic_get(queue="idle", auto_ack=True)
+    if method is None:
+        break
+    a = (p.headers or {}).get("x-idem-attempt")
+    got.append([p.message_id, a.decode() if isinstance(a, bytes) else a])
+print(json.dumps(got))
+c.close()
+PY
+($qout, $qerr) = ('', '');
+ok(IPC::Run::run([ 'python3', '-c', $idle_py, $amqp ], '>', \$qout, '2>', \$qerr), 'the queue is read back')
+  or diag($qerr);
+is_deeply(eval { JSON::PP->new->decode($qout) } // $qout, [ [ $i1, '1' ], [ $i2, '1' ] ],
+	'each message is in the queue once, at its first attempt: the closed connection cost no attempt');
 
 ########################################################################
 # A broker that stops reading: a memory alarm blocks publishers

@@ -21,7 +21,12 @@
 #   between its commit and its ack: JetStream redelivers that message,
 #   idem_claim says it is a duplicate, nothing is applied twice;
 # - in the end every message is stored once in the stream and applied once,
-#   in order per key.
+#   in order per key;
+# - the headers a message carries, read back from the stream;
+# - servers of their own that require a user and password (with a small
+#   max_payload) or a token: wrong credentials make the sink down (exit
+#   code 4 with --once, no attempt spent), the right ones deliver, and a
+#   message over max_payload is refused for good without being sent.
 #
 # Without nats-server the test fails: it does not skip.
 
@@ -125,15 +130,18 @@ sub stop_nats
 	$nats->finish;
 }
 
-sub js
+# nats_js.py against ADDRESS ([USER:PASSWORD@ or TOKEN@]HOST:PORT)
+sub js_at
 {
-	my @args = @_;
+	my ($address, @args) = @_;
 	my ($out, $err) = ('', '');
-	IPC::Run::run([ $python, $js_tool, $nats_url, @args ], '>', \$out, '2>', \$err,
+	IPC::Run::run([ $python, $js_tool, $address, @args ], '>', \$out, '2>', \$err,
 		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default))
 	  or die "nats_js.py @args failed: $err";
 	return $out;
 }
+
+sub js { return js_at($nats_url, @_); }
 
 sub js_count { return $json->decode(js('stream-info', $_[0]))->{messages}; }
 
@@ -385,6 +393,159 @@ like(sql(q{SELECT count(*) || '|' || string_agg(k.attempts || '|' || k.dead || '
 	'one message stored, the other refused by the stream: retried, with its reason') or diag $ferr;
 is(js_count('FULL'), 1, 'the stream holds the one it took');
 
+########################################################################
+# What a message carries
+########################################################################
+
+# Read back from the stream: the id as Nats-Msg-Id, the topic and the key
+# percent-encoded, the type, the attempt, the message's own headers (their
+# JSON) and Content-Type; a message without a type or headers has no
+# Idem-Type or Idem-Headers.  h1 is at its second attempt: its first lease
+# was given back by hand.
+js('stream-create', 'HDRS', 'hdrs', 120);
+my $h1 = sql(q{SELECT idem_outbox_send('hdrs', 'cl} . "\xc3\xa9" . q{ 1/} . "\xc3\xa4"
+	  . q{', '{"n": 1}', '{"trace": "t-1", "n": 2}', 'order.paid')});
+is(sql(q{SELECT string_agg(id || ' ' || idem_outbox_nack(id, 'given back', '0 seconds'), ',')
+           FROM idem_outbox_lease('by-hand', 100, '1 minute')}),
+	"$h1 true", 'h1 leased once and given back by hand');
+my $h2 = sql(q{SELECT idem_outbox_send('hdrs', 'h2', '[2]')});
+IPC::Run::run([ $relay, '--sink', 'nats', '--nats-url', "nats://$nats_url", '--once', '--log-interval', '0' ],
+	'>', \my $hout, '2>', \my $herr, init => env_init(PGUSER => 'relay_b'), IPC::Run::timeout(60));
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'hdrs'}), 0, 'both delivered') or diag $herr;
+my %by_id = map { my $m = $json->decode($_); ($m->{msg_id} // '') => $m } split /\n/, js('stream-dump', 'HDRS');
+is_deeply(
+	[ $by_id{$h1}{headers}, $by_id{$h1}{payload} ],
+	[ { 'Nats-Msg-Id' => $h1, 'Idem-Topic' => 'hdrs', 'Idem-Key' => 'cl%C3%A9%201%2F%C3%A4',
+		'Idem-Type' => 'order.paid', 'Idem-Attempt' => '2', 'Idem-Headers' => '{"n": 2, "trace": "t-1"}',
+		'Content-Type' => 'application/json' }, { n => 1 } ],
+	'a message with a type and headers: Nats-Msg-Id, Idem-Topic, Idem-Key (percent-encoded), Idem-Type, '
+	  . 'Idem-Attempt, Idem-Headers, Content-Type, and the payload as the body');
+is_deeply(
+	[ $by_id{$h2}{headers}, $by_id{$h2}{payload} ],
+	[ { 'Nats-Msg-Id' => $h2, 'Idem-Topic' => 'hdrs', 'Idem-Key' => 'h2', 'Idem-Attempt' => '1',
+		'Content-Type' => 'application/json' }, [2] ],
+	'one without: no Idem-Type, no Idem-Headers');
+
 stop_nats();
+
+########################################################################
+# Authentication, and the server's max_payload
+########################################################################
+
+# nats-server started from a configuration file, or with options of its own,
+# on a port of its own; fails loudly if it cannot start.
+sub start_nats_with
+{
+	my ($name, @args) = @_;
+	my $log = "$tmp/nats-$name.log";
+	my $h = IPC::Run::start([ $nats_bin, '-l', $log, @args ],
+		'>', "$tmp/nats-$name.out", '2>', "$tmp/nats-$name.err");
+	push @started, $h;
+	ok(wait_for("nats-server $name", sub { file($log) =~ /Server is ready/ || !$h->pumpable })
+		  && file($log) =~ /Server is ready/, "nats-server $name is ready")
+	  or BAIL_OUT("nats-server $name did not start: " . file($log) . file("$tmp/nats-$name.err"));
+	return $h;
+}
+
+# A relay run with --once against ADDRESS: its exit code and its log.
+sub relay_once
+{
+	my ($address, @args) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ $relay, '--sink', 'nats', '--nats-url', "nats://$address", '--once', '--log-interval', '0',
+			'--lease', '10s', '--timeout', '2s', '--verbose', @args ],
+		'>', \$out, '2>', \$err, init => env_init(PGUSER => 'relay_b'), IPC::Run::timeout(60));
+	return ($? >> 8, $err);
+}
+
+# What the outbox holds of TOPIC: key, attempts, dead and error of its keys
+# that still have a message.
+sub keys_of
+{
+	my ($topic) = @_;
+	return sql(qq{SELECT string_agg(concat_ws(' ', k.key, k.attempts, k.dead::text, k.last_error), E'\\n' ORDER BY k.key)
+	                FROM idem.outbox_keys k
+	               WHERE k.topic = '$topic'
+	                 AND EXISTS (SELECT FROM idem.outbox o WHERE o.aggregatetype = k.topic AND o.aggregateid = k.key)});
+}
+
+# A user and password (nats.user, nats.password), and a max_payload of 8 kB.
+my $up_port = PostgreSQL::Test::Cluster::get_free_port();
+my $up_addr = "127.0.0.1:$up_port";
+open(my $conf, '>', "$tmp/nats-userpass.conf") or die;
+print $conf qq{listen: "$up_addr"\nserver_name: "idem-userpass"\nmax_payload: 8192\n}
+  . qq{jetstream { store_dir: "$tmp/jetstream-userpass" }\n}
+  . qq{authorization { user: "relay", password: "s3cret" }\n};
+close($conf);
+my $up_nats = start_nats_with('userpass', '-c', "$tmp/nats-userpass.conf");
+js_at("relay:s3cret\@$up_addr", 'stream-create', 'AUTHED', 'authed', 120);
+sql(q{SELECT idem_outbox_configure('authed', 5, '1 hour', '1 hour');
+      SELECT idem_outbox_send('authed', 'u1', '{"n": 1}');});
+my $u1 = sql(q{SELECT id FROM idem.outbox WHERE aggregatetype = 'authed'});
+
+my ($rc, $err) = relay_once($up_addr, '--set', 'nats.user=relay', '--set', 'nats.password=wrong');
+is($rc, 4, 'a wrong password: the sink is down, and with --once the relay exits with 4') or diag $err;
+like($err, qr/nats: the server at nats:\/\/\Q$up_addr\E refused the connection: -ERR 'Authorization Violation'/,
+	'with the server\'s refusal in the log');
+like($err, qr/sink nats is down: exiting \(--once\)/, 'and that the sink is down');
+is(sql(q{SELECT count(*) FROM idem.outbox o
+          WHERE o.aggregatetype = 'authed'
+            AND NOT EXISTS (SELECT FROM idem.outbox_keys k
+                             WHERE k.topic = 'authed' AND k.key = o.aggregateid AND (k.attempts > 0 OR k.dead))}),
+	1, 'the message is still there, and spent no attempt');
+($rc, $err) = relay_once($up_addr);
+is($rc, 4, 'no credentials: refused the same way');
+like($err, qr/refused the connection: -ERR 'Authorization Violation'/, 'with the server\'s refusal');
+
+($rc, $err) = relay_once($up_addr, '--set', 'nats.user=relay', '--set', 'nats.password=s3cret');
+is($rc, 0, 'the right password: the relay delivers and stops (--once)') or diag $err;
+like($err, qr/nats: connected to nats:\/\/\Q$up_addr\E \(idem-userpass /, 'it logged in');
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'authed'}), 0, 'the message is acknowledged');
+is_deeply([ map { $json->decode($_)->{msg_id} } split /\n/, js_at("relay:s3cret\@$up_addr", 'stream-dump', 'AUTHED') ],
+	[$u1], 'and stored in the stream');
+
+# max_payload counts the headers and the payload, as the server does: m2's
+# payload is over it, m3's headers take it over; both are refused for good,
+# at their first attempt, without being sent (the server would close the
+# connection), and the others of the batch are delivered, m4 just under the
+# limit.
+my %big = map { my ($k, $id) = split /\|/; ($k => $id) } split /\n/, sql(q{
+	SELECT 'm1|' || idem_outbox_send('authed', 'm1', '{"n": 1}');
+	SELECT 'm2|' || idem_outbox_send('authed', 'm2', jsonb_build_object('x', repeat('a', 9000)));
+	SELECT 'm3|' || idem_outbox_send('authed', 'm3', jsonb_build_object('x', repeat('a', 7000)),
+	                                 jsonb_build_object('h', repeat('b', 1500)));
+	SELECT 'm4|' || idem_outbox_send('authed', 'm4', jsonb_build_object('x', repeat('a', 7500)));});
+($rc, $err) = relay_once($up_addr, '--set', 'nats.user=relay', '--set', 'nats.password=s3cret');
+is($rc, 0, 'the relay stopped (--once)') or diag $err;
+like(keys_of('authed'),
+	qr/^m2 1 true permanent: nats: the message has 9\d{3} bytes, more than the server's max_payload \(8192\)
+m3 1 true permanent: nats: the message has 8\d{3} bytes, more than the server's max_payload \(8192\)$/,
+	'the messages over max_payload are dead at their first attempt, with the reason') or diag $err;
+unlike($err, qr/closed by the server|Maximum Payload/, 'nothing too large was sent: the connection was kept');
+is_deeply([ sort map { $json->decode($_)->{msg_id} } split /\n/, js_at("relay:s3cret\@$up_addr", 'stream-dump', 'AUTHED') ],
+	[ sort $u1, $big{m1}, $big{m4} ], 'the others of the batch are in the stream');
+$up_nats->signal('TERM');
+$up_nats->finish;
+
+# A token (nats.token).
+my $tok_port = PostgreSQL::Test::Cluster::get_free_port();
+my $tok_addr = "127.0.0.1:$tok_port";
+my $tok_nats = start_nats_with('token', '-js', '-a', '127.0.0.1', '-p', $tok_port, '-n', 'idem-token',
+	'-sd', "$tmp/jetstream-token", '--auth', 't0ken-8f0c2e');
+js_at("t0ken-8f0c2e\@$tok_addr", 'stream-create', 'TOKENED', 'tokened', 120);
+sql(q{SELECT idem_outbox_configure('tokened', 5, '1 hour', '1 hour')});
+my $t1 = sql(q{SELECT idem_outbox_send('tokened', 't1', '{"n": 1}')});
+($rc, $err) = relay_once($tok_addr, '--set', 'nats.token=wrong');
+is($rc, 4, 'a wrong token: exit code 4 (--once)') or diag $err;
+like($err, qr/refused the connection: -ERR 'Authorization Violation'/, 'with the server\'s refusal');
+is(keys_of('tokened'), 't1 0 false', 'the message spent no attempt');
+($rc, $err) = relay_once($tok_addr, '--set', 'nats.token=t0ken-8f0c2e');
+is($rc, 0, 'the right token: the relay delivers and stops (--once)') or diag $err;
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'tokened'}), 0, 'the message is acknowledged');
+is_deeply([ map { $json->decode($_)->{msg_id} } split /\n/, js_at("t0ken-8f0c2e\@$tok_addr", 'stream-dump', 'TOKENED') ],
+	[$t1], 'and stored in the stream');
+$tok_nats->signal('TERM');
+$tok_nats->finish;
+
 $node->stop;
 done_testing();

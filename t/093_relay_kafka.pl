@@ -12,7 +12,8 @@
 # listening on loopback), the relay producing to it, and two consumers of
 # one group (examples/consumer_kafka.py: idem_claim and the business write
 # in one transaction, the offset committed after it), one of which dies
-# between the two: every message applied exactly once, in order per key.
+# between the two: every message applied exactly once, in order per key;
+# and the key, value and headers of a message, read back from that cluster.
 
 use strict;
 use warnings;
@@ -21,6 +22,7 @@ use FindBin;
 use lib $FindBin::RealBin;
 
 use IPC::Run;
+use JSON::PP;
 use Time::HiRes qw(usleep);
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -348,6 +350,51 @@ sql(q{UPDATE idem.outbox_keys SET available_at = now() WHERE topic = 'missing'})
 is($rc, 0, 'the relay stopped (--once)') or diag($err);
 is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'missing'}), '0',
 	'once the topic exists, its messages are delivered');
+
+# What a message carries, read back by a consumer of the mock cluster: the
+# outbox key as the Kafka key, the payload as the value, and the headers
+# idem-message-id, idem-type, idem-attempt and idem-headers (the message's
+# own, JSON); a message without a type or headers has neither idem-type nor
+# idem-headers.  h1 is at its second attempt: its first lease was given back
+# by hand.
+my $h1 = sql(q{SELECT idem_outbox_send('hdrs', 'h1', '{"n": 1}', '{"trace": "t-1", "n": 2}', 'order.paid')});
+is(sql(q{SELECT string_agg(id || ' ' || idem_outbox_nack(id, 'given back', '0 seconds'), ',')
+           FROM idem_outbox_lease('by-hand', 100, '1 minute')}),
+	"$h1 true", 'h1 leased once and given back by hand');
+my $h2 = sql(q{SELECT idem_outbox_send('hdrs', 'h2', '[2]')});
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', "kafka.brokers=$bootstrap",
+	'--lease', '10s', '--timeout', '5s', '--once', '--log-interval', '0');
+is($rc, 0, 'the relay stopped (--once)') or diag($err);
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'hdrs'}), 0, 'both delivered');
+my $read_py = <<'PY';
+import json, sys, time
+from confluent_kafka import Consumer, TopicPartition, OFFSET_BEGINNING
+c = Consumer({"bootstrap.servers": sys.argv[1], "group.id": "hdrs-reader", "enable.auto.commit": False})
+topic, want = sys.argv[2], int(sys.argv[3])
+parts = c.list_topics(topic, timeout=30).topics[topic].partitions
+c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+got = []
+deadline = time.monotonic() + 60
+while len(got) < want and time.monotonic() < deadline:
+    m = c.poll(0.5)
+    if m is None or m.error():
+        continue
+    got.append({"key": m.key().decode(), "value": json.loads(m.value()),
+                "headers": [[k, v.decode() if v is not None else None] for k, v in (m.headers() or [])]})
+c.close()
+print(json.dumps(sorted(got, key=lambda g: g["key"])))
+PY
+my ($rout, $rerr) = ('', '');
+ok(IPC::Run::run([ $python, '-c', $read_py, $bootstrap, 'hdrs', '2' ], '>', \$rout, '2>', \$rerr,
+		IPC::Run::timeout(120)), 'the messages are read back from the mock cluster') or diag($rerr);
+is_deeply(eval { JSON::PP->new->decode($rout) } // $rout,
+	[ { key => 'h1', value => { n => 1 },
+		headers => [ [ 'idem-message-id', $h1 ], [ 'idem-type', 'order.paid' ], [ 'idem-attempt', '2' ],
+					 [ 'idem-headers', '{"n": 2, "trace": "t-1"}' ] ] },
+	  { key => 'h2', value => [2],
+		headers => [ [ 'idem-message-id', $h2 ], [ 'idem-attempt', '1' ] ] } ],
+	'the key, the value, and the headers idem-message-id, idem-type, idem-attempt and idem-headers')
+  or diag($rout);
 
 $mock->signal('TERM');
 $mock->finish;

@@ -9,6 +9,9 @@
     nats_js.py HOST:PORT stream-dump NAME      one JSON line per stored message:
                                                seq, msg_id, headers, payload
     nats_js.py HOST:PORT consumer-create STREAM DURABLE ACK_WAIT_SECONDS
+
+HOST:PORT may be USER:PASSWORD@HOST:PORT or TOKEN@HOST:PORT, for a server
+that requires them.
 """
 
 import base64
@@ -21,9 +24,16 @@ from consumer_nats import Nats, ensure_consumer, parse_headers  # noqa: E402
 
 
 def main():
-    host, port = sys.argv[1].rsplit(':', 1)
+    creds, _, address = sys.argv[1].rpartition('@')
+    host, port = address.rsplit(':', 1)
+    auth = None
+    if ':' in creds:
+        user, password = creds.split(':', 1)
+        auth = {'user': user, 'pass': password}
+    elif creds:
+        auth = {'auth_token': creds}
     cmd, args = sys.argv[2], sys.argv[3:]
-    nc = Nats(host, port, name='nats_js.py')
+    nc = Nats(host, port, name='nats_js.py', auth=auth)
     if cmd == 'stream-create':
         name, subject, window = args[:3]
         config = {'name': name, 'subjects': [subject], 'storage': 'file', 'retention': 'limits',
