@@ -256,6 +256,11 @@ close($bad);
 ($rc, $out, $err) = run_relay({}, '--config', "$tmp/sink.conf");
 like($err, qr/is not http:\/\/ or https:\/\/ \(webhook\.url: \S*sink\.conf:3\)$/m,
 	'a setting named inside the quoted value is not named as set');
+($rc, $out, $err) = run_relay({}, '--sink', 'nats', '--set', 'nats.user=a', '--set', 'nats.password=p',
+	'--set', 'nats.token=b');
+is($rc, 1, 'exit code 1 for nats.token beside nats.user');
+like($err, qr/nats\.token and nats\.user cannot both be set \(nats\.user: command line; nats\.token: command line\)/,
+	'both are named, with where they were set');
 
 # A byte order mark before the first key is not part of it.
 open($bad, '>', "$tmp/bom.conf") or die;
