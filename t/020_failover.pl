@@ -20,6 +20,9 @@
 #              schemas idem and public
 #   in_flight  [SQL, expected output] run on the primary while "open" is
 #              still open: the open writes are held
+#   standby_in_flight
+#              [SQL, expected output] run on the standby once the WAL of
+#              the open writes was replayed there: they are not seen
 #   promoted   [SQL, expected output, description] run on the promoted
 #              standby, in order (they may change state)
 #   promoted_errors
@@ -293,6 +296,134 @@ my @kinds = (
 			],
 		],
 	},
+
+	{
+		name => 'ordered streams',
+		# Offsets of three partitions (one stored by a reset), a producer
+		# with a window of 16 that has seen 10, 12 and 20, and one with a
+		# window of 8.
+		setup => q{
+			SELECT idem_offset_advance('fo-c', 'orders', 0, 41),
+			       idem_offset_advance('fo-c', 'orders', 0, 44),
+			       idem_offset_advance('fo-c', 'orders', 0, 43),
+			       idem_offset_advance('fo-c', 'orders', 1, 7);
+			SELECT idem_offset_reset('fo-c', 'orders', 2, 100) IS NULL;
+			SELECT idem_seq_accept('fo-p', 10, 16), idem_seq_accept('fo-p', 20, 16),
+			       idem_seq_accept('fo-p', 12, 16), idem_seq_accept('fo-p', 12, 16);
+			SELECT idem_seq_accept('fo-w', 1, 8);},
+		setup_out => "t|t|f|t\nt\naccepted|accepted|accepted|duplicate\naccepted",
+		check     => q{
+			SELECT consumer, stream, part, "offset", updated_at FROM idem.offsets
+			 WHERE consumer = 'fo-c' ORDER BY part;
+			SELECT producer, "window", high, seen, updated_at FROM idem.producer_seqs
+			 WHERE producer LIKE 'fo-%' ORDER BY producer},
+		standby => [
+			[
+				q{SELECT idem_offset_get('fo-c', 'orders', 0),
+				         idem_offset_get('fo-c', 'orders', 1),
+				         idem_offset_get('fo-c', 'orders', 2),
+				         idem_offset_get('fo-c', 'orders', 3) IS NULL,
+				         idem_offset_get('fo-c', 'payments', 0) IS NULL},
+				'44|7|100|t|t',
+				'committed offsets are seen by idem_offset_get'
+			],
+			[
+				q{SELECT string_agg(part || '=' || "offset", ',' ORDER BY part)
+				    FROM idem_offsets WHERE consumer = 'fo-c'},
+				'0=44,1=7,2=100',
+				'the view idem_offsets shows them'
+			],
+		],
+		# replays and duplicates too: the standby refuses before judging
+		writes => [
+			[
+				q{SELECT idem_offset_advance('fo-c', 'orders', 0, 44)},
+				'idem_offset_advance of a replay'
+			],
+			[
+				q{SELECT idem_offset_advance('fo-c', 'orders', 0, 45)},
+				'idem_offset_advance of a new offset'
+			],
+			[
+				q{SELECT idem_offset_advance('fo-c', 'orders', 9, 1)},
+				'idem_offset_advance of a new partition'
+			],
+			[
+				q{SELECT idem_offset_reset('fo-c', 'orders', 0, 10)},
+				'idem_offset_reset'
+			],
+			[
+				q{SELECT idem_offset_reset('fo-c', 'orders', 9, NULL)},
+				'idem_offset_reset of an offset not stored'
+			],
+			[ q{SELECT idem_seq_accept('fo-p', 12, 16)}, 'idem_seq_accept of a duplicate' ],
+			[ q{SELECT idem_seq_accept('fo-p', 21, 16)}, 'idem_seq_accept of a new number' ],
+			[ q{SELECT idem_seq_accept('fo-new', 1)},    'idem_seq_accept of a new producer' ],
+		],
+		# an update of each table and a new row
+		open => q{
+			SELECT idem_offset_advance('fo-c', 'orders', 0, 45),
+			       idem_offset_advance('fo-c', 'orders', 3, 1);
+			SELECT idem_seq_accept('fo-p', 21, 16);},
+		open_out  => "t|t\naccepted",
+		open_rows => 3,
+		in_flight => [
+			q{SELECT idem_offset_get('fo-c', 'orders', 0),
+			         idem_offset_get('fo-c', 'orders', 3) IS NULL},
+			'44|t'
+		],
+		standby_in_flight => [
+			q{SELECT idem_offset_get('fo-c', 'orders', 0),
+			         idem_offset_get('fo-c', 'orders', 3) IS NULL},
+			'44|t'
+		],
+		promoted => [
+			[
+				q{SELECT idem_offset_advance('fo-c', 'orders', 0, 41),
+				         idem_offset_advance('fo-c', 'orders', 0, 44),
+				         idem_offset_advance('fo-c', 'orders', 1, 7),
+				         idem_offset_advance('fo-c', 'orders', 2, 100)},
+				'f|f|f|f',
+				'a redelivered message is a replay'
+			],
+			[
+				q{SELECT idem_seq_accept('fo-p', 10, 16), idem_seq_accept('fo-p', 12, 16),
+				         idem_seq_accept('fo-p', 20, 16), idem_seq_accept('fo-p', 4, 16)},
+				'duplicate|duplicate|duplicate|too_old',
+				'numbers accepted on the old primary are duplicates, its window kept'
+			],
+			[
+				q{SELECT idem_offset_get('fo-c', 'orders', 0),
+				         idem_offset_advance('fo-c', 'orders', 0, 45),
+				         idem_offset_get('fo-c', 'orders', 3) IS NULL,
+				         idem_offset_advance('fo-c', 'orders', 3, 1),
+				         idem_seq_accept('fo-p', 21, 16)},
+				'44|t|t|t|accepted',
+				'the advances and the number left open on the old primary are not there'
+			],
+			[
+				q{SELECT idem_offset_advance('fo-c', 'orders', 1, 8),
+				         idem_offset_advance('fo-c', 'orders', 1, 8),
+				         idem_seq_accept('fo-p', 22, 16), idem_seq_accept('fo-p', 11, 16),
+				         idem_seq_accept('fo-p', 11, 16), idem_seq_accept('fo-p', 22, 16)},
+				't|f|accepted|accepted|duplicate|duplicate',
+				'the next offset and numbers are accepted once'
+			],
+			[
+				q{SELECT idem_offset_reset('fo-c', 'orders', 2, NULL);
+				  SELECT idem_offset_get('fo-c', 'orders', 2) IS NULL},
+				"100\nt",
+				'the promoted standby forgets an offset'
+			],
+		],
+		promoted_errors => [
+			[
+				q{SELECT idem_seq_accept('fo-w', 2)},
+				'22023',
+				'a producer keeps the window set on the old primary'
+			],
+		],
+	},
 );
 
 my $db = 'postgres';
@@ -443,6 +574,13 @@ SKIP:
 		   AND p.t_xmin = '$open_xid'::xid}),
 		$open_rows,
 		'the rows of the open transaction are on the standby');
+}
+
+foreach my $kind (grep { defined $_->{standby_in_flight} } @kinds)
+{
+	my ($sql, $expected) = @{ $kind->{standby_in_flight} };
+	is($standby->safe_psql($db, $sql),
+		$expected, "$kind->{name}: the open writes are not seen on the standby");
 }
 
 ########################################################################
