@@ -222,15 +222,15 @@ citus_this_node(void)
 
 /*
  * Run one command on the node with this id and return its single value, or
- * NULL when the node is not in the metadata or the command failed there
- * (the node is unreachable, say).  Citus makes a new connection for it, as
+ * NULL when the node is not in the metadata (*in_metadata false) or the
+ * command failed there (the node is unreachable, say).  Citus makes a new connection for it, as
  * its run_command_on_* functions do; its attempt to connect is bounded to
  * two seconds at most, whatever citus.node_connection_timeout says.  (A
  * caller deciding under the store's lock timeout of one millisecond takes a
  * lock wait here for a holder in flight, which errs on the safe side.)
  */
 static char *
-citus_node_query(int32 node, const char *command)
+citus_node_query(int32 node, const char *command, bool *in_metadata)
 {
 	Oid			types[2] = {INT4OID, TEXTOID};
 	Datum		args[2];
@@ -259,6 +259,7 @@ citus_node_query(int32 node, const char *command)
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "could not run a command on node %d: %s", node,
 			 SPI_result_code_string(rc));
+	*in_metadata = (SPI_processed > 0);
 	if (SPI_processed == 0)
 		return NULL;
 	success = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
@@ -281,8 +282,8 @@ typedef enum CitusSessionFound
 	CITUS_SESSION_FOUND,
 	CITUS_SESSION_NONE,			/* no session with that pid */
 	CITUS_SESSION_HIDDEN,		/* its start time cannot be read */
-	CITUS_SESSION_UNASKED		/* the node is not in the metadata, or
-								 * cannot be reached */
+	CITUS_SESSION_NO_NODE,		/* the node is not in the metadata */
+	CITUS_SESSION_UNASKED		/* the node cannot be reached */
 } CitusSessionFound;
 
 /*
@@ -294,6 +295,7 @@ citus_session_status(int32 node, int32 pid, TimestampTz *started, Oid *userid)
 {
 	char	   *result;
 	char	   *space;
+	bool		in_metadata;
 
 	if (citus_node_here(node))
 		return session_status(pid, started, userid) ?
@@ -304,9 +306,9 @@ citus_session_status(int32 node, int32 pid, TimestampTz *started, Oid *userid)
 									   " OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) usename"
 									   " FROM pg_catalog.pg_stat_activity"
 									   " WHERE pid OPERATOR(pg_catalog.=) %d), 'none')",
-									   pid));
+									   pid), &in_metadata);
 	if (result == NULL)
-		return CITUS_SESSION_UNASKED;
+		return in_metadata ? CITUS_SESSION_UNASKED : CITUS_SESSION_NO_NODE;
 	if ((space = strchr(result, ' ')) == NULL)
 		return CITUS_SESSION_NONE;
 	*space = '\0';
@@ -399,12 +401,19 @@ idem_citus_session(Oid runas, IdemSession *me)
 								   node),
 						 errhint("Grant pg_read_all_stats to the owner of idem's tables.")));
 				break;
-			case CITUS_SESSION_UNASKED:
+			case CITUS_SESSION_NO_NODE:
+				/* asking again would not help: not a connection failure */
 				if (node == CITUS_NODE_NOT_IN_METADATA)
 					ereport(ERROR,
 							(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 							 errmsg("the client session of this connection of Citus is on a node missing from Citus's metadata"),
 							 errhint("Add the coordinator to the metadata with citus_set_coordinator_host().")));
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("the client session of this connection of Citus is on node %d, which is missing from Citus's metadata",
+								node)));
+				break;
+			case CITUS_SESSION_UNASKED:
 				ereport(ERROR,
 						(errcode(ERRCODE_CONNECTION_FAILURE),
 						 errmsg("could not ask node %d for the client session of this connection of Citus",
@@ -438,6 +447,7 @@ idem_citus_session_alive(Oid runas, const IdemSession *s)
 	SessionSql	ss;
 	char	   *result;
 	bool		alive;
+	bool		in_metadata;
 
 	session_sql_begin(runas, &ss);
 	if (citus_node_here(s->node))
@@ -453,7 +463,8 @@ idem_citus_session_alive(Oid runas, const IdemSession *s)
 										   " ELSE 'gone' END"
 										   " FROM pg_catalog.pg_stat_activity"
 										   " WHERE pid OPERATOR(pg_catalog.=) %d",
-										   started_unix_us(s->started), s->pid));
+										   started_unix_us(s->started), s->pid),
+								  &in_metadata);
 		alive = (result == NULL || strcmp(result, "gone") != 0);
 	}
 	session_sql_end(&ss);

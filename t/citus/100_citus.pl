@@ -7,8 +7,9 @@
 # answer as on one server, through the coordinator and through a worker;
 # a rollback releases; two sessions on different nodes race on one key; a
 # transaction touching keys on two workers aborts; shards move to a third
-# worker while claims stream in, none lost or given twice; DROP EXTENSION
-# cleans every node.  Run by "scripts/test.sh citus".
+# worker while claims stream in, none lost or given twice; purges delete the
+# expired rows of the right nodes and no other; DROP EXTENSION cleans every
+# node.  Run by "scripts/test.sh citus".
 
 use strict;
 use warnings;
@@ -256,6 +257,14 @@ sub remote_key
 	}
 	die "no key of $prefix off " . $n->name;
 }
+# the begins a node ran (idem_stats counts the calls each node runs)
+sub begins_counted
+{
+	my ($n) = @_;
+	return $n->safe_psql('postgres',
+		"SELECT COALESCE(sum((counters->>'new')::int8), 0) FROM idem_stats"
+		  . " WHERE kind = 'request' AND ns = 'default'");
+}
 $coord->safe_psql('postgres', 'CREATE ROLE tenant LOGIN; CREATE ROLE tenant_app LOGIN; GRANT tenant TO tenant_app');
 for my $case ([ $coord, $w1, '' ], [ $w1, $w2, '' ], [ $w2, $coord, '' ], [ $w1, $coord, 'tenant' ])
 {
@@ -265,8 +274,13 @@ for my $case ([ $coord, $w1, '' ], [ $w1, $w2, '' ], [ $w2, $coord, '' ], [ $w1,
 	my $s = IdemTest::Session->new($n, 'postgres', $role ? ('-U', 'tenant_app') : ());
 	$s->query("SET ROLE $role;") if $role;
 	my $pid = $s->query("SET citus.max_cached_conns_per_worker = 0; SELECT pg_backend_pid();");
+	my %before = map { $_->name => begins_counted($_) } ($coord, $w1, $w2);
 	like($s->query("SELECT idem_request_begin('$k', 'fp');"),
 		qr/^\(new,/, "an attempt begun by a call Citus sends, $where");
+	my $kp = placement_port('idem.requests', "'$k'");
+	is( join(' ', map { $_->name . ':' . (begins_counted($_) - $before{ $_->name }) } ($coord, $w1, $w2)),
+		join(' ', map { $_->name . ':' . ($_->port eq $kp ? 1 : 0) } ($coord, $w1, $w2)),
+		"... which ran on the node of the key's shard, not where it was made, $where");
 	is( $coord->safe_psql('postgres',
 			"SELECT owner_node = (SELECT nodeid FROM pg_dist_node WHERE nodeport = " . $n->port
 			  . "), owner_pid = $pid FROM idem.requests WHERE key = '$k'"),
@@ -316,6 +330,93 @@ for my $victim ('postgres', 'tenant_app')
 	is($v->query("SELECT idem_request_finish('$k', 201); SELECT 'ok';"),
 		"\nok", "... which its session still owns ($victim)");
 	$v->close;
+}
+
+# a connection of Citus whose client session cannot be found fails, and
+# writes nothing: the session is gone (08006), its node cannot be reached
+# (08006), or is missing from Citus's metadata (55000).  The connection is
+# made as Citus makes one, naming the session in its application_name: to
+# the node, a session that left while Citus's connection ran its call looks
+# the same.
+sub as_citus_connection
+{
+	my ($n, $gpid, $sql) = @_;
+	local $ENV{PGAPPNAME} = "citus_internal gpid=$gpid";
+	my ($ret, $out, $err) = $n->psql('postgres', "\\set VERBOSITY verbose\n$sql");
+	return $err;
+}
+{
+	my $k = remote_key('lost', $coord);
+	my $kn = (grep { $_->port eq placement_port('idem.requests', "'$k'") } ($w1, $w2))[0];
+	my $s = IdemTest::Session->new($coord, 'postgres');
+	my $gpid = $s->query("SELECT citus_backend_gpid();");
+	my $pid = $s->query("SELECT pg_backend_pid();");
+	$s->close;
+	$coord->poll_query_until('postgres',
+		"SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $pid)")
+	  or die "the session did not leave";
+	like(as_citus_connection($kn, $gpid, "SELECT idem_request_begin('$k', 'fp')"),
+		qr/ERROR:  08006: the client session of this connection of Citus is gone/,
+		'a connection of Citus for a session that has left: 08006');
+	like(as_citus_connection($kn, $gpid, "SELECT idem_request_finish('$k', 200)"),
+		qr/ERROR:  08006: the client session of this connection of Citus is gone/,
+		'... also to finish');
+
+	# a node in the metadata that no connection reaches (nothing listens on
+	# its port), removed again
+	my $lost = $coord->safe_psql('postgres',
+		"SELECT citus_add_inactive_node('" . $coord->host . "', 1)");
+	like(as_citus_connection($kn, $lost * 10_000_000_000 + $pid, "SELECT idem_request_begin('$k', 'fp')"),
+		qr/ERROR:  08006: could not ask node $lost for the client session/,
+		'a connection of Citus for a session of a node that cannot be reached: 08006');
+	$coord->safe_psql('postgres', "SELECT citus_remove_node('" . $coord->host . "', 1)");
+	# once removed, the node is missing from the metadata: asking again would
+	# not help
+	like(as_citus_connection($kn, $lost * 10_000_000_000 + $pid, "SELECT idem_request_begin('$k', 'fp')"),
+		qr/ERROR:  55000: the client session of this connection of Citus is on node $lost, which is missing from Citus's metadata/,
+		'a connection of Citus for a session of a node removed from the metadata: 55000');
+
+	# Citus names a node missing from its metadata 99999999
+	like(as_citus_connection($kn, 99_999_999 * 10_000_000_000 + $pid, "SELECT idem_request_begin('$k', 'fp')"),
+		qr/ERROR:  55000: the client session of this connection of Citus is on a node missing from Citus's metadata/,
+		"a connection of Citus for a session of a node missing from Citus's metadata: 55000");
+	is($coord->safe_psql('postgres', "SELECT count(*) FROM idem.requests WHERE key = '$k'"),
+		'0', '... none of them begun the attempt');
+}
+
+# the owner of idem's tables asks the session's node for its start time: an
+# owner that cannot read other roles' start times (not a superuser, without
+# pg_read_all_stats) fails a call Citus sends with 42501, until granted
+{
+	my $k = remote_key('hidden', $coord);
+	my $owner = $coord->safe_psql('postgres',
+		"SELECT relowner::regrole FROM pg_class WHERE oid = 'idem.requests'::regclass");
+	$coord->safe_psql(
+		'postgres', q{
+	CREATE ROLE idem_owner LOGIN;
+	ALTER TABLE idem.requests OWNER TO idem_owner;
+	SELECT run_command_on_all_nodes('GRANT USAGE ON SCHEMA idem TO idem_owner')});
+	is( $w1->safe_psql('postgres',
+			"SELECT relowner::regrole FROM pg_class WHERE oid = 'idem.requests'::regclass"),
+		'idem_owner', 'the requests belong to an ordinary role on the workers too');
+	my $s = IdemTest::Session->new($coord, 'postgres');
+	$s->query("\\set ON_ERROR_STOP 0\n\\set VERBOSITY verbose\nSET citus.max_cached_conns_per_worker = 0;");
+	is($s->query("SELECT status FROM idem_request_begin('$k', 'fp');"), '',
+		"a call Citus sends, when the tables' owner cannot read the session's start time ...");
+	like($s->{err},
+		qr/ERROR:  42501: the start time of the client session of this connection of Citus cannot be read/,
+		'... fails with 42501');
+	$s->{err} = '';
+	$coord->safe_psql('postgres', 'GRANT pg_read_all_stats TO idem_owner');
+	is($s->query("SELECT status FROM idem_request_begin('$k', 'fp'); SELECT idem_request_finish('$k', 200); SELECT 'ok';"),
+		"new\n\nok", '... and runs once the owner has pg_read_all_stats');
+	is($s->{err}, '', '... without an error');
+	$s->close;
+	$coord->safe_psql(
+		'postgres', qq{
+	ALTER TABLE idem.requests OWNER TO $owner;
+	SELECT run_command_on_all_nodes('REVOKE USAGE ON SCHEMA idem FROM idem_owner');
+	DROP ROLE idem_owner});
 }
 
 # offsets and producer sequences
@@ -538,6 +639,23 @@ for my $n ($w1, $w2)
 	$b->query("ROLLBACK;");
 	$b->close;
 
+	# a claim there, of a key claimed since the snapshot, fails the same way
+	# (where one server answers false), and so does a try-claim
+	for my $fn ('idem_claim', 'idem_try_claim')
+	{
+		my $ck = $coord->safe_psql('postgres',
+			"SELECT '$key-$fn-' || i FROM generate_series(1, 200) i WHERE (SELECT nodeport FROM pg_dist_shard_placement"
+			  . " WHERE shardid = get_shard_id_for_distribution_column('idem.claims', '$key-$fn-' || i)) = "
+			  . $n->port . " ORDER BY i LIMIT 1");
+		$b = rr_session($n);
+		$coord->safe_psql('postgres', "SELECT idem_claim('$ck')");
+		is($b->query("SELECT $fn('$ck');"), '',
+			"$fn in REPEATABLE READ on $where of a key claimed since the snapshot ...");
+		like($b->{err}, qr/ERROR:  40001/, "... fails with 40001");
+		$b->query("ROLLBACK;");
+		$b->close;
+	}
+
 	my ($tok, $scope);
 	for my $i (1 .. 40)
 	{
@@ -665,11 +783,11 @@ is(slurp_file("$dir/stream.err"), '', 'the stream of claims saw no error');
 my @res = split /\n/, slurp_file("$dir/stream.out");
 is(scalar(@res), $n, 'every claim of the stream answered');
 is(scalar(grep { $_ ne 't' } @res), 0, 'every claim of the stream was new');
-ok( $coord->safe_psql(
+is( $coord->safe_psql(
 		'postgres', q{
 	SELECT count(*) > 0 FROM pg_dist_shard_placement p JOIN pg_dist_shard s USING (shardid)
 	 WHERE s.logicalrelid = 'idem.claims'::regclass AND p.nodeport = } . $w3->port),
-	'shards of the claims moved to the third worker');
+	't', 'shards of the claims moved to the third worker');
 is( $coord->safe_psql('postgres',
 		"SELECT count(*) FROM idem.claims WHERE msg_id LIKE 's-%'"),
 	$n, 'no claim of the stream lost');
@@ -730,38 +848,175 @@ is($gs->query($move), '0A000', 'the same session, once the table is distributed:
 $gs->close;
 
 # purges: a node purges the shards it holds, and a purge on the coordinator
-# asks every worker too; retentions are each node's own
+# asks every worker too; retentions are each node's own.  Expired rows
+# ('old-', then 'm-') lie beside rows each purge must keep: younger claims,
+# unexpired tokens and requests ('keep-'), the expired claims of a namespace
+# the purge does not name ('aside'), and every other row of the test.
+sub expired_rows
+{
+	my ($prefix) = @_;
+	$coord->safe_psql(
+		'postgres', qq{
+	SELECT count(idem_claim('$prefix' || g, 'old')) FROM generate_series(1, 40) g;
+	UPDATE idem.claims SET claimed_at = '2000-01-01' WHERE ns = 'old' AND msg_id LIKE '$prefix%';
+	SELECT count(idem_token_issue('$prefix' || g, '1 hour')) FROM generate_series(1, 40) g;
+	UPDATE idem.tokens SET expires_at = '2000-01-01' WHERE scope LIKE '$prefix%';
+	DO \$\$
+	BEGIN
+		FOR g IN 1 .. 40 LOOP
+			PERFORM idem_request_begin('$prefix' || g, 'fp', 'old');
+			PERFORM idem_request_finish('$prefix' || g, 200, NULL, 'old');
+		END LOOP;
+	END \$\$;
+	UPDATE idem.requests SET expires_at = '2000-01-01' WHERE ns = 'old' AND key LIKE '$prefix%'});
+	return;
+}
+# those rows of each kind: kind => { row => port of its node }
+sub purge_rows
+{
+	my %rows;
+	for (split /\n/, $coord->safe_psql(
+			'postgres', q{
+		SELECT kind, r, (SELECT nodeport FROM pg_dist_shard_placement p WHERE p.shardid = s) FROM (
+		  SELECT 'claims', ns || '/' || msg_id, get_shard_id_for_distribution_column('idem.claims', msg_id)
+		    FROM idem.claims WHERE ns IN ('old', 'aside')
+		  UNION ALL
+		  SELECT 'tokens', scope, get_shard_id_for_distribution_column('idem.tokens', digest)
+		    FROM idem.tokens WHERE scope ~ '^(old|m|keep)-'
+		  UNION ALL
+		  SELECT 'requests', key, get_shard_id_for_distribution_column('idem.requests', key)
+		    FROM idem.requests WHERE ns = 'old') x(kind, r, s)}))
+	{
+		my ($kind, $r, $port) = split /\|/;
+		$rows{$kind}{$r} = $port;
+	}
+	return \%rows;
+}
+# the rows as text, but those for which $gone->(kind, row, port) is true
+sub rows_text
+{
+	my ($rows, $gone) = @_;
+	$gone //= sub { 0 };
+	return join "\n", map {
+		my $k = $_;
+		"$k: " . join ' ', sort grep { !$gone->($k, $_, $rows->{$k}{$_}) } keys %{ $rows->{$k} // {} };
+	} ('claims', 'tokens', 'requests');
+}
+my $others_q = q{
+	SELECT md5(string_agg(ns || '/' || msg_id, ' ' ORDER BY ns COLLATE "C", msg_id COLLATE "C"))
+	  FROM idem.claims WHERE ns NOT IN ('old', 'aside')
+	UNION ALL
+	SELECT md5(string_agg(ns || '/' || key, ' ' ORDER BY ns COLLATE "C", key COLLATE "C"))
+	  FROM idem.requests WHERE ns NOT IN ('old', 'short')};
+my $others = $coord->safe_psql('postgres', $others_q);
+
 $coord->safe_psql(
 	'postgres', q{
 	SELECT run_command_on_all_nodes($$SELECT idem_set_retention('old', '1 hour')$$);
-	SELECT count(idem_claim('old-' || g, 'old')) FROM generate_series(1, 40) g;
-	UPDATE idem.claims SET claimed_at = '2000-01-01' WHERE ns = 'old';
-	SELECT count(idem_token_issue('old-' || g, '1 hour')) FROM generate_series(1, 40) g;
-	UPDATE idem.tokens SET expires_at = '2000-01-01' WHERE scope LIKE 'old-%';
+	SELECT count(idem_claim('old-' || g, 'aside')) FROM generate_series(1, 40) g;
+	UPDATE idem.claims SET claimed_at = '2000-01-01' WHERE ns = 'aside';
+	SELECT count(idem_claim('keep-' || g, 'old')) FROM generate_series(1, 10) g;
+	SELECT count(idem_token_issue('keep-' || g, '1 hour')) FROM generate_series(1, 10) g;
 	DO $$
 	BEGIN
-		FOR g IN 1 .. 40 LOOP
-			PERFORM idem_request_begin('old-' || g, 'fp', 'old');
-			PERFORM idem_request_finish('old-' || g, 200, NULL, 'old');
+		FOR g IN 1 .. 10 LOOP
+			PERFORM idem_request_begin('keep-' || g, 'fp', 'old');
+			PERFORM idem_request_finish('keep-' || g, 200, NULL, 'old');
 		END LOOP;
-	END $$;
-	UPDATE idem.requests SET expires_at = '2000-01-01' WHERE ns = 'old'});
-my $on_w1 = $w1->safe_psql('postgres', "SELECT idem_purge('old', 1000)");
-ok($on_w1 > 0 && $on_w1 < 40, "a purge on worker 1 deletes the claims of its shards ($on_w1 of 40)");
-is($coord->safe_psql('postgres', "SELECT idem_purge('old', 1000)"),
-	40 - $on_w1, 'a purge on the coordinator deletes those of every other worker');
-is($coord->safe_psql('postgres', "SELECT count(*) FROM idem.claims WHERE ns = 'old'"),
-	'0', 'no expired claim is left');
-is( $coord->safe_psql(
-		'postgres', q{
-	SELECT idem_token_purge(1000) >= 40, idem_request_purge(1000) >= 40;
-	SELECT (SELECT count(*) FROM idem.tokens WHERE scope LIKE 'old-%'),
-	       (SELECT count(*) FROM idem.requests WHERE ns = 'old')}),
-	"t|t\n0|0", 'expired tokens and requests purged on every node from the coordinator');
+	END $$});
+expired_rows('old-');
+my $rows = purge_rows();
+my $w1_old = sub { my ($k, $r, $port) = @_; $k eq 'claims' && $r =~ m{^old/old-} && $port eq $w1->port };
+my $on_w1 = scalar grep { $w1_old->('claims', $_, $rows->{claims}{$_}) } keys %{ $rows->{claims} };
+ok($on_w1 > 0 && $on_w1 < 40, "worker 1 holds some of the expired claims ($on_w1 of 40)");
+is($w1->safe_psql('postgres', "SELECT idem_purge('old', 1000)"), $on_w1,
+	'a purge on worker 1 deletes the expired claims of its shards');
+is(rows_text(purge_rows()), rows_text($rows, $w1_old), '... those, and no other row');
+is($coord->safe_psql('postgres', "SELECT idem_purge('old', 1000)"), 40 - $on_w1,
+	'a purge on the coordinator deletes those of every other worker');
+my $old_claim = sub { my ($k, $r) = @_; $k eq 'claims' && $r =~ m{^old/old-} };
+is(rows_text(purge_rows()), rows_text($rows, $old_claim),
+	"... those, and no other row: the younger claims and the other namespace's are kept");
+is($coord->safe_psql('postgres', 'SELECT idem_token_purge(1000) >= 40, idem_request_purge(1000) >= 40'),
+	't|t', 'expired tokens and requests purged from the coordinator');
+my $old_any = sub { my ($k, $r) = @_; $old_claim->(@_) || ($k ne 'claims' && $r =~ /^old-/) };
+is(rows_text(purge_rows()), rows_text($rows, $old_any),
+	'... on every node, and no unexpired one');
+
+# a maintenance round on a worker purges the expired rows of its shards, of
+# every kind and namespace (the claims of 'aside' are older than the default
+# retention); one on the coordinator purges those of every other node
+expired_rows('m-');
+$rows = purge_rows();
+my $expired = sub { my ($k, $r) = @_; $k eq 'claims' ? $r =~ m{^(old/m-|aside/)} : $r =~ /^m-/ };
+my $w2_expired = sub { my ($k, $r, $port) = @_; $expired->(@_) && $port eq $w2->port };
+my %on_w2 = map {
+	my $k = $_;
+	($k => scalar grep { $w2_expired->($k, $_, $rows->{$k}{$_}) } keys %{ $rows->{$k} })
+} ('claims', 'tokens', 'requests');
+my $aside_on_w2 = scalar grep { m{^aside/} && $rows->{claims}{$_} eq $w2->port } keys %{ $rows->{claims} };
+ok($aside_on_w2 > 0 && $on_w2{claims} > $aside_on_w2 && $on_w2{requests} > 0,
+	"worker 2 holds expired claims of both namespaces and expired requests ($on_w2{claims}, $on_w2{requests}; $on_w2{tokens} tokens)");
+# (other tokens and requests of the test may have expired by now: only the
+# claims are counted exactly)
+is( $w2->safe_psql('postgres',
+		"SELECT string_agg(kind || ' ' || CASE WHEN kind = 'tokens' THEN (purged >= $on_w2{tokens})::text"
+		  . " WHEN kind = 'requests' THEN (purged >= $on_w2{requests})::text ELSE purged::text END,"
+		  . " ',' ORDER BY kind) FROM idem_maintenance()"),
+	"claims $on_w2{claims},outbox_keys 0,requests true,tokens true",
+	'a maintenance round on a worker purges the expired rows of its shards');
+is(rows_text(purge_rows()), rows_text($rows, $w2_expired), '... those, and no other row');
 is($coord->safe_psql('postgres', 'SELECT string_agg(kind, \',\' ORDER BY kind) FROM idem_maintenance()'),
 	'claims,outbox_keys,requests,tokens', 'a maintenance round on the coordinator');
-is($w2->safe_psql('postgres', 'SELECT count(*) FROM idem_maintenance()'),
-	'4', 'a maintenance round on a worker');
+is(rows_text(purge_rows()), rows_text($rows, $expired),
+	'... purges the expired rows of every other node, and no other row');
+is($coord->safe_psql('postgres', $others_q), $others,
+	'the claims and requests of the other namespaces are all kept');
+
+# a try-claim meeting a shard being moved with block_writes reports the key
+# in flight rather than wait for the move, through every node, sent by
+# Citus or made where it is: the move is held open in its transaction (it
+# blocks writes to the shard until then), from a worker with two shards of
+# the claims to one with fewer
+{
+	my ($src, $dst) = split /\|/, $coord->safe_psql(
+		'postgres', q{
+	WITH c AS (
+	  SELECT n.nodeport, count(s.shardid) AS shards
+	    FROM pg_dist_node n
+	    LEFT JOIN pg_dist_placement p ON p.groupid = n.groupid
+	    LEFT JOIN pg_dist_shard s ON s.shardid = p.shardid AND s.logicalrelid = 'idem.claims'::regclass
+	   WHERE n.shouldhaveshards AND n.isactive AND n.noderole = 'primary'
+	   GROUP BY n.nodeport)
+	SELECT (SELECT nodeport FROM c ORDER BY shards DESC, nodeport LIMIT 1),
+	       (SELECT nodeport FROM c ORDER BY shards, nodeport LIMIT 1)});
+	my ($from) = grep { $_->port eq $src } ($w1, $w2, $w3);
+	my ($to)   = grep { $_->port eq $dst } ($w1, $w2, $w3);
+	my $mk = $coord->safe_psql('postgres',
+		"SELECT 'moving-' || i FROM generate_series(1, 200) i WHERE (SELECT nodeport FROM pg_dist_shard_placement"
+		  . " WHERE shardid = get_shard_id_for_distribution_column('idem.claims', 'moving-' || i)) = $src"
+		  . " ORDER BY i LIMIT 1");
+	is( $coord->safe_psql('postgres',
+			"SELECT count(*) >= 2 FROM pg_dist_shard_placement p JOIN pg_dist_shard s USING (shardid)"
+			  . " WHERE s.logicalrelid = 'idem.claims'::regclass AND p.nodeport = $src"),
+		't', 'a worker with two shards of the claims, to move one of them from');
+	my $m = IdemTest::Session->new($coord, 'postgres');
+	is( $m->query(
+			"BEGIN; SELECT citus_move_shard_placement(get_shard_id_for_distribution_column('idem.claims', '$mk'), '"
+			  . $from->host . "', $src, '" . $to->host . "', $dst, 'block_writes'); SELECT 'moved';"),
+		"\nmoved", 'a shard moved with block_writes, in a transaction still open');
+	for my $n ($coord, $w1, $w2, $w3)
+	{
+		my ($ret, $out, $err) = $n->psql('postgres',
+			"SELECT idem_try_claim('$mk'); SELECT idem_try_claim(k) FROM (VALUES ('$mk')) v(k)");
+		is("$out$err", "in_flight\nin_flight", 'try-claims during the move, sent and made through ' . $n->name);
+	}
+	$m->query('COMMIT;');
+	$m->close;
+	is(placement_port('idem.claims', "'$mk'"), $dst, 'the move committed');
+	is($w1->safe_psql('postgres', "SELECT idem_try_claim('$mk'), idem_try_claim('$mk')"),
+		'claimed|duplicate', '... and the key is free to claim, once');
+}
 
 # DROP EXTENSION cleans every node (once the shards a move left behind are
 # dropped, as Citus does in the background)
