@@ -14,8 +14,9 @@
 #
 # Then (asan) idem-relay: scripts/test.sh runs the relay's TAP tests
 # (t/090 to t/093: every sink, against real brokers, Kafka's being
-# librdkafka's mock cluster) with idem-relay built with ASan, LeakSanitizer
-# and UBSan (RELAY_SANITIZE_DIR): the ASan and LeakSanitizer reports, which
+# librdkafka's mock cluster; t/095: lost connections and reloads) with
+# idem-relay built with ASan, LeakSanitizer and UBSan
+# (RELAY_SANITIZE_DIR): the ASan and LeakSanitizer reports, which
 # must be none, are files of SANITIZE_DIR/relay; undefined behaviour stops
 # the relay with exit code 86, which fails its test.
 #
@@ -254,7 +255,7 @@ trap 'rm -rf "$work"' EXIT
 relay_reports=0
 if [ "$relay_tests" = 1 ]; then
     echo "== idem-relay with ASan and UBSan: its TAP tests (scripts/test.sh tap)"
-    RELAY_SANITIZE_DIR="$dir/relay" TAP_TESTS='t/09[0-3]_*.pl' bash "$here/scripts/test.sh" tap \
+    RELAY_SANITIZE_DIR="$dir/relay" TAP_TESTS='t/09[0-35]_*.pl' bash "$here/scripts/test.sh" tap \
         > "$dir/relay.log" 2>&1
     rc=$?
     grep -E '^(-- |== |!!)|passed, [0-9]+ failed$' "$dir/relay.log"

@@ -236,3 +236,16 @@ SELECT pg_sleep(1.1);
 SELECT idem_request_finish('t2', 201, '{"id": 2}', 'brief');
 SELECT expires_at > clock_timestamp() AS replayed_after_commit FROM idem.requests WHERE key = 't2';
 COMMIT;
+
+-- a lock of the caller's own transaction on the row (FOR KEY SHARE, FOR
+-- UPDATE) is no other transaction's: begin answers as without it
+BEGIN;
+SELECT status FROM idem_request_begin('own-1', 'fp');
+SELECT status, attempts FROM idem_request_begin('own-1', 'fp');
+SELECT status FROM idem_request_begin('own-2', 'fp');
+SELECT key FROM idem.requests WHERE key = 'own-2' FOR KEY SHARE;
+SELECT status, attempts FROM idem_request_begin('own-2', 'fp');
+SELECT status FROM idem_request_begin('own-3', 'fp');
+SELECT key FROM idem.requests WHERE key = 'own-3' FOR UPDATE;
+SELECT status, attempts FROM idem_request_begin('own-3', 'fp');
+COMMIT;

@@ -1442,6 +1442,26 @@ idem_store_require_snapshot(IdemStore *store)
 }
 
 /*
+ * Lock the version tid for an update of its columns but the key, without
+ * waiting: TM_Ok when it is locked, TM_WouldBlock when another transaction
+ * holds a lock that conflicts or is changing the row, TM_Updated (or
+ * TM_Deleted, TM_SelfModified) when the row has changed since.
+ */
+static TM_Result
+store_lock_no_wait(IdemStore *store, ItemPointer tid)
+{
+	TM_FailureData tmfd;
+	TM_Result	result;
+
+	result = table_tuple_lock(store->rel, tid, SnapshotAny,
+							  store->probe_slot, GetCurrentCommandId(true),
+							  LockTupleNoKeyExclusive, LockWaitSkip, 0, &tmfd);
+	ExecClearTuple(store->probe_slot);
+	store_release_pins(store);
+	return result;
+}
+
+/*
  * Find the row (ns, key) and update it when fn says so: the semantics of
  * UPDATE ... WHERE ns = $1 AND key = $2 AND <fn> in READ COMMITTED, where the
  * latest version of the row is the one judged, whatever the snapshot.  An
@@ -1462,6 +1482,7 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 {
 	TupleDesc	tupdesc = RelationGetDescr(store->rel);
 	TupleTableSlot *slot;
+	bool		locked = false;
 
 	if (unlikely(store->sql))
 		return store_sql_update(store, keys, fn, arg, wait);
@@ -1549,8 +1570,9 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 		result = table_tuple_update(store->rel, &tid, slot,
 									GetCurrentCommandId(true),
 									InvalidSnapshot, InvalidSnapshot,
-									wait == IDEM_WAIT, &tmfd, &lockmode,
-									&update_indexes);
+									wait == IDEM_WAIT || locked, &tmfd,
+									&lockmode, &update_indexes);
+		locked = false;
 		switch (result)
 		{
 			case TM_Ok:
@@ -1579,8 +1601,26 @@ store_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 				ExecClearTuple(slot);
 				continue;
 			case TM_BeingModified:
+
+				/*
+				 * Only without waiting.  Without waiting, the update takes
+				 * any lock on the row for a conflict: this transaction's own
+				 * (a SELECT ... FOR UPDATE before), and the FOR KEY SHARE of
+				 * others (a foreign key's check), which an update of the
+				 * row's other columns does not wait for.  A lock of the row
+				 * that would not wait tells them apart; once it is held, the
+				 * update waits for nothing.
+				 */
+				ExecClearTuple(slot);
+				result = store_lock_no_wait(store, &tid);
+				if (result == TM_Ok)
+					locked = true;
+				else if (result != TM_Updated && result != TM_Deleted &&
+						 result != TM_SelfModified)
+					return IDEM_UPDATE_BUSY;
+				/* judged again, the row locked or changed */
+				continue;
 			case TM_WouldBlock:
-				/* only without waiting: another transaction is changing it */
 				ExecClearTuple(slot);
 				return IDEM_UPDATE_BUSY;
 			default:
@@ -1747,6 +1787,35 @@ idem_store_read(IdemStore *store, Datum ns, Datum key, Datum *values,
 								values, isnull);
 }
 
+/*
+ * Whether the key has a version that a dirty snapshot finds committed and
+ * live (perhaps being deleted).  One whose inserter is in progress does not
+ * count: SnapshotSelf rightly misses it, and the key is not there yet.
+ */
+static bool
+store_committed_version(IdemStore *store, ScanKey skeys)
+{
+	SnapshotData dirty;
+	IndexScanDesc scan;
+	TupleTableSlot *slot = store->probe_slot;
+	bool		live = false;
+
+	InitDirtySnapshot(dirty);
+	scan = index_beginscan(store->rel, store->index, &dirty, store->nkeys, 0);
+	index_rescan(scan, skeys, store->nkeys, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		if (!TransactionIdIsValid(dirty.xmin))
+		{
+			live = true;
+			break;
+		}
+	}
+	index_endscan(scan);
+	ExecClearTuple(slot);
+	return live;
+}
+
 /* The same for a table opened with idem_store_open_keys. */
 bool
 idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
@@ -1766,9 +1835,9 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 	 * A snapshot, not SnapshotSelf: judged one by one, the two versions of a
 	 * row that another transaction moves to another page can both be missed
 	 * (the new one while it is in progress, the old one once it committed).
-	 * The counter makes this command's own changes part of it.  A parallel
-	 * worker can take no snapshot and start no command: it judges each
-	 * version as it stands, and so may miss a row that moves meanwhile.
+	 * The counter makes this command's own changes part of it.  In parallel
+	 * mode no snapshot can be taken nor command started: each version is
+	 * judged as it stands, and a miss is checked below.
 	 */
 	if (IsInParallelMode())
 	{
@@ -1799,7 +1868,9 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 	}
 	found = ItemPointerIsValid(&store->hint) &&
 		store_fetch_hint(store, snap, skeys, slot);
-	if (!found)
+	if (found)
+		store_copy_row(store, slot, values, isnull);
+	while (!found)
 	{
 		scan = index_beginscan(store->rel, store->index, snap,
 							   store->nkeys, 0);
@@ -1808,9 +1879,16 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 		if (found)
 			store_copy_row(store, slot, values, isnull);
 		index_endscan(scan);
+
+		/*
+		 * Judged one by one, the versions of a row that another transaction
+		 * moved can all be missed (see above).  A version that a dirty
+		 * snapshot finds committed and live was missed so: look again.
+		 */
+		if (found || snap != SnapshotSelf || !store_committed_version(store, skeys))
+			break;
+		CHECK_FOR_INTERRUPTS();
 	}
-	else
-		store_copy_row(store, slot, values, isnull);
 	ExecClearTuple(slot);
 	if (IsMVCCSnapshot(snap))
 		UnregisterSnapshot(snap);
