@@ -47,6 +47,7 @@
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/relcache.h"
 #include "utils/snapmgr.h"
 
 #include "idem.h"
@@ -1443,7 +1444,8 @@ idem_store_require_snapshot(IdemStore *store)
 
 /*
  * Lock the version tid for an update of its columns but the key, without
- * waiting: TM_Ok when it is locked, TM_WouldBlock when another transaction
+ * waiting (a lock that stays until the transaction ends, also when the row
+ * is then not updated after all): TM_Ok when it is locked, TM_WouldBlock when another transaction
  * holds a lock that conflicts or is changing the row, TM_Updated (or
  * TM_Deleted, TM_SelfModified) when the row has changed since.
  */
@@ -1452,10 +1454,26 @@ store_lock_no_wait(IdemStore *store, ItemPointer tid)
 {
 	TM_FailureData tmfd;
 	TM_Result	result;
+	Bitmapset  *keyattrs;
+	LockTupleMode mode = LockTupleNoKeyExclusive;
+	int			i;
+
+	/*
+	 * The update changes no column of the key, which is columns 1 to nkeys.
+	 * A unique index a user added on other columns makes heap_update take
+	 * the row in the exclusive mode, which would wait for a FOR KEY SHARE
+	 * beside this lock: then it is taken in that mode here too.
+	 */
+	keyattrs = RelationGetIndexAttrBitmap(store->rel, INDEX_ATTR_BITMAP_KEY);
+	for (i = 1; i <= store->nkeys; i++)
+		keyattrs = bms_del_member(keyattrs, i - FirstLowInvalidHeapAttributeNumber);
+	if (!bms_is_empty(keyattrs))
+		mode = LockTupleExclusive;
+	bms_free(keyattrs);
 
 	result = table_tuple_lock(store->rel, tid, SnapshotAny,
 							  store->probe_slot, GetCurrentCommandId(true),
-							  LockTupleNoKeyExclusive, LockWaitSkip, 0, &tmfd);
+							  mode, LockWaitSkip, 0, &tmfd);
 	ExecClearTuple(store->probe_slot);
 	store_release_pins(store);
 	return result;
