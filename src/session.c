@@ -223,11 +223,12 @@ citus_this_node(void)
 /*
  * Run one command on the node with this id and return its single value, or
  * NULL when the node is not in the metadata (*in_metadata false) or the
- * command failed there (the node is unreachable, say).  Citus makes a new connection for it, as
- * its run_command_on_* functions do; its attempt to connect is bounded to
- * two seconds at most, whatever citus.node_connection_timeout says.  (A
- * caller deciding under the store's lock timeout of one millisecond takes a
- * lock wait here for a holder in flight, which errs on the safe side.)
+ * command failed there (the node is unreachable, say).  Citus makes a new
+ * connection for it, as its run_command_on_* functions do; its attempt to
+ * connect is bounded to two seconds at most, whatever
+ * citus.node_connection_timeout says.  (A caller deciding under the store's
+ * lock timeout of one millisecond takes a lock wait here for a holder in
+ * flight, which errs on the safe side.)
  */
 static char *
 citus_node_query(int32 node, const char *command, bool *in_metadata)

@@ -698,6 +698,7 @@ stats_check_rate(StatsEntry *entry, const char *(*dbname) (Oid dbid))
 	uint64		ops;
 	uint64		dups;
 	double		rate;
+	const char *db;
 
 	if (stats_duplicate_rate_warning <= 0.0)
 		return;
@@ -727,26 +728,18 @@ stats_check_rate(StatsEntry *entry, const char *(*dbname) (Oid dbid))
 	rate = (double) dups / (double) ops;
 	if (rate <= stats_duplicate_rate_warning)
 		return;
-	if (dbname != NULL)
-	{
-		const char *db = dbname(entry->key.dbid);
-
-		ereport(LOG,
-				(errmsg("idem: duplicate rate of %s namespace \"%s\" is %.3f over the last %.0f s",
-						k->name, entry->key.ns, rate,
-						(double) (now - start) / USECS_PER_SEC),
-				 errdetail("%llu of %llu operations in database \"%s\" were duplicates; idem.duplicate_rate_warning is %g.",
-						   (unsigned long long) dups, (unsigned long long) ops,
-						   db ? db : "?", stats_duplicate_rate_warning)));
-	}
-	else
-		ereport(LOG,
-				(errmsg("idem: duplicate rate of %s namespace \"%s\" is %.3f over the last %.0f s",
-						k->name, entry->key.ns, rate,
-						(double) (now - start) / USECS_PER_SEC),
-				 errdetail("%llu of %llu operations were duplicates; idem.duplicate_rate_warning is %g.",
-						   (unsigned long long) dups, (unsigned long long) ops,
-						   stats_duplicate_rate_warning)));
+	db = dbname != NULL ? dbname(entry->key.dbid) : NULL;
+	ereport(LOG,
+			(errmsg("idem: duplicate rate of %s namespace \"%s\" is %.3f over the last %.0f s",
+					k->name, entry->key.ns, rate,
+					(double) (now - start) / USECS_PER_SEC),
+			 dbname != NULL ?
+			 errdetail("%llu of %llu operations in database \"%s\" were duplicates; idem.duplicate_rate_warning is %g.",
+					   (unsigned long long) dups, (unsigned long long) ops,
+					   db ? db : "?", stats_duplicate_rate_warning) :
+			 errdetail("%llu of %llu operations were duplicates; idem.duplicate_rate_warning is %g.",
+					   (unsigned long long) dups, (unsigned long long) ops,
+					   stats_duplicate_rate_warning)));
 }
 
 /*

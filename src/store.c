@@ -1444,8 +1444,8 @@ idem_store_require_snapshot(IdemStore *store)
 
 /*
  * Lock the version tid for an update of its columns but the key, without
- * waiting (a lock that stays until the transaction ends, also when the row
- * is then not updated after all): TM_Ok when it is locked, TM_WouldBlock when another transaction
+ * waiting: TM_Ok when it is locked (until the transaction ends, also when
+ * the row is not updated after all), TM_WouldBlock when another transaction
  * holds a lock that conflicts or is changing the row, TM_Updated (or
  * TM_Deleted, TM_SelfModified) when the row has changed since.
  */
@@ -1805,35 +1805,6 @@ idem_store_read(IdemStore *store, Datum ns, Datum key, Datum *values,
 								values, isnull);
 }
 
-/*
- * Whether the key has a version that a dirty snapshot finds committed and
- * live (perhaps being deleted).  One whose inserter is in progress does not
- * count: SnapshotSelf rightly misses it, and the key is not there yet.
- */
-static bool
-store_committed_version(IdemStore *store, ScanKey skeys)
-{
-	SnapshotData dirty;
-	IndexScanDesc scan;
-	TupleTableSlot *slot = store->probe_slot;
-	bool		live = false;
-
-	InitDirtySnapshot(dirty);
-	scan = index_beginscan(store->rel, store->index, &dirty, store->nkeys, 0);
-	index_rescan(scan, skeys, store->nkeys, NULL, 0);
-	while (index_getnext_slot(scan, ForwardScanDirection, slot))
-	{
-		if (!TransactionIdIsValid(dirty.xmin))
-		{
-			live = true;
-			break;
-		}
-	}
-	index_endscan(scan);
-	ExecClearTuple(slot);
-	return live;
-}
-
 /* The same for a table opened with idem_store_open_keys. */
 bool
 idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
@@ -1855,7 +1826,8 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 	 * (the new one while it is in progress, the old one once it committed).
 	 * The counter makes this command's own changes part of it.  In parallel
 	 * mode no snapshot can be taken nor command started: each version is
-	 * judged as it stands, and a miss is checked below.
+	 * judged as it stands, and a miss is read again through the query's
+	 * snapshot (below).
 	 */
 	if (IsInParallelMode())
 	{
@@ -1888,7 +1860,7 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 		store_fetch_hint(store, snap, skeys, slot);
 	if (found)
 		store_copy_row(store, slot, values, isnull);
-	while (!found)
+	if (!found)
 	{
 		scan = index_beginscan(store->rel, store->index, snap,
 							   store->nkeys, 0);
@@ -1897,15 +1869,23 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 		if (found)
 			store_copy_row(store, slot, values, isnull);
 		index_endscan(scan);
+	}
 
-		/*
-		 * Judged one by one, the versions of a row that another transaction
-		 * moved can all be missed (see above).  A version that a dirty
-		 * snapshot finds committed and live was missed so: look again.
-		 */
-		if (found || snap != SnapshotSelf || !store_committed_version(store, skeys))
-			break;
-		CHECK_FOR_INTERRUPTS();
+	/*
+	 * Judged one by one, the versions of a row that another transaction
+	 * moved can all be missed (see above), however often one looks again
+	 * while it keeps moving it.  The query's snapshot cannot miss a row
+	 * that was there when the query began: its version then is the answer.
+	 */
+	if (!found && snap == SnapshotSelf && ActiveSnapshotSet())
+	{
+		scan = index_beginscan(store->rel, store->index, GetActiveSnapshot(),
+							   store->nkeys, 0);
+		index_rescan(scan, skeys, store->nkeys, NULL, 0);
+		found = index_getnext_slot(scan, ForwardScanDirection, slot);
+		if (found)
+			store_copy_row(store, slot, values, isnull);
+		index_endscan(scan);
 	}
 	ExecClearTuple(slot);
 	if (IsMVCCSnapshot(snap))

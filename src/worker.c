@@ -362,52 +362,15 @@ typedef enum WorkerDatabase
 } WorkerDatabase;
 
 /*
- * Look idem.database up in pg_database.  The launcher is connected to no
+ * Find a database in pg_database, by its name or (name NULL) its oid, and
+ * copy its row's fixed part into *out.  The launcher is connected to no
  * database: it reads the shared catalog by a plain scan, as autovacuum's
  * launcher does (its indexes need the shared relcache init file, which a
  * start removes and only a backend of a database writes again).
  */
-static WorkerDatabase
-worker_database_state(void)
+static bool
+worker_find_database(const char *name, Oid dbid, FormData_pg_database *out)
 {
-	WorkerDatabase state = WORKER_DB_MISSING;
-	Relation	rel;
-	TableScanDesc scan;
-	HeapTuple	tup;
-
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	(void) GetTransactionSnapshot();
-	rel = table_open(DatabaseRelationId, AccessShareLock);
-	scan = table_beginscan_catalog(rel, 0, NULL);
-	while ((tup = heap_getnext(scan, ForwardScanDirection)) != NULL)
-	{
-		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
-
-		if (strcmp(NameStr(db->datname), worker_database) != 0)
-			continue;
-		state = WORKER_DB_OK;
-		if (!db->datallowconn)
-			state = WORKER_DB_NO_CONNECTIONS;
-		/* left invalid by an interrupted DROP DATABASE (-2 since 15.4) */
-		if (db->datconnlimit == -2)
-			state = WORKER_DB_NO_CONNECTIONS;
-		break;
-	}
-	table_endscan(scan);
-	table_close(rel, AccessShareLock);
-	CommitTransactionCommand();
-	return state;
-}
-
-/*
- * The name of a database, for the launcher's lines of duplicate rates
- * (idem_stats_judge_idle), by the same plain scan; NULL once dropped.
- */
-static const char *
-worker_database_name(Oid dbid)
-{
-	static NameData name;
 	bool		found = false;
 	Relation	rel;
 	TableScanDesc scan;
@@ -422,16 +385,48 @@ worker_database_name(Oid dbid)
 	{
 		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
 
-		if (db->oid != dbid)
+		if (name != NULL ? strcmp(NameStr(db->datname), name) != 0 : db->oid != dbid)
 			continue;
-		namestrcpy(&name, NameStr(db->datname));
+		*out = *db;
 		found = true;
 		break;
 	}
 	table_endscan(scan);
 	table_close(rel, AccessShareLock);
 	CommitTransactionCommand();
-	return found ? NameStr(name) : NULL;
+	return found;
+}
+
+/* Whether idem.database exists and accepts connections. */
+static WorkerDatabase
+worker_database_state(void)
+{
+	FormData_pg_database db;
+
+	if (!worker_find_database(worker_database, InvalidOid, &db))
+		return WORKER_DB_MISSING;
+	if (!db.datallowconn)
+		return WORKER_DB_NO_CONNECTIONS;
+	/* left invalid by an interrupted DROP DATABASE (-2 since 15.4) */
+	if (db.datconnlimit == -2)
+		return WORKER_DB_NO_CONNECTIONS;
+	return WORKER_DB_OK;
+}
+
+/*
+ * The name of a database, for the launcher's lines of duplicate rates
+ * (idem_stats_judge_idle); NULL once dropped.
+ */
+static const char *
+worker_database_name(Oid dbid)
+{
+	static NameData name;
+	FormData_pg_database db;
+
+	if (!worker_find_database(NULL, dbid, &db))
+		return NULL;
+	namestrcpy(&name, NameStr(db.datname));
+	return NameStr(name);
 }
 
 /* The round in progress, which the launcher ends when it exits. */
