@@ -1805,6 +1805,21 @@ idem_store_read(IdemStore *store, Datum ns, Datum key, Datum *values,
 								values, isnull);
 }
 
+/* Fetch into slot the version of the key that snap sees, through the index. */
+static bool
+store_index_fetch(IdemStore *store, Snapshot snap, ScanKey skeys,
+				  TupleTableSlot *slot)
+{
+	IndexScanDesc scan;
+	bool		found;
+
+	scan = index_beginscan(store->rel, store->index, snap, store->nkeys, 0);
+	index_rescan(scan, skeys, store->nkeys, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	index_endscan(scan);
+	return found;
+}
+
 /* The same for a table opened with idem_store_open_keys. */
 bool
 idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
@@ -1856,20 +1871,9 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 		CommandCounterIncrement();
 		snap = RegisterSnapshot(GetLatestSnapshot());
 	}
-	found = ItemPointerIsValid(&store->hint) &&
-		store_fetch_hint(store, snap, skeys, slot);
-	if (found)
-		store_copy_row(store, slot, values, isnull);
-	if (!found)
-	{
-		scan = index_beginscan(store->rel, store->index, snap,
-							   store->nkeys, 0);
-		index_rescan(scan, skeys, store->nkeys, NULL, 0);
-		found = index_getnext_slot(scan, ForwardScanDirection, slot);
-		if (found)
-			store_copy_row(store, slot, values, isnull);
-		index_endscan(scan);
-	}
+	found = (ItemPointerIsValid(&store->hint) &&
+			 store_fetch_hint(store, snap, skeys, slot)) ||
+		store_index_fetch(store, snap, skeys, slot);
 
 	/*
 	 * Judged one by one, the versions of a row that another transaction
@@ -1878,15 +1882,9 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 	 * that was there when the query began: its version then is the answer.
 	 */
 	if (!found && snap == SnapshotSelf && ActiveSnapshotSet())
-	{
-		scan = index_beginscan(store->rel, store->index, GetActiveSnapshot(),
-							   store->nkeys, 0);
-		index_rescan(scan, skeys, store->nkeys, NULL, 0);
-		found = index_getnext_slot(scan, ForwardScanDirection, slot);
-		if (found)
-			store_copy_row(store, slot, values, isnull);
-		index_endscan(scan);
-	}
+		found = store_index_fetch(store, GetActiveSnapshot(), skeys, slot);
+	if (found)
+		store_copy_row(store, slot, values, isnull);
 	ExecClearTuple(slot);
 	if (IsMVCCSnapshot(snap))
 		UnregisterSnapshot(snap);
