@@ -356,7 +356,8 @@ outbox_keys_open(void)
 		{"leased_by", TEXTOID, false, InvalidOid},
 		{"last_error", TEXTOID, false, InvalidOid},
 		{"leased_through", INT8OID, false, InvalidOid},
-		{"leased_max", INT8OID, false, InvalidOid}
+		{"leased_max", INT8OID, false, InvalidOid},
+		{"attempts_kept", INT8ARRAYOID, false, InvalidOid}
 	};
 	IdemStore  *store;
 
@@ -712,6 +713,23 @@ outbox_make_id(pg_uuid_t *uuid, int64 key_hash, int64 seq, uint64 rnd)
 		uuid->data[i] = (uint8) (hi >> (56 - 8 * i));
 		uuid->data[8 + i] = (uint8) (lo >> (56 - 8 * i));
 	}
+}
+
+/* The seq an id was made with (see outbox_make_id). */
+int64
+outbox_id_seq(pg_uuid_t *id)
+{
+	uint64		hi = 0;
+	uint64		lo = 0;
+	int			i;
+
+	for (i = 0; i < 8; i++)
+	{
+		hi = (hi << 8) | id->data[i];
+		lo = (lo << 8) | id->data[8 + i];
+	}
+	return (int64) ((((hi >> 16) & 0xFFFF) << 32) | ((hi & 0xFFF) << 20) |
+					((lo >> 42) & 0xFFFFF));
 }
 
 /*

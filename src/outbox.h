@@ -41,7 +41,7 @@
 #define OB_KEY_HASH			8
 
 /* idem.outbox_keys */
-#define OK_NATTS			10
+#define OK_NATTS			11
 #define OK_TOPIC			0
 #define OK_KEY				1
 #define OK_DEAD				2
@@ -52,6 +52,7 @@
 #define OK_LAST_ERROR		7
 #define OK_LEASED_THROUGH	8
 #define OK_LEASED_MAX		9
+#define OK_ATTEMPTS_KEPT	10
 
 /* idem.outbox_topics */
 #define OT_NATTS			4
@@ -151,6 +152,7 @@ extern bool outbox_find(OutboxRels *r, pg_uuid_t *id, ItemPointer tid);
 extern bool outbox_message_busy(TupleTableSlot *slot);
 extern bool outbox_lock_message(OutboxRels *r, ItemPointer tid, bool wait);
 extern bool outbox_message_exists(OutboxRels *r, pg_uuid_t *id);
+extern int64 outbox_id_seq(pg_uuid_t *id);
 
 /* Small look-ups, inline: the lease and the ack call them in their loops. */
 /* Whether two texts have the same bytes (the "C" collation's equality). */

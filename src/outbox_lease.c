@@ -12,8 +12,10 @@
 #include "access/xlog.h"
 #include "access/table.h"
 #include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "storage/predicate.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/hsearch.h"
@@ -756,6 +758,60 @@ lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int64 leased_max,
 }
 
 /*
+ * The attempts kept for the head (whose seq is head), and the key row's
+ * attempts_kept without them, with the attempts of the message keep_seq
+ * (-1: none) added.  A message whose lease ran out is passed by a head its
+ * key's row did not name: one whose sender committed late (see "Order per
+ * key" in README).  Every lease counts, so its count is kept until it is the
+ * head again.  Pairs before the head are of messages gone.
+ */
+static int32
+lease_kept_attempts(Datum *values, bool *isnull, int64 head, int64 keep_seq,
+					int32 keep_attempts)
+{
+	Datum	   *elems = NULL;
+	bool	   *nulls;
+	int			nelems = 0;
+	int			n = 0;
+	int			i;
+	int32		found = 0;
+	Datum	   *out;
+
+	if (isnull[OK_ATTEMPTS_KEPT] && keep_seq < 0)
+		return 0;
+	if (!isnull[OK_ATTEMPTS_KEPT])
+		deconstruct_array(DatumGetArrayTypeP(values[OK_ATTEMPTS_KEPT]),
+						  INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+						  TYPALIGN_DOUBLE, &elems, &nulls, &nelems);
+	out = palloc(sizeof(Datum) * (nelems + 2));
+	for (i = 0; i + 1 < nelems; i += 2)
+	{
+		int64		seq;
+
+		if (nulls[i] || nulls[i + 1])
+			continue;
+		seq = DatumGetInt64(elems[i]);
+		if (seq == head)
+			found = (int32) Min(DatumGetInt64(elems[i + 1]), PG_INT32_MAX);
+		if (seq <= head || seq == keep_seq)
+			continue;
+		out[n++] = elems[i];
+		out[n++] = elems[i + 1];
+	}
+	if (keep_seq >= 0)
+	{
+		out[n++] = Int64GetDatum(keep_seq);
+		out[n++] = Int64GetDatum(keep_attempts);
+	}
+	isnull[OK_ATTEMPTS_KEPT] = (n == 0);
+	if (n > 0)
+		values[OK_ATTEMPTS_KEPT] =
+			PointerGetDatum(construct_array(out, n, INT8OID, sizeof(int64),
+											FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	return Max(found, 0);
+}
+
+/*
  * Called by the store with the latest version of a key row.
  *
  * A head leased for the first time, and not part of the key's last run,
@@ -840,7 +896,18 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	/* a head leased before is the same head only if its id says so */
 	if (new_head)
 	{
-		attempts = 0;
+		/*
+		 * The message the row names, after the head, had its lease run out:
+		 * its attempts are kept for when it is the head again, and the head
+		 * takes those kept for it, if it was such a message.
+		 */
+		int64		keep = -1;
+
+		if (before_last && attempts > 0 &&
+			outbox_message_exists(r, DatumGetUUIDP(values[OK_HEAD_ID])))
+			keep = outbox_id_seq(DatumGetUUIDP(values[OK_HEAD_ID]));
+		attempts = lease_kept_attempts(values, isnull, head_seq, keep,
+									   attempts);
 		/* the error was the last head's */
 		isnull[OK_LAST_ERROR] = true;
 	}
