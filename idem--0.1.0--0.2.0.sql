@@ -750,9 +750,10 @@ CREATE TABLE IF NOT EXISTS idem.outbox_keys (
     -- the highest seq a lease ever handed out: a run never takes in a
     -- message up to it (one after a head whose sender committed late)
     leased_max      pg_catalog.int8,
-    -- the attempts of messages whose lease ran out and that a head sent
-    -- before them (by a sender that committed late) then came before: pairs
-    -- of seq and attempts, taken when each is the key's head again
+    -- the attempts of messages that a head sent before them then came
+    -- before (a sender that committed late, a run's message nacked while an
+    -- earlier one was not acknowledged): pairs of seq and attempts, taken
+    -- when each is the key's head again
     attempts_kept   pg_catalog.int8[],
     CONSTRAINT outbox_keys_pkey PRIMARY KEY (topic, key)
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0,

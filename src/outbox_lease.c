@@ -760,10 +760,11 @@ lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int64 leased_max,
 /*
  * The attempts kept for the head (whose seq is head), and the key row's
  * attempts_kept without them, with the attempts of the message keep_seq
- * (-1: none) added.  A message whose lease ran out is passed by a head its
- * key's row did not name: one whose sender committed late (see "Order per
- * key" in README).  Every lease counts, so its count is kept until it is the
- * head again.  Pairs before the head are of messages gone.
+ * (-1: none) added.  The message a key's row names can be passed by a head
+ * before it: one whose sender committed late (see "Order per key" in
+ * README), or a message of a run left unacknowledged before a message of
+ * the run that was nacked.  Every lease counts, so its count is kept until
+ * it is the head again.  Pairs before the head are of messages gone.
  */
 static int32
 lease_kept_attempts(Datum *values, bool *isnull, int64 head, int64 keep_seq,
@@ -792,7 +793,7 @@ lease_kept_attempts(Datum *values, bool *isnull, int64 head, int64 keep_seq,
 			continue;
 		seq = DatumGetInt64(elems[i]);
 		if (seq == head)
-			found = (int32) Min(DatumGetInt64(elems[i + 1]), PG_INT32_MAX);
+			found = (int32) Max(Min(DatumGetInt64(elems[i + 1]), PG_INT32_MAX), 0);
 		if (seq <= head || seq == keep_seq)
 			continue;
 		out[n++] = elems[i];
@@ -808,7 +809,7 @@ lease_kept_attempts(Datum *values, bool *isnull, int64 head, int64 keep_seq,
 		values[OK_ATTEMPTS_KEPT] =
 			PointerGetDatum(construct_array(out, n, INT8OID, sizeof(int64),
 											FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-	return Max(found, 0);
+	return found;
 }
 
 /*
@@ -902,12 +903,19 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		 * takes those kept for it, if it was such a message.
 		 */
 		int64		keep = -1;
+		MemoryContext oldcxt;
 
-		if (before_last && attempts > 0 &&
+		/* (in a lease, the message was looked for above, and is gone) */
+		if (before_last && attempts > 0 && !in_lease &&
 			outbox_message_exists(r, DatumGetUUIDP(values[OK_HEAD_ID])))
 			keep = outbox_id_seq(DatumGetUUIDP(values[OK_HEAD_ID]));
+		oldcxt = MemoryContextSwitchTo(arg->runcxt);
 		attempts = lease_kept_attempts(values, isnull, head_seq, keep,
 									   attempts);
+		MemoryContextSwitchTo(oldcxt);
+		/* handed out again: as below */
+		if (attempts > 0 && !outbox_lock_message(r, &slot->tts_tid, false))
+			return false;
 		/* the error was the last head's */
 		isnull[OK_LAST_ERROR] = true;
 	}
