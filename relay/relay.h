@@ -203,8 +203,9 @@ extern const char *sink_setting(const SinkSettings *ss, const char *name);
 extern void sink_setting_origins(const SinkSettings *ss, const char *msg,
 								 char *buf, size_t len);
 
-/* Calls fn for each setting "<prefix><suffix>" (suffix given), topic's first;
- * a suffix set for the topic hides the one for every topic. */
+/* Calls fn for each setting "<prefix><suffix>" in force (suffix given), in
+ * the order written, those of every topic first; a suffix set for the topic
+ * hides the one for every topic. */
 extern void sink_setting_each(const SinkSettings *ss, const char *prefix,
 							  void (*fn) (void *arg, const char *suffix, const char *value),
 							  void *arg);

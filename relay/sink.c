@@ -200,12 +200,21 @@ sink_setting_origins(const SinkSettings *ss, const char *msg, char *buf, size_t 
 	sb_free(&sb);
 }
 
+/*
+ * Calls fn for each setting named prefix + suffix in force: once per
+ * suffix, with the value that wins (the topic's over the one of every
+ * topic, the last of the file over an earlier one).  The calls come in the
+ * order the settings were written, those of every topic first: when two
+ * names set one thing (a librdkafka property and its alias), the one
+ * written last wins, as it would for one name.
+ */
 void
 sink_setting_each(const SinkSettings *ss, const char *prefix,
 				  void (*fn) (void *arg, const char *suffix, const char *value),
 				  void *arg)
 {
 	const char **seen;
+	const ConfigItem **items;
 	int			nseen = 0;
 	int			pass;
 	int			i;
@@ -213,6 +222,8 @@ sink_setting_each(const SinkSettings *ss, const char *prefix,
 	size_t		plen = strlen(prefix);
 
 	seen = xmalloc(sizeof(char *) * (size_t) (ss->cfg->nitems + 1));
+	items = xmalloc(sizeof(ConfigItem *) * (size_t) (ss->cfg->nitems + 1));
+	/* the winners, from the last that wins to the first */
 	for (pass = 0; pass < 2; pass++)
 		for (i = ss->cfg->nitems - 1; i >= 0; i--)
 		{
@@ -229,9 +240,12 @@ sink_setting_each(const SinkSettings *ss, const char *prefix,
 					break;
 			if (j < nseen)
 				continue;
+			items[nseen] = it;
 			seen[nseen++] = s;
-			fn(arg, s, it->value);
 		}
+	for (j = nseen - 1; j >= 0; j--)
+		fn(arg, seen[j], items[j]->value);
+	free(items);
 	free(seen);
 }
 

@@ -197,6 +197,18 @@ like($err, qr/kafka\.property\.acks must stay all \(kafka\.property\.acks: comma
 is($rc, 1, 'acks=1 through its alias is refused');
 like($err, qr/kafka\.property\.request\.required\.acks must stay all \(kafka\.property\.request\.required\.acks: command line\)/,
 	'naming the alias that was set, and where');
+# A property and its alias set both: the one written last wins, as for one
+# name (the topic template refused after them shows that acks passed).
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.request.required.acks=all',
+	'--set', 'kafka.property.acks=1');
+is($rc, 1, 'acks=1 after its alias set to all is refused');
+like($err, qr/kafka\.property\.acks must stay all \(kafka\.property\.acks: command line\)/,
+	'naming the name written last');
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.acks=1',
+	'--set', 'kafka.property.request.required.acks=all', '--set', 'kafka.topic=my events');
+is($rc, 1, 'the alias set to all after acks=1 wins');
+like($err, qr/kafka\.topic "my events" cannot give/, 'acks passed: the topic is what is refused')
+  or diag($err);
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.enable.idempotence=false');
 is($rc, 1, 'enable.idempotence=false is refused');
 like($err, qr/enable\.idempotence must stay true/, 'with a message');
