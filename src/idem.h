@@ -209,6 +209,7 @@ enum
 
 extern void idem_stats_init(void);
 extern void idem_stats_judge_idle(const char *(*dbname) (Oid dbid));
+extern int	idem_stats_forget_dropped(void);
 
 /* worker.c: the maintenance worker */
 extern void idem_worker_init(void);

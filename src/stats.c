@@ -39,9 +39,13 @@
  */
 #include "postgres.h"
 
+#include "access/heapam.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/transam.h"
 #include "access/twophase.h"
 #include "access/xact.h"
+#include "catalog/pg_database.h"
 #include "funcapi.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
@@ -56,6 +60,7 @@
 #include "utils/hsearch.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
+#include "utils/snapmgr.h"
 #include "utils/datetime.h"
 #include "utils/timestamp.h"
 
@@ -82,6 +87,7 @@ typedef struct StatsEntry
 	TimestampTz interval_start;
 	uint64		interval_ops;
 	uint64		interval_dups;
+	uint64		made_sweep;		/* sweeps begun before it was made */
 } StatsEntry;
 
 typedef struct StatsShared
@@ -89,6 +95,8 @@ typedef struct StatsShared
 	LWLock	   *lock;			/* the hash table's entries and resets */
 	TimestampTz stats_reset;
 	int			nentries;		/* entries but the overflow ones */
+	int			noverflow;		/* the overflow ones */
+	uint64		sweeps;			/* of dropped databases' entries, begun */
 } StatsShared;
 
 /* what each kind counts, in the order of its outcomes */
@@ -245,9 +253,10 @@ static HTAB *pending_hash = NULL;
 
 /*
  * The shared entries this backend has added to, so that a commit finds its
- * entry without the lock and the hash lookup.  Entries are never removed
- * from shared memory (a reset only zeroes them), so a pointer stays good
- * for the life of the backend, whose database does not change.
+ * entry without the lock and the hash lookup.  Only the entries of a
+ * dropped database are removed from shared memory (a reset zeroes them),
+ * so a pointer stays good for the life of the backend, whose database
+ * does not change.
  */
 #define STATS_LOCAL_ENTRIES 16
 
@@ -264,8 +273,8 @@ static int	nextlocal = 0;		/* the one to replace when all are taken */
 
 /*
  * Each database has its own overflow entry per kind, beyond the limit: room
- * is kept for those of this many databases (more are not counted once
- * shared memory is short).
+ * is kept for those of this many databases (the counts of more are not
+ * kept, until the entries of dropped databases are removed).
  */
 #define STATS_OVERFLOW_DATABASES	64
 
@@ -311,11 +320,14 @@ stats_shmem_startup(void)
 		stats_shared->lock = &(GetNamedLWLockTranche("idem_stats"))->lock;
 		stats_shared->stats_reset = GetCurrentTimestamp();
 		stats_shared->nentries = 0;
+		stats_shared->noverflow = 0;
+		stats_shared->sweeps = 0;
 	}
 	info.keysize = sizeof(StatsKey);
 	info.entrysize = sizeof(StatsEntry);
+	/* never more than its room: the server's spare shared memory is others' */
 	stats_hash = ShmemInitHash("idem_stats hash", n, n, &info,
-							   HASH_ELEM | HASH_BLOBS);
+							   HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	stats_nprepared = Max(max_prepared_xacts, 0);
 	if (stats_nprepared > 0)
 	{
@@ -645,16 +657,24 @@ stats_entry(StatsKey *key, bool create)
 	bool		overflow = strcmp(key->ns, STATS_OVERFLOW_NS) == 0;
 	int			i;
 
+	int			room;
+
 	LWLockAcquire(stats_shared->lock, LW_SHARED);
 	entry = hash_search(stats_hash, key, HASH_FIND, NULL);
+	/* full: not worth the exclusive lock, which every commit would queue on */
+	room = overflow ?
+		IDEM_NKINDS * STATS_OVERFLOW_DATABASES - stats_shared->noverflow :
+		stats_max_namespaces - stats_shared->nentries;
 	LWLockRelease(stats_shared->lock);
-	if (entry != NULL || !create)
+	if (entry != NULL || !create || room <= 0)
 		return entry;
 
 	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
 	entry = hash_search(stats_hash, key, HASH_FIND, NULL);
 	if (entry == NULL &&
-		(overflow || stats_shared->nentries < stats_max_namespaces))
+		(overflow ?
+		 stats_shared->noverflow < IDEM_NKINDS * STATS_OVERFLOW_DATABASES :
+		 stats_shared->nentries < stats_max_namespaces))
 	{
 		entry = hash_search(stats_hash, key, HASH_ENTER_NULL, &found);
 		if (entry != NULL && !found)
@@ -664,12 +684,93 @@ stats_entry(StatsKey *key, bool create)
 			entry->interval_start = GetCurrentTimestamp();
 			entry->interval_ops = 0;
 			entry->interval_dups = 0;
-			if (!overflow)
+			entry->made_sweep = stats_shared->sweeps;
+			if (overflow)
+				stats_shared->noverflow++;
+			else
 				stats_shared->nentries++;
 		}
 	}
 	LWLockRelease(stats_shared->lock);
 	return entry;
+}
+
+static int
+oid_cmp_stats(const void *a, const void *b)
+{
+	Oid			x = *(const Oid *) a;
+	Oid			y = *(const Oid *) b;
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
+/*
+ * Remove the entries of dropped databases, which would otherwise keep their
+ * room (and their namespaces, the limit's) until the server stops; returns
+ * how many.  Called in a transaction.  An entry made before this sweep
+ * began was made by a backend of a database that existed then: if
+ * pg_database, read after that, no longer has it, the database was dropped,
+ * and with it every backend that could hold a pointer to the entry (see
+ * local_entries).  The maintenance worker's launcher calls it every round,
+ * and so does idem_stats_reset.
+ */
+int
+idem_stats_forget_dropped(void)
+{
+	uint64		sweep;
+	Oid		   *live;
+	int			nlive = 0;
+	int			maxlive = 64;
+	int			removed = 0;
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tup;
+	HASH_SEQ_STATUS seq;
+	StatsEntry *entry;
+
+	if (stats_shared == NULL)
+		return 0;
+	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+	sweep = ++stats_shared->sweeps;
+	LWLockRelease(stats_shared->lock);
+
+	/* the databases as they are now, not as a snapshot taken before */
+	InvalidateCatalogSnapshot();
+	live = palloc(sizeof(Oid) * maxlive);
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while ((tup = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		if (nlive == maxlive)
+		{
+			maxlive *= 2;
+			live = repalloc(live, sizeof(Oid) * maxlive);
+		}
+		live[nlive++] = ((Form_pg_database) GETSTRUCT(tup))->oid;
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+	qsort(live, nlive, sizeof(Oid), oid_cmp_stats);
+
+	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+	hash_seq_init(&seq, stats_hash);
+	while ((entry = hash_seq_search(&seq)) != NULL)
+	{
+		if (entry->made_sweep >= sweep || !OidIsValid(entry->key.dbid) ||
+			bsearch(&entry->key.dbid, live, nlive, sizeof(Oid),
+					oid_cmp_stats) != NULL)
+			continue;
+		if (strcmp(entry->key.ns, STATS_OVERFLOW_NS) == 0)
+			stats_shared->noverflow--;
+		else
+			stats_shared->nentries--;
+		/* removing the entry just returned is allowed during a scan */
+		(void) hash_search(stats_hash, &entry->key, HASH_REMOVE, NULL);
+		removed++;
+	}
+	LWLockRelease(stats_shared->lock);
+	pfree(live);
+	return removed;
 }
 
 static uint64
@@ -1117,6 +1218,7 @@ idem_stats_reset(PG_FUNCTION_ARGS)
 	int			i;
 
 	stats_check_loaded();
+	(void) idem_stats_forget_dropped();
 	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
 	hash_seq_init(&seq, stats_hash);
 	while ((entry = hash_seq_search(&seq)) != NULL)

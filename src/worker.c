@@ -108,20 +108,6 @@ worker_shmem_startup(void)
 	LWLockRelease(AddinShmemInitLock);
 }
 
-/*
- * A database name is cut to NAMEDATALEN - 1 bytes by CREATE DATABASE and by
- * the server for a client that connects: the worker's is cut the same way.
- */
-static bool
-worker_database_check(char **newval, void **extra, GucSource source)
-{
-	size_t		len = strlen(*newval);
-
-	if (len >= NAMEDATALEN)
-		(*newval)[pg_mbcliplen(*newval, (int) len, NAMEDATALEN - 1)] = '\0';
-	return true;
-}
-
 void
 idem_worker_init(void)
 {
@@ -141,7 +127,7 @@ idem_worker_init(void)
 							   NULL,
 							   &worker_database,
 							   "postgres",
-							   PGC_POSTMASTER, 0, worker_database_check, NULL, NULL);
+							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("idem.maintenance_interval",
 							"Time between two rounds of the maintenance worker.",
 							NULL,
@@ -281,7 +267,9 @@ idem_maintenance_round_main(Datum main_arg)
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
-	BackgroundWorkerInitializeConnection(worker_database, NULL, 0);
+	/* the database the launcher found (by its name, which may be cut) */
+	BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg),
+											  InvalidOid, 0);
 
 	/*
 	 * Whatever the database's settings say: the worker runs as the bootstrap
@@ -362,6 +350,23 @@ typedef enum WorkerDatabase
 } WorkerDatabase;
 
 /*
+ * Whether a database is the one named: CREATE DATABASE cuts a name to
+ * NAMEDATALEN - 1 bytes at a character's boundary (in the encoding of the
+ * database it runs in, which is the database's own in most clusters).  The
+ * postmaster cannot cut idem.database so: it knows no encoding.
+ */
+static bool
+worker_database_named(Form_pg_database db, const char *name)
+{
+	int			len = (int) strlen(name);
+
+	if (len >= NAMEDATALEN)
+		len = pg_encoding_mbcliplen(db->encoding, name, len, NAMEDATALEN - 1);
+	return strlen(NameStr(db->datname)) == (size_t) len &&
+		memcmp(NameStr(db->datname), name, len) == 0;
+}
+
+/*
  * Find a database in pg_database, by its name or (name NULL) its oid, and
  * copy its row's fixed part into *out.  The launcher is connected to no
  * database: it reads the shared catalog by a plain scan, as autovacuum's
@@ -385,7 +390,7 @@ worker_find_database(const char *name, Oid dbid, FormData_pg_database *out)
 	{
 		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
 
-		if (name != NULL ? strcmp(NameStr(db->datname), name) != 0 : db->oid != dbid)
+		if (name != NULL ? !worker_database_named(db, name) : db->oid != dbid)
 			continue;
 		*out = *db;
 		found = true;
@@ -397,14 +402,19 @@ worker_find_database(const char *name, Oid dbid, FormData_pg_database *out)
 	return found;
 }
 
-/* Whether idem.database exists and accepts connections. */
+/*
+ * Whether idem.database exists (its oid in *dbid, its name, as cut, in
+ * *dbname) and accepts connections.
+ */
 static WorkerDatabase
-worker_database_state(void)
+worker_database_state(Oid *dbid, NameData *dbname)
 {
 	FormData_pg_database db;
 
 	if (!worker_find_database(worker_database, InvalidOid, &db))
 		return WORKER_DB_MISSING;
+	*dbid = db.oid;
+	namestrcpy(dbname, NameStr(db.datname));
 	if (!db.datallowconn)
 		return WORKER_DB_NO_CONNECTIONS;
 	/* left invalid by an interrupted DROP DATABASE (-2 since 15.4) */
@@ -449,9 +459,9 @@ worker_log_once(int state)
 	return true;
 }
 
-/* Start a round and wait for its end. */
+/* Start a round in the database dbid and wait for its end. */
 static void
-worker_run_round(void)
+worker_run_round(Oid dbid)
 {
 	BackgroundWorker worker;
 	BackgroundWorkerHandle *handle;
@@ -468,6 +478,7 @@ worker_run_round(void)
 	snprintf(worker.bgw_name, BGW_MAXLEN, "idem maintenance round");
 	snprintf(worker.bgw_type, BGW_MAXLEN, "idem maintenance round");
 	worker.bgw_notify_pid = MyProcPid;
+	worker.bgw_main_arg = ObjectIdGetDatum(dbid);
 	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
 	{
 		if (worker_log_once(-6))
@@ -496,6 +507,8 @@ void
 idem_maintenance_main(Datum main_arg)
 {
 	TimestampTz next_round = 0;
+	Oid			dbid = InvalidOid;
+	NameData	dbname;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -530,13 +543,13 @@ idem_maintenance_main(Datum main_arg)
 			next_round = TimestampTzPlusMilliseconds(now, worker_interval * 1000L);
 		if (now >= next_round)
 		{
-			switch (worker_database_state())
+			switch (worker_database_state(&dbid, &dbname))
 			{
 				case WORKER_DB_OK:
 					/* the database is back: a state of it is logged again */
 					if (worker_shared->launcher_logged != -6)
 						worker_shared->launcher_logged = 0;
-					worker_run_round();
+					worker_run_round(dbid);
 					break;
 				case WORKER_DB_MISSING:
 					if (worker_log_once(-4))
@@ -549,12 +562,18 @@ idem_maintenance_main(Datum main_arg)
 					if (worker_log_once(-5))
 						ereport(LOG,
 								(errmsg("idem maintenance worker: database \"%s\" does not accept connections",
-										worker_database),
+										NameStr(dbname)),
 								 errhint("Allow connections to it, or set idem.database to another database.")));
 					break;
 			}
 			/* namespaces silent since a burst of duplicates: judged now */
 			idem_stats_judge_idle(worker_database_name);
+			/* the statistics of dropped databases make room */
+			SetCurrentStatementStartTimestamp();
+			StartTransactionCommand();
+			(void) GetTransactionSnapshot();
+			(void) idem_stats_forget_dropped();
+			CommitTransactionCommand();
 			next_round = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													 worker_interval * 1000L);
 			continue;

@@ -15,6 +15,7 @@ use lib $FindBin::RealBin;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(usleep);
 use IdemTest;
 
 # ---- without preloading ----
@@ -111,4 +112,36 @@ is($node->safe_psql('postgres', q{SELECT operations > 0 FROM idem_stats WHERE ki
 	't', 'the namespace "*" holds the rest');
 
 $node->stop;
+
+# The entries of a dropped database are removed, so that their room (and
+# their part of the limit) is taken again: by idem_stats_reset, and by the
+# maintenance worker's launcher at each round.  Without that, the namespaces
+# of databases dropped long ago made every new one count under "*".
+my $drop = idem_node('stats_drop',
+	"shared_preload_libraries = 'idem'",
+	'idem.max_namespaces = 10',
+	"idem.maintenance_interval = '1h'");
+$drop->safe_psql('postgres', q{CREATE DATABASE gone});
+$drop->safe_psql('gone', q{CREATE EXTENSION idem; SELECT idem_claim('m', 'g' || i) FROM generate_series(1, 10) i});
+$drop->safe_psql('postgres', q{SELECT idem_claim('m', 'p1')});
+is($drop->safe_psql('postgres', q{SELECT string_agg(ns, ',') FROM idem_stats WHERE kind = 'claim'}),
+	'*', 'the limit reached by another database: a new namespace is counted under "*"');
+$drop->safe_psql('postgres', q{DROP DATABASE gone});
+$drop->safe_psql('postgres', q{SELECT idem_stats_reset(); SELECT idem_claim('m', 'p2')});
+is($drop->safe_psql('postgres', q{SELECT string_agg(ns, ',' ORDER BY ns) FROM idem_stats WHERE kind = 'claim'}),
+	'p2', 'once that database is dropped, idem_stats_reset removes its entries: the next one has its own');
+$drop->safe_psql('postgres', q{CREATE DATABASE gone2});
+$drop->safe_psql('gone2', q{CREATE EXTENSION idem; SELECT idem_claim('m', 'h' || i) FROM generate_series(1, 9) i});
+$drop->safe_psql('postgres', q{DROP DATABASE gone2});
+$drop->append_conf('postgresql.conf', "idem.maintenance_interval = '1s'");
+$drop->reload;
+my $own = 0;
+for (my $i = 0; $i < 10 * $PostgreSQL::Test::Utils::timeout_default && !$own; $i++)
+{
+	$drop->safe_psql('postgres', q{SELECT idem_claim('m' || random(), 'p3')});
+	$own = $drop->safe_psql('postgres', q{SELECT count(*) FROM idem_stats WHERE kind = 'claim' AND ns = 'p3'}) eq '1';
+	usleep(100_000) unless $own;
+}
+ok($own, 'and so does the maintenance worker\'s launcher, at its next round');
+$drop->stop;
 done_testing();

@@ -319,6 +319,22 @@ $old->safe_psql($cut, q{
 INSERT INTO idem.claims SELECT 'default', 'back-' || i, now() - interval '30 days' FROM generate_series(1, 20) i});
 ok(poll_node($old, $cut, q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'back-%'}, '0'),
 	'once it accepts connections again, the worker purges there');
+
+# a name of more than NAMEDATALEN - 1 bytes in a multibyte encoding:
+# CREATE DATABASE cuts it at a character's boundary (62 bytes of "é" here,
+# not 63), and the worker finds it so
+my $mb = "\xc3\xa9" x 40;
+my $mbcut = "\xc3\xa9" x 31;
+$old->safe_psql('postgres', qq{CREATE DATABASE "$mb"});
+$old->safe_psql($mbcut, q{
+CREATE EXTENSION idem;
+INSERT INTO idem.claims SELECT 'default', 'mb-' || i, now() - interval '30 days' FROM generate_series(1, 20) i});
+my $mb_offset = -s $old->logfile;
+$old->safe_psql('postgres', qq{ALTER SYSTEM SET idem.database = '$mb'});
+$old->restart;
+ok(poll_node($old, $mbcut, q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'mb-%'}, '0'),
+	'a multibyte database name longer than a name is cut at a character, as CREATE DATABASE cuts it');
+unlike(slurp_file($old->logfile, $mb_offset), qr/does not exist/, 'and is not reported missing');
 $old->stop;
 
 # off switch
