@@ -19,9 +19,10 @@
  *
  * The number of entries is bounded by idem.max_namespaces.  When the table is
  * full, the counts of a new namespace go to the namespace "*" of its kind,
- * for which room is kept.  Entries are never removed (a reset sets their
- * counters to zero), so a backend may add to an entry without holding the
- * lock.
+ * for which room is kept (for 64 databases).  Only the entries of dropped
+ * databases are removed (see idem_stats_forget_dropped; a reset sets the
+ * counters of the others to zero), so a backend may add to an entry of its
+ * database without holding the lock.
  *
  * A namespace's duplicate rate is judged when a transaction that counted
  * into it commits, once idem.duplicate_rate_interval has passed since it was
@@ -773,66 +774,78 @@ idem_stats_forget_dropped(void)
 	return removed;
 }
 
-static uint64
-stats_operations(const StatsKindInfo *k, StatsEntry *entry)
+/*
+ * The operations and duplicates of an entry, from one read of each counter
+ * (read twice, a duplicate counted between the reads could make more
+ * duplicates than operations).
+ */
+static void
+stats_read_rate(const StatsKindInfo *k, StatsEntry *entry, uint64 *ops,
+				uint64 *dups)
 {
-	uint64		ops = 0;
 	int			i;
 
+	*ops = 0;
+	*dups = 0;
 	for (i = 0; i < k->noutcomes; i++)
+	{
+		uint64		v = pg_atomic_read_u64(&entry->counters[i]);
+
 		if (k->operations & (1 << i))
-			ops += pg_atomic_read_u64(&entry->counters[i]);
-	return ops;
+			*ops += v;
+		if (i == k->duplicate)
+			*dups = v;
+	}
 }
 
 /*
- * Log the duplicate rate of an entry whose interval is over, if too high.
- * dbname, given by a process connected to no database, names the entry's
- * database in the line (a backend's log_line_prefix can say it).
+ * Under the exclusive lock: end the entry's interval of the duplicate rate
+ * if it is over, with what it counted in *ops, *dups and when it began in
+ * *start; false if it is not over (another process may have ended it).
+ */
+static bool
+stats_end_interval(StatsEntry *entry, TimestampTz now, uint64 *ops,
+				   uint64 *dups, TimestampTz *start)
+{
+	uint64		all_ops;
+	uint64		all_dups;
+
+	if (!TimestampDifferenceExceeds(entry->interval_start, now,
+									stats_duplicate_rate_interval * 1000))
+		return false;
+	stats_read_rate(&kinds[entry->key.kind], entry, &all_ops, &all_dups);
+	*ops = all_ops - entry->interval_ops;
+	*dups = all_dups - entry->interval_dups;
+	*start = entry->interval_start;
+	entry->interval_start = now;
+	entry->interval_ops = all_ops;
+	entry->interval_dups = all_dups;
+	return true;
+}
+
+/*
+ * Log the duplicate rate of an interval that ended, if too high.  dbname,
+ * given by a process connected to no database, names the entry's database
+ * in the line (a backend's log_line_prefix can say it).
  */
 static void
-stats_check_rate(StatsEntry *entry, const char *(*dbname) (Oid dbid))
+stats_log_rate(const StatsKey *key, uint64 ops, uint64 dups,
+			   TimestampTz start, TimestampTz now,
+			   const char *(*dbname) (Oid dbid))
 {
-	const StatsKindInfo *k = &kinds[entry->key.kind];
-	TimestampTz now;
-	TimestampTz start;
-	uint64		ops;
-	uint64		dups;
+	const StatsKindInfo *k = &kinds[key->kind];
 	double		rate;
 	const char *db;
-
-	if (stats_duplicate_rate_warning <= 0.0)
-		return;
-	now = GetCurrentTimestamp();
-	if (!TimestampDifferenceExceeds(entry->interval_start, now,
-									stats_duplicate_rate_interval * 1000))
-		return;
-
-	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
-	/* another backend may have judged this interval meanwhile */
-	if (!TimestampDifferenceExceeds(entry->interval_start, now,
-									stats_duplicate_rate_interval * 1000))
-	{
-		LWLockRelease(stats_shared->lock);
-		return;
-	}
-	ops = stats_operations(k, entry) - entry->interval_ops;
-	dups = pg_atomic_read_u64(&entry->counters[k->duplicate]) - entry->interval_dups;
-	start = entry->interval_start;
-	entry->interval_start = now;
-	entry->interval_ops += ops;
-	entry->interval_dups += dups;
-	LWLockRelease(stats_shared->lock);
 
 	if (ops < (uint64) stats_duplicate_rate_min_operations)
 		return;
 	rate = (double) dups / (double) ops;
 	if (rate <= stats_duplicate_rate_warning)
 		return;
-	db = dbname != NULL ? dbname(entry->key.dbid) : NULL;
+	db = dbname != NULL ? dbname(key->dbid) : NULL;
 	ereport(LOG,
 			(errmsg("idem: duplicate rate of %s namespace \"%s\" is %.3f over the last %.0f s",
-					k->name, entry->key.ns, rate,
+					k->name, key->ns, rate,
 					(double) (now - start) / USECS_PER_SEC),
 			 dbname != NULL ?
 			 errdetail("%llu of %llu operations in database \"%s\" were duplicates; idem.duplicate_rate_warning is %g.",
@@ -844,17 +857,47 @@ stats_check_rate(StatsEntry *entry, const char *(*dbname) (Oid dbid))
 }
 
 /*
+ * Judge the duplicate rate of an entry of this backend's database (which
+ * cannot be removed while it is connected) when its interval is over.
+ */
+static void
+stats_check_rate(StatsEntry *entry)
+{
+	TimestampTz now;
+	TimestampTz start;
+	uint64		ops;
+	uint64		dups;
+	bool		ended;
+	StatsKey	key;
+
+	if (stats_duplicate_rate_warning <= 0.0)
+		return;
+	now = GetCurrentTimestamp();
+	/* an unlocked look first: a torn read only costs the lock */
+	if (!TimestampDifferenceExceeds(entry->interval_start, now,
+									stats_duplicate_rate_interval * 1000))
+		return;
+	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+	ended = stats_end_interval(entry, now, &ops, &dups, &start);
+	key = entry->key;
+	LWLockRelease(stats_shared->lock);
+	if (ended)
+		stats_log_rate(&key, ops, dups, start, now, NULL);
+}
+
+/*
  * Judge every namespace whose interval is over, as a commit of its work
  * would.  The maintenance worker's launcher calls it at each round; dbname
- * names a database for the lines.  Entries are never removed, so those
- * found under the shared lock stay valid once it is released.
+ * names a database for the lines.  The entries are found again by their
+ * keys under the lock: those of a dropped database may be removed
+ * meanwhile (idem_stats_reset).
  */
 void
 idem_stats_judge_idle(const char *(*dbname) (Oid dbid))
 {
 	HASH_SEQ_STATUS seq;
 	StatsEntry *entry;
-	StatsEntry **due;
+	StatsKey   *due;
 	int			ndue = 0;
 	int			maxdue = 64;
 	TimestampTz now;
@@ -863,7 +906,7 @@ idem_stats_judge_idle(const char *(*dbname) (Oid dbid))
 	if (stats_shared == NULL || stats_duplicate_rate_warning <= 0.0)
 		return;
 	now = GetCurrentTimestamp();
-	due = palloc(sizeof(StatsEntry *) * maxdue);
+	due = palloc(sizeof(StatsKey) * maxdue);
 	LWLockAcquire(stats_shared->lock, LW_SHARED);
 	hash_seq_init(&seq, stats_hash);
 	while ((entry = hash_seq_search(&seq)) != NULL)
@@ -874,13 +917,27 @@ idem_stats_judge_idle(const char *(*dbname) (Oid dbid))
 		if (ndue == maxdue)
 		{
 			maxdue *= 2;
-			due = repalloc(due, sizeof(StatsEntry *) * maxdue);
+			due = repalloc(due, sizeof(StatsKey) * maxdue);
 		}
-		due[ndue++] = entry;
+		due[ndue++] = entry->key;
 	}
 	LWLockRelease(stats_shared->lock);
 	for (i = 0; i < ndue; i++)
-		stats_check_rate(due[i], dbname);
+	{
+		TimestampTz start;
+		uint64		ops;
+		uint64		dups;
+		bool		ended = false;
+
+		now = GetCurrentTimestamp();
+		LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
+		entry = hash_search(stats_hash, &due[i], HASH_FIND, NULL);
+		if (entry != NULL)
+			ended = stats_end_interval(entry, now, &ops, &dups, &start);
+		LWLockRelease(stats_shared->lock);
+		if (ended)
+			stats_log_rate(&due[i], ops, dups, start, now, dbname);
+	}
 	pfree(due);
 }
 
@@ -945,7 +1002,7 @@ stats_add(int32 kind, const char *ns, const int64 *counts)
 	for (j = 0; j < kinds[kind].noutcomes; j++)
 		if (counts[j] != 0)
 			pg_atomic_fetch_add_u64(&entry->counters[j], counts[j]);
-	stats_check_rate(entry, NULL);
+	stats_check_rate(entry);
 }
 
 /* Add the transaction's counts to shared memory. */
@@ -1174,11 +1231,18 @@ idem_stats_rows(PG_FUNCTION_ARGS)
 		k = &kinds[entry->key.kind];
 		initStringInfo(&buf);
 		appendStringInfoChar(&buf, '{');
+		ops = 0;
+		dups = 0;
+		/* one read of each counter: the row agrees with itself */
 		for (i = 0; i < k->noutcomes; i++)
 		{
 			uint64		v = pg_atomic_read_u64(&entry->counters[i]);
 
 			total += v;
+			if (k->operations & (1 << i))
+				ops += v;
+			if (i == k->duplicate)
+				dups = v;
 			appendStringInfo(&buf, "%s\"%s\": " UINT64_FORMAT,
 							 i > 0 ? ", " : "", k->outcomes[i], v);
 		}
@@ -1186,8 +1250,6 @@ idem_stats_rows(PG_FUNCTION_ARGS)
 		/* the overflow entries appear once they have counted something */
 		if (total == 0 && strcmp(entry->key.ns, STATS_OVERFLOW_NS) == 0)
 			continue;
-		ops = stats_operations(k, entry);
-		dups = pg_atomic_read_u64(&entry->counters[k->duplicate]);
 		values[0] = CStringGetTextDatum(entry->key.ns);
 		values[1] = CStringGetTextDatum(k->name);
 		values[2] = Int64GetDatum((int64) ops);
