@@ -88,7 +88,12 @@ typedef struct StatsEntry
 	TimestampTz interval_start;
 	uint64		interval_ops;
 	uint64		interval_dups;
-	uint64		made_sweep;		/* sweeps begun before it was made */
+	/*
+	 * Sweeps begun before a backend of its database last looked it up:
+	 * written under the shared lock (atomically), read under the exclusive
+	 * one by idem_stats_forget_dropped.
+	 */
+	pg_atomic_uint64 seen_sweep;
 } StatsEntry;
 
 typedef struct StatsShared
@@ -191,6 +196,7 @@ typedef struct PreparedSlot
 	TransactionId xid;			/* the prepared transaction */
 	char		gid[GIDSIZE];
 	int			nitems;
+	uint64		made_sweep;		/* sweeps begun before it was taken */
 	PreparedItem items[STATS_PREPARED_ITEMS];
 } PreparedSlot;
 
@@ -647,8 +653,10 @@ idem_stat_count_text(IdemStatKind kind, text *ns, int outcome, int64 n)
 }
 
 /*
- * The shared entry of a key, made if there is room; NULL if not.  The
- * overflow entries of the kinds always have room.
+ * The shared entry of a key, made if there is room; NULL if not (the
+ * overflow entries "*" have room for 64 databases' of each kind).  An entry
+ * looked up is marked as seen by a backend of its database at this sweep
+ * (see idem_stats_forget_dropped).
  */
 static StatsEntry *
 stats_entry(StatsKey *key, bool create)
@@ -657,11 +665,12 @@ stats_entry(StatsKey *key, bool create)
 	bool		found;
 	bool		overflow = strcmp(key->ns, STATS_OVERFLOW_NS) == 0;
 	int			i;
-
 	int			room;
 
 	LWLockAcquire(stats_shared->lock, LW_SHARED);
 	entry = hash_search(stats_hash, key, HASH_FIND, NULL);
+	if (entry != NULL)
+		pg_atomic_write_u64(&entry->seen_sweep, stats_shared->sweeps);
 	/* full: not worth the exclusive lock, which every commit would queue on */
 	room = overflow ?
 		IDEM_NKINDS * STATS_OVERFLOW_DATABASES - stats_shared->noverflow :
@@ -672,6 +681,8 @@ stats_entry(StatsKey *key, bool create)
 
 	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
 	entry = hash_search(stats_hash, key, HASH_FIND, NULL);
+	if (entry != NULL)
+		pg_atomic_write_u64(&entry->seen_sweep, stats_shared->sweeps);
 	if (entry == NULL &&
 		(overflow ?
 		 stats_shared->noverflow < IDEM_NKINDS * STATS_OVERFLOW_DATABASES :
@@ -685,7 +696,7 @@ stats_entry(StatsKey *key, bool create)
 			entry->interval_start = GetCurrentTimestamp();
 			entry->interval_ops = 0;
 			entry->interval_dups = 0;
-			entry->made_sweep = stats_shared->sweeps;
+			pg_atomic_init_u64(&entry->seen_sweep, stats_shared->sweeps);
 			if (overflow)
 				stats_shared->noverflow++;
 			else
@@ -705,15 +716,25 @@ oid_cmp_stats(const void *a, const void *b)
 	return x < y ? -1 : x > y ? 1 : 0;
 }
 
+/* Whether the sweep "sweep" removes an entry or slot: see below. */
+static inline bool
+stats_dropped(Oid dbid, uint64 seen, uint64 sweep, const Oid *live, int nlive)
+{
+	return seen < sweep && OidIsValid(dbid) &&
+		bsearch(&dbid, live, nlive, sizeof(Oid), oid_cmp_stats) == NULL;
+}
+
 /*
  * Remove the entries of dropped databases, which would otherwise keep their
- * room (and their namespaces, the limit's) until the server stops; returns
- * how many.  Called in a transaction.  An entry made before this sweep
- * began was made by a backend of a database that existed then: if
- * pg_database, read after that, no longer has it, the database was dropped,
- * and with it every backend that could hold a pointer to the entry (see
- * local_entries).  The maintenance worker's launcher calls it every round,
- * and so does idem_stats_reset.
+ * room (and their namespaces, the limit's) until the server stops, and free
+ * their prepared transactions' slots left unsettled; returns how many
+ * entries.  Called in a transaction.  An entry last looked up (or a slot
+ * taken) before this sweep began was so by a backend of a database that
+ * existed then: if pg_database, read after that, no longer has it, the
+ * database was dropped, and with it every backend that could hold a pointer
+ * to the entry (see local_entries); no transaction of it is prepared.  The
+ * maintenance worker's launcher calls it every round, and so does
+ * idem_stats_reset.
  */
 int
 idem_stats_forget_dropped(void)
@@ -723,11 +744,13 @@ idem_stats_forget_dropped(void)
 	int			nlive = 0;
 	int			maxlive = 64;
 	int			removed = 0;
+	bool		any = false;
 	Relation	rel;
 	TableScanDesc scan;
 	HeapTuple	tup;
 	HASH_SEQ_STATUS seq;
 	StatsEntry *entry;
+	int			i;
 
 	if (stats_shared == NULL)
 		return 0;
@@ -753,13 +776,32 @@ idem_stats_forget_dropped(void)
 	table_close(rel, AccessShareLock);
 	qsort(live, nlive, sizeof(Oid), oid_cmp_stats);
 
+	/* mostly none: found under the shared lock, which commits share */
+	LWLockAcquire(stats_shared->lock, LW_SHARED);
+	hash_seq_init(&seq, stats_hash);
+	while (!any && (entry = hash_seq_search(&seq)) != NULL)
+		any = stats_dropped(entry->key.dbid,
+							pg_atomic_read_u64(&entry->seen_sweep), sweep,
+							live, nlive);
+	if (any)
+		hash_seq_term(&seq);
+	for (i = 0; !any && i < stats_nprepared; i++)
+		any = stats_dropped(stats_prepared[i].dbid,
+							stats_prepared[i].made_sweep, sweep, live, nlive);
+	LWLockRelease(stats_shared->lock);
+	if (!any)
+	{
+		pfree(live);
+		return 0;
+	}
+
 	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
 	hash_seq_init(&seq, stats_hash);
 	while ((entry = hash_seq_search(&seq)) != NULL)
 	{
-		if (entry->made_sweep >= sweep || !OidIsValid(entry->key.dbid) ||
-			bsearch(&entry->key.dbid, live, nlive, sizeof(Oid),
-					oid_cmp_stats) != NULL)
+		if (!stats_dropped(entry->key.dbid,
+						   pg_atomic_read_u64(&entry->seen_sweep), sweep,
+						   live, nlive))
 			continue;
 		if (strcmp(entry->key.ns, STATS_OVERFLOW_NS) == 0)
 			stats_shared->noverflow--;
@@ -769,6 +811,10 @@ idem_stats_forget_dropped(void)
 		(void) hash_search(stats_hash, &entry->key, HASH_REMOVE, NULL);
 		removed++;
 	}
+	for (i = 0; i < stats_nprepared; i++)
+		if (stats_dropped(stats_prepared[i].dbid, stats_prepared[i].made_sweep,
+						  sweep, live, nlive))
+			stats_prepared[i].dbid = InvalidOid;
 	LWLockRelease(stats_shared->lock);
 	pfree(live);
 	return removed;
@@ -888,56 +934,55 @@ stats_check_rate(StatsEntry *entry)
 /*
  * Judge every namespace whose interval is over, as a commit of its work
  * would.  The maintenance worker's launcher calls it at each round; dbname
- * names a database for the lines.  The entries are found again by their
- * keys under the lock: those of a dropped database may be removed
- * meanwhile (idem_stats_reset).
+ * names a database for the lines.  One pass under the exclusive lock ends
+ * the intervals; the lines, for the few rates too high, are logged after
+ * it (with copies: an entry of a dropped database may be removed then).
  */
+typedef struct StatsDue
+{
+	StatsKey	key;
+	uint64		ops;
+	uint64		dups;
+	TimestampTz start;
+} StatsDue;
+
 void
 idem_stats_judge_idle(const char *(*dbname) (Oid dbid))
 {
 	HASH_SEQ_STATUS seq;
 	StatsEntry *entry;
-	StatsKey   *due;
+	StatsDue   *due;
 	int			ndue = 0;
-	int			maxdue = 64;
+	int			maxdue = 16;
 	TimestampTz now;
 	int			i;
 
 	if (stats_shared == NULL || stats_duplicate_rate_warning <= 0.0)
 		return;
 	now = GetCurrentTimestamp();
-	due = palloc(sizeof(StatsKey) * maxdue);
-	LWLockAcquire(stats_shared->lock, LW_SHARED);
+	due = palloc(sizeof(StatsDue) * maxdue);
+	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
 	hash_seq_init(&seq, stats_hash);
 	while ((entry = hash_seq_search(&seq)) != NULL)
 	{
-		if (!TimestampDifferenceExceeds(entry->interval_start, now,
-										stats_duplicate_rate_interval * 1000))
+		StatsDue	d;
+
+		if (!stats_end_interval(entry, now, &d.ops, &d.dups, &d.start) ||
+			d.ops < (uint64) stats_duplicate_rate_min_operations ||
+			(double) d.dups / (double) d.ops <= stats_duplicate_rate_warning)
 			continue;
 		if (ndue == maxdue)
 		{
 			maxdue *= 2;
-			due = repalloc(due, sizeof(StatsKey) * maxdue);
+			due = repalloc(due, sizeof(StatsDue) * maxdue);
 		}
-		due[ndue++] = entry->key;
+		d.key = entry->key;
+		due[ndue++] = d;
 	}
 	LWLockRelease(stats_shared->lock);
 	for (i = 0; i < ndue; i++)
-	{
-		TimestampTz start;
-		uint64		ops;
-		uint64		dups;
-		bool		ended = false;
-
-		now = GetCurrentTimestamp();
-		LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
-		entry = hash_search(stats_hash, &due[i], HASH_FIND, NULL);
-		if (entry != NULL)
-			ended = stats_end_interval(entry, now, &ops, &dups, &start);
-		LWLockRelease(stats_shared->lock);
-		if (ended)
-			stats_log_rate(&due[i], ops, dups, start, now, dbname);
-	}
+		stats_log_rate(&due[i].key, due[i].ops, due[i].dups, due[i].start,
+					   now, dbname);
 	pfree(due);
 }
 
@@ -996,7 +1041,7 @@ stats_add(int32 kind, const char *ns, const int64 *counts)
 			strlcpy(key.ns, STATS_OVERFLOW_NS, STATS_NS_LEN);
 			entry = stats_entry(&key, true);
 			if (entry == NULL)
-				return;			/* out of shared memory: not counted */
+				return;			/* the room of "*" is taken: not counted */
 		}
 	}
 	for (j = 0; j < kinds[kind].noutcomes; j++)
@@ -1088,6 +1133,7 @@ stats_park_prepared(void)
 	strlcpy(slot->gid, stats_prepare_gid, GIDSIZE);
 	slot->xid = xid;
 	slot->dbid = MyDatabaseId;
+	slot->made_sweep = stats_shared->sweeps;
 	LWLockRelease(stats_shared->lock);
 	return true;
 }
@@ -1268,7 +1314,7 @@ idem_stats_rows(PG_FUNCTION_ARGS)
 
 /*
  * idem_stats_reset() returns void: every counter of every database back to
- * zero.  The namespaces keep their entries.
+ * zero.  The namespaces keep their entries, except those of dropped databases, which it removes.
  */
 PG_FUNCTION_INFO_V1(idem_stats_reset);
 Datum

@@ -37,6 +37,7 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/pg_database.h"
+#include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -260,6 +261,7 @@ void
 idem_maintenance_round_main(Datum main_arg)
 {
 	int			logged = worker_shared->round_logged;
+	char	   *dbname;
 	char		version[64] = "";
 	TimestampTz start = GetCurrentTimestamp();
 	int64		most;
@@ -270,6 +272,11 @@ idem_maintenance_round_main(Datum main_arg)
 	/* the database the launcher found (by its name, which may be cut) */
 	BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg),
 											  InvalidOid, 0);
+	/* its name as it is, for the lines (idem.database may be longer) */
+	StartTransactionCommand();
+	dbname = MemoryContextStrdup(TopMemoryContext,
+								 get_database_name(MyDatabaseId));
+	CommitTransactionCommand();
 
 	/*
 	 * Whatever the database's settings say: the worker runs as the bootstrap
@@ -322,7 +329,7 @@ idem_maintenance_round_main(Datum main_arg)
 	{
 		ereport(LOG,
 				(errmsg("idem maintenance worker: extension \"idem\" is not installed in database \"%s\"",
-						worker_database),
+						dbname),
 				 errhint("Create it there, or set idem.database to the database that has it.")));
 		logged = -1;
 	}
@@ -330,7 +337,7 @@ idem_maintenance_round_main(Datum main_arg)
 	{
 		ereport(LOG,
 				(errmsg("idem maintenance worker: extension \"idem\" in database \"%s\" is at version %s, which has no idem_maintenance()",
-						worker_database, version),
+						dbname, version),
 				 errhint("Run ALTER EXTENSION idem UPDATE there.")));
 		logged = -3;
 	}
@@ -350,20 +357,23 @@ typedef enum WorkerDatabase
 } WorkerDatabase;
 
 /*
- * Whether a database is the one named: CREATE DATABASE cuts a name to
- * NAMEDATALEN - 1 bytes at a character's boundary (in the encoding of the
- * database it runs in, which is the database's own in most clusters).  The
- * postmaster cannot cut idem.database so: it knows no encoding.
+ * Whether a database is the one named.  CREATE DATABASE cuts a name to
+ * NAMEDATALEN - 1 bytes at a character's boundary, in the encoding of the
+ * database it runs in, which may not be the new one's; the postmaster,
+ * which reads idem.database, knows no encoding.  So a longer name is that
+ * of the database whose name it begins with, cut within the last character
+ * that could have fitted.
  */
 static bool
 worker_database_named(Form_pg_database db, const char *name)
 {
-	int			len = (int) strlen(name);
+	size_t		len = strlen(name);
+	size_t		dblen = strlen(NameStr(db->datname));
 
-	if (len >= NAMEDATALEN)
-		len = pg_encoding_mbcliplen(db->encoding, name, len, NAMEDATALEN - 1);
-	return strlen(NameStr(db->datname)) == (size_t) len &&
-		memcmp(NameStr(db->datname), name, len) == 0;
+	if (len < NAMEDATALEN)
+		return dblen == len && memcmp(NameStr(db->datname), name, len) == 0;
+	return dblen > NAMEDATALEN - 1 - MAX_MULTIBYTE_CHAR_LEN &&
+		memcmp(NameStr(db->datname), name, dblen) == 0;
 }
 
 /*
@@ -566,14 +576,14 @@ idem_maintenance_main(Datum main_arg)
 								 errhint("Allow connections to it, or set idem.database to another database.")));
 					break;
 			}
-			/* namespaces silent since a burst of duplicates: judged now */
-			idem_stats_judge_idle(worker_database_name);
 			/* the statistics of dropped databases make room */
 			SetCurrentStatementStartTimestamp();
 			StartTransactionCommand();
 			(void) GetTransactionSnapshot();
 			(void) idem_stats_forget_dropped();
 			CommitTransactionCommand();
+			/* namespaces silent since a burst of duplicates: judged now */
+			idem_stats_judge_idle(worker_database_name);
 			next_round = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													 worker_interval * 1000L);
 			continue;

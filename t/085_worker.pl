@@ -322,10 +322,12 @@ ok(poll_node($old, $cut, q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'b
 
 # a name of more than NAMEDATALEN - 1 bytes in a multibyte encoding:
 # CREATE DATABASE cuts it at a character's boundary (62 bytes of "é" here,
-# not 63), and the worker finds it so
+# not 63) of the encoding it runs in (UTF8), also for a database of another
+# encoding (LATIN1, where 63 bytes would be 63 characters), and the worker
+# finds it so
 my $mb = "\xc3\xa9" x 40;
 my $mbcut = "\xc3\xa9" x 31;
-$old->safe_psql('postgres', qq{CREATE DATABASE "$mb"});
+$old->safe_psql('postgres', qq{CREATE DATABASE "$mb" ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0});
 $old->safe_psql($mbcut, q{
 CREATE EXTENSION idem;
 INSERT INTO idem.claims SELECT 'default', 'mb-' || i, now() - interval '30 days' FROM generate_series(1, 20) i});
