@@ -114,6 +114,13 @@ config_read_file(Config *cfg, const char *path, char *err, size_t errlen)
 		size_t		vlen;
 
 		lineno++;
+		/* a NUL byte would end the line there, and the rest would be lost */
+		if (memchr(line, '\0', (size_t) n) != NULL)
+		{
+			snprintf(err, errlen, "%s:%d: a NUL byte in the line", path, lineno);
+			ok = 0;
+			break;
+		}
 		s = line;
 		/* a byte order mark, which some editors write, is not in the key */
 		if (lineno == 1 && strncmp(s, "\xEF\xBB\xBF", 3) == 0)

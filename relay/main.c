@@ -1447,7 +1447,6 @@ apply_config(const Config *cfg)
 	for (i = 0; i < cfg->nitems; i++)
 	{
 		char		topic[1100];
-		char		key[1200];
 		const char *rest;
 		const SinkType *t = deftype;
 
@@ -1467,8 +1466,7 @@ apply_config(const Config *cfg)
 			if (config_split_topic(cfg->items[j].key, t2, sizeof(t2), &r2) &&
 				strcmp(t2, topic) == 0 && strcmp(r2, "sink") == 0)
 			{
-				snprintf(key, sizeof(key), "%s", cfg->items[j].key);
-				t = get_sink_type(cfg, key, cfg->items[j].value);
+				t = get_sink_type(cfg, cfg->items[j].key, cfg->items[j].value);
 				break;
 			}
 		}

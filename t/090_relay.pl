@@ -221,6 +221,20 @@ close($bad);
 ($rc, $out, $err) = run_relay({}, '--config', "$tmp/bad.conf");
 is($rc, 1, 'exit code 1 for a malformed configuration file');
 like($err, qr/bad\.conf:3: expected "key = value"/, 'the file and line are named');
+# a NUL byte would cut the line short: batch 5 and the rest lost
+open($bad, '>', "$tmp/nul.conf") or die;
+print $bad "batch = 5\0000\n";
+close($bad);
+($rc, $out, $err) = run_relay({}, '--config', "$tmp/nul.conf");
+is($rc, 1, 'exit code 1 for a NUL byte in a line');
+like($err, qr/nul\.conf:1: a NUL byte in the line/, 'the file and line are named');
+# the origin of a topic's sink, whatever the length of the topic's key
+open($bad, '>', "$tmp/longtopic.conf") or die;
+print $bad 'topic."' . ('""' x 600) . qq{".sink = nosuch\n};
+close($bad);
+($rc, $out, $err) = run_relay({}, '--config', "$tmp/longtopic.conf");
+is($rc, 1, 'exit code 1 for an unknown sink of a topic with a long quoted name');
+like($err, qr/longtopic\.conf:1/, 'its file and line are named') or diag($err);
 
 # A check of two settings names where each comes from.
 open($bad, '>', "$tmp/cross.conf") or die;
