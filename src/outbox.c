@@ -717,7 +717,7 @@ outbox_make_id(pg_uuid_t *uuid, int64 key_hash, int64 seq, uint64 rnd)
 
 /* The seq an id was made with (see outbox_make_id). */
 int64
-outbox_id_seq(pg_uuid_t *id)
+outbox_id_seq(const pg_uuid_t *id)
 {
 	uint64		hi = 0;
 	uint64		lo = 0;

@@ -152,7 +152,7 @@ extern bool outbox_find(OutboxRels *r, pg_uuid_t *id, ItemPointer tid);
 extern bool outbox_message_busy(TupleTableSlot *slot);
 extern bool outbox_lock_message(OutboxRels *r, ItemPointer tid, bool wait);
 extern bool outbox_message_exists(OutboxRels *r, pg_uuid_t *id);
-extern int64 outbox_id_seq(pg_uuid_t *id);
+extern int64 outbox_id_seq(const pg_uuid_t *id);
 
 /* Small look-ups, inline: the lease and the ack call them in their loops. */
 /* Whether two texts have the same bytes (the "C" collation's equality). */

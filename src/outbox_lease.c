@@ -771,7 +771,7 @@ lease_kept_attempts(Datum *values, bool *isnull, int64 head, int64 keep_seq,
 					int32 keep_attempts)
 {
 	Datum	   *elems = NULL;
-	bool	   *nulls;
+	bool	   *nulls = NULL;
 	int			nelems = 0;
 	int			n = 0;
 	int			i;
@@ -913,9 +913,6 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		attempts = lease_kept_attempts(values, isnull, head_seq, keep,
 									   attempts);
 		MemoryContextSwitchTo(oldcxt);
-		/* handed out again: as below */
-		if (attempts > 0 && !outbox_lock_message(r, &slot->tts_tid, false))
-			return false;
 		/* the error was the last head's */
 		isnull[OK_LAST_ERROR] = true;
 	}
@@ -935,6 +932,10 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	/* in it: leased once with it */
 	if (attempts == 0 && !isnull[OK_LEASED_THROUGH])
 		attempts = 1;
+	/* a new head leased before (kept, or in the last run): as above */
+	if (new_head && attempts > 0 &&
+		!outbox_lock_message(r, &slot->tts_tid, false))
+		return false;
 	run_ok = (attempts == 0);
 	leased_max = isnull[OK_LEASED_MAX] ? -1 : DatumGetInt64(values[OK_LEASED_MAX]);
 	last_seq = head_seq;

@@ -90,8 +90,8 @@ typedef struct StatsEntry
 	uint64		interval_dups;
 	/*
 	 * Sweeps begun before a backend of its database last looked it up:
-	 * written under the shared lock (atomically), read under the exclusive
-	 * one by idem_stats_forget_dropped.
+	 * written under the shared lock (atomically); a sweep removes it only
+	 * under the exclusive one (see idem_stats_forget_dropped).
 	 */
 	pg_atomic_uint64 seen_sweep;
 } StatsEntry;
@@ -707,21 +707,12 @@ stats_entry(StatsKey *key, bool create)
 	return entry;
 }
 
-static int
-oid_cmp_stats(const void *a, const void *b)
-{
-	Oid			x = *(const Oid *) a;
-	Oid			y = *(const Oid *) b;
-
-	return x < y ? -1 : x > y ? 1 : 0;
-}
-
 /* Whether the sweep "sweep" removes an entry or slot: see below. */
 static inline bool
 stats_dropped(Oid dbid, uint64 seen, uint64 sweep, const Oid *live, int nlive)
 {
 	return seen < sweep && OidIsValid(dbid) &&
-		bsearch(&dbid, live, nlive, sizeof(Oid), oid_cmp_stats) == NULL;
+		bsearch(&dbid, live, nlive, sizeof(Oid), oid_cmp) == NULL;
 }
 
 /*
@@ -774,7 +765,7 @@ idem_stats_forget_dropped(void)
 	}
 	table_endscan(scan);
 	table_close(rel, AccessShareLock);
-	qsort(live, nlive, sizeof(Oid), oid_cmp_stats);
+	qsort(live, nlive, sizeof(Oid), oid_cmp);
 
 	/* mostly none: found under the shared lock, which commits share */
 	LWLockAcquire(stats_shared->lock, LW_SHARED);
@@ -821,9 +812,9 @@ idem_stats_forget_dropped(void)
 }
 
 /*
- * The operations and duplicates of an entry, from one read of each counter
- * (read twice, a duplicate counted between the reads could make more
- * duplicates than operations).
+ * The operations and duplicates of an entry.  A commit adds an operation
+ * before the duplicate it is (or with it), so the duplicates read first
+ * never exceed the operations read after.
  */
 static void
 stats_read_rate(const StatsKindInfo *k, StatsEntry *entry, uint64 *ops,
@@ -831,17 +822,12 @@ stats_read_rate(const StatsKindInfo *k, StatsEntry *entry, uint64 *ops,
 {
 	int			i;
 
+	*dups = pg_atomic_read_u64(&entry->counters[k->duplicate]);
+	pg_read_barrier();
 	*ops = 0;
-	*dups = 0;
 	for (i = 0; i < k->noutcomes; i++)
-	{
-		uint64		v = pg_atomic_read_u64(&entry->counters[i]);
-
 		if (k->operations & (1 << i))
-			*ops += v;
-		if (i == k->duplicate)
-			*dups = v;
-	}
+			*ops += pg_atomic_read_u64(&entry->counters[i]);
 }
 
 /*
@@ -931,13 +917,7 @@ stats_check_rate(StatsEntry *entry)
 		stats_log_rate(&key, ops, dups, start, now, NULL);
 }
 
-/*
- * Judge every namespace whose interval is over, as a commit of its work
- * would.  The maintenance worker's launcher calls it at each round; dbname
- * names a database for the lines.  One pass under the exclusive lock ends
- * the intervals; the lines, for the few rates too high, are logged after
- * it (with copies: an entry of a dropped database may be removed then).
- */
+/* A rate too high, to be logged once the lock is released. */
 typedef struct StatsDue
 {
 	StatsKey	key;
@@ -946,6 +926,14 @@ typedef struct StatsDue
 	TimestampTz start;
 } StatsDue;
 
+/*
+ * Judge every namespace whose interval is over, as a commit of its work
+ * would.  The maintenance worker's launcher calls it at each round; dbname
+ * names a database for the lines.  When a look under the shared lock finds
+ * one, a pass under the exclusive lock ends the intervals; the lines, for
+ * the few rates too high, are logged after it (with copies: an entry of a
+ * dropped database may be removed then).
+ */
 void
 idem_stats_judge_idle(const char *(*dbname) (Oid dbid))
 {
@@ -960,6 +948,18 @@ idem_stats_judge_idle(const char *(*dbname) (Oid dbid))
 	if (stats_shared == NULL || stats_duplicate_rate_warning <= 0.0)
 		return;
 	now = GetCurrentTimestamp();
+	LWLockAcquire(stats_shared->lock, LW_SHARED);
+	hash_seq_init(&seq, stats_hash);
+	while ((entry = hash_seq_search(&seq)) != NULL &&
+		   !TimestampDifferenceExceeds(entry->interval_start, now,
+									   stats_duplicate_rate_interval * 1000))
+		;
+	if (entry != NULL)
+		hash_seq_term(&seq);
+	LWLockRelease(stats_shared->lock);
+	if (entry == NULL)
+		return;
+
 	due = palloc(sizeof(StatsDue) * maxdue);
 	LWLockAcquire(stats_shared->lock, LW_EXCLUSIVE);
 	hash_seq_init(&seq, stats_hash);
@@ -1277,9 +1277,10 @@ idem_stats_rows(PG_FUNCTION_ARGS)
 		k = &kinds[entry->key.kind];
 		initStringInfo(&buf);
 		appendStringInfoChar(&buf, '{');
+		/* the duplicates first: see stats_read_rate */
+		dups = pg_atomic_read_u64(&entry->counters[k->duplicate]);
+		pg_read_barrier();
 		ops = 0;
-		dups = 0;
-		/* one read of each counter: the row agrees with itself */
 		for (i = 0; i < k->noutcomes; i++)
 		{
 			uint64		v = pg_atomic_read_u64(&entry->counters[i]);
@@ -1287,8 +1288,6 @@ idem_stats_rows(PG_FUNCTION_ARGS)
 			total += v;
 			if (k->operations & (1 << i))
 				ops += v;
-			if (i == k->duplicate)
-				dups = v;
 			appendStringInfo(&buf, "%s\"%s\": " UINT64_FORMAT,
 							 i > 0 ? ", " : "", k->outcomes[i], v);
 		}
@@ -1314,7 +1313,8 @@ idem_stats_rows(PG_FUNCTION_ARGS)
 
 /*
  * idem_stats_reset() returns void: every counter of every database back to
- * zero.  The namespaces keep their entries, except those of dropped databases, which it removes.
+ * zero.  The namespaces keep their entries, except those of dropped
+ * databases, which it removes.
  */
 PG_FUNCTION_INFO_V1(idem_stats_reset);
 Datum

@@ -361,19 +361,24 @@ typedef enum WorkerDatabase
  * NAMEDATALEN - 1 bytes at a character's boundary, in the encoding of the
  * database it runs in, which may not be the new one's; the postmaster,
  * which reads idem.database, knows no encoding.  So a longer name is that
- * of the database whose name it begins with, cut within the last character
- * that could have fitted.
+ * of the database whose name it begins with, cut before a character that
+ * did not fit (of more than one byte, when short of NAMEDATALEN - 1); the
+ * longest such name wins.  Returns the length that matched, or 0.
  */
-static bool
+static size_t
 worker_database_named(Form_pg_database db, const char *name)
 {
 	size_t		len = strlen(name);
 	size_t		dblen = strlen(NameStr(db->datname));
 
 	if (len < NAMEDATALEN)
-		return dblen == len && memcmp(NameStr(db->datname), name, len) == 0;
-	return dblen > NAMEDATALEN - 1 - MAX_MULTIBYTE_CHAR_LEN &&
-		memcmp(NameStr(db->datname), name, dblen) == 0;
+		return dblen == len &&
+			memcmp(NameStr(db->datname), name, len) == 0 ? len : 0;
+	if (dblen <= NAMEDATALEN - 1 - MAX_MULTIBYTE_CHAR_LEN ||
+		memcmp(NameStr(db->datname), name, dblen) != 0 ||
+		(dblen < NAMEDATALEN - 1 && !IS_HIGHBIT_SET(name[dblen])))
+		return 0;
+	return dblen;
 }
 
 /*
@@ -387,6 +392,7 @@ static bool
 worker_find_database(const char *name, Oid dbid, FormData_pg_database *out)
 {
 	bool		found = false;
+	size_t		best = 0;
 	Relation	rel;
 	TableScanDesc scan;
 	HeapTuple	tup;
@@ -400,11 +406,20 @@ worker_find_database(const char *name, Oid dbid, FormData_pg_database *out)
 	{
 		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
 
-		if (name != NULL ? !worker_database_named(db, name) : db->oid != dbid)
+		if (name != NULL)
+		{
+			size_t		matched = worker_database_named(db, name);
+
+			if (matched <= best)
+				continue;
+			best = matched;
+		}
+		else if (db->oid != dbid)
 			continue;
 		*out = *db;
 		found = true;
-		break;
+		if (name == NULL)
+			break;
 	}
 	table_endscan(scan);
 	table_close(rel, AccessShareLock);

@@ -292,6 +292,13 @@ unlike($drop_log, qr/FATAL:  (?!terminating background worker)/, 'and no round f
 # a database named with more than NAMEDATALEN - 1 bytes, as CREATE DATABASE
 # and a client's connection cut it
 my $long = 'long_' . ('d' x 70);
+# made first, and a prefix of the name too: but 61 bytes of ASCII are not a
+# cut of it
+my $decoy = substr($long, 0, 61);
+$old->safe_psql('postgres', qq{CREATE DATABASE "$decoy"});
+$old->safe_psql($decoy, q{
+CREATE EXTENSION idem;
+INSERT INTO idem.claims SELECT 'default', 'decoy-' || i, now() - interval '30 days' FROM generate_series(1, 20) i});
 $old->safe_psql('postgres', qq{CREATE DATABASE "$long"});
 my $cut = substr($long, 0, 63);
 $old->safe_psql($cut, q{
@@ -302,6 +309,8 @@ $old->restart;
 ok(poll_node($old, $cut, q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'long-%'}, '0'),
 	'a database name longer than a name is cut as CREATE DATABASE cuts it');
 unlike(slurp_file($old->logfile), qr/database "long_d+" does not exist/, 'and is not reported missing');
+is($old->safe_psql($decoy, q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'decoy-%'}), '20',
+	'a database whose name is a shorter prefix of it is not taken for it');
 
 # a database that does not accept connections (datallowconn off) is logged
 # once and skipped, as a missing one: no round tries to connect to it; once
