@@ -917,6 +917,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	int			nacks = 0;
 	int			ndelivered = 0;
 	int			nretried = 0;
+	int			nleft = 0;		/* of runs, released by the nack of a failure */
 	int			ndead = 0;
 	int			nlate = 0;
 	int			i;
@@ -988,6 +989,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 						  "dead: %s", m->id, topic, key, m->attempt, error);
 				break;
 			case OUTCOME_SKIPPED:
+				nleft++;
 				relay_log(LOG_DEBUG, "left %s (topic %s, key %s): an earlier message of its key "
 						  "was not delivered", m->id, topic, key);
 				continue;
@@ -1059,7 +1061,8 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 		else
 		{
 			PQclear(res);
-			COUNT(retried, nretried);
+			/* those left are leased again, as released unpublished */
+			COUNT(retried, nretried + nleft);
 			COUNT(dead, ndead);
 		}
 	}
