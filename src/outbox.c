@@ -66,6 +66,7 @@
 #include "commands/trigger.h"
 #include "common/pg_prng.h"
 #include "mb/pg_wchar.h"
+#include "miscadmin.h"
 #include "storage/bufmgr.h"
 #include "storage/procarray.h"
 #include "utils/fmgroids.h"
@@ -713,6 +714,21 @@ outbox_make_id(pg_uuid_t *uuid, int64 key_hash, int64 seq, uint64 rnd)
 		uuid->data[i] = (uint8) (hi >> (56 - 8 * i));
 		uuid->data[8 + i] = (uint8) (lo >> (56 - 8 * i));
 	}
+}
+
+/*
+ * The lock a sender holds in SHARE mode from before it draws its message's
+ * seq until the message is in the primary key, and a lease that would hand
+ * out a run tries in EXCLUSIVE mode before it reads the key's messages: the
+ * one message a run could not see while it passed over its seq (see
+ * lease_run).  An advisory lock of the database named by the key's hash;
+ * pg_advisory_* use objsubid 1 and 2, the relays' idle lock 3.
+ */
+void
+outbox_sending_locktag(LOCKTAG *tag, int64 key_hash)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) ((uint64) key_hash >> 32),
+						 (uint32) key_hash, 4);
 }
 
 /* The seq an id was made with (see outbox_make_id). */

@@ -12,6 +12,7 @@
 
 #include "access/relscan.h"
 #include "executor/tuptable.h"
+#include "storage/lock.h"
 #include "storage/lockdefs.h"
 #include "utils/rel.h"
 #include "nodes/execnodes.h"
@@ -153,6 +154,7 @@ extern bool outbox_message_busy(TupleTableSlot *slot);
 extern bool outbox_lock_message(OutboxRels *r, ItemPointer tid, bool wait);
 extern bool outbox_message_exists(OutboxRels *r, pg_uuid_t *id);
 extern int64 outbox_id_seq(const pg_uuid_t *id);
+extern void outbox_sending_locktag(LOCKTAG *tag, int64 key_hash);
 
 /* Small look-ups, inline: the lease and the ack call them in their loops. */
 /* Whether two texts have the same bytes (the "C" collation's equality). */

@@ -433,6 +433,7 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	int64		seq;
 	Datum		values[OB_NATTS];
 	bool		isnull[OB_NATTS];
+	LOCKTAG		sending;
 
 	if (PG_ARGISNULL(2))
 		ereport(ERROR,
@@ -467,8 +468,13 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	if (!outbox_keys_checked || !outbox_known_key(key_hash, topic, key))
 		outbox_ensure_key(topic, key, key_hash);
 
-	/* the message */
+	/*
+	 * The message.  From before its seq is drawn until it is in the primary
+	 * key, a lease of the key hands out no run (see lease_run).
+	 */
 	outbox_lookup_relids();
+	outbox_sending_locktag(&sending, key_hash);
+	(void) LockAcquire(&sending, ShareLock, false, false);
 	seq = nextval_internal(outbox_seq_oid, false);
 	outbox_check_seq();
 	/* the sequence was made with this range; its owner may have changed it */
@@ -499,6 +505,7 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	isnull[OB_TYPE] = (type == NULL);
 	isnull[OB_HEADERS] = (headers == NULL);
 	outbox_insert_message(values, isnull);
+	LockRelease(&sending, ShareLock, false);
 
 	outbox_sent(topic);
 	idem_stat_count_text(IDEM_KIND_OUTBOX, topic, IDEM_OUTBOX_SENT, 1);
