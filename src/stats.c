@@ -1240,6 +1240,52 @@ stats_check_loaded(void)
 }
 
 /*
+ * A copy of an entry of the current database, made under the shared lock:
+ * the output is built after the lock is released, where it can be cancelled,
+ * and the sessions that make entries do not wait for it.
+ */
+typedef struct StatsCopy
+{
+	int32		kind;
+	char	   *ns;
+	uint64		dups;			/* read before the counters (stats_read_rate) */
+	uint64		counters[IDEM_STAT_MAX_OUTCOMES];
+} StatsCopy;
+
+static StatsCopy *
+stats_copy_database(int *n, TimestampTz *reset)
+{
+	HASH_SEQ_STATUS seq;
+	StatsEntry *entry;
+	StatsCopy  *copies;
+	int			i;
+
+	*n = 0;
+	LWLockAcquire(stats_shared->lock, LW_SHARED);
+	*reset = stats_shared->stats_reset;
+	copies = palloc(sizeof(StatsCopy) * Max(hash_get_num_entries(stats_hash), 1));
+	hash_seq_init(&seq, stats_hash);
+	while ((entry = hash_seq_search(&seq)) != NULL)
+	{
+		const StatsKindInfo *k;
+		StatsCopy  *c;
+
+		if (entry->key.dbid != MyDatabaseId)
+			continue;
+		k = &kinds[entry->key.kind];
+		c = &copies[(*n)++];
+		c->kind = entry->key.kind;
+		c->ns = pstrdup(entry->key.ns);
+		c->dups = pg_atomic_read_u64(&entry->counters[k->duplicate]);
+		pg_read_barrier();
+		for (i = 0; i < k->noutcomes; i++)
+			c->counters[i] = pg_atomic_read_u64(&entry->counters[i]);
+	}
+	LWLockRelease(stats_shared->lock);
+	return copies;
+}
+
+/*
  * idem_stats_rows() returns setof (ns, kind, operations, duplicates,
  * duplicate_rate, counters, stats_reset): the rows of the view idem_stats,
  * for the current database.
@@ -1249,8 +1295,9 @@ Datum
 idem_stats_rows(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	HASH_SEQ_STATUS seq;
-	StatsEntry *entry;
+	StatsCopy  *copies;
+	int			ncopies;
+	int			j;
 	TimestampTz reset;
 
 	stats_check_loaded();
@@ -1258,32 +1305,24 @@ idem_stats_rows(PG_FUNCTION_ARGS)
 	if (rsinfo->setDesc->natts != 7)
 		elog(ERROR, "idem_stats_rows: unexpected result type");
 
-	LWLockAcquire(stats_shared->lock, LW_SHARED);
-	reset = stats_shared->stats_reset;
-	hash_seq_init(&seq, stats_hash);
-	while ((entry = hash_seq_search(&seq)) != NULL)
+	copies = stats_copy_database(&ncopies, &reset);
+	for (j = 0; j < ncopies; j++)
 	{
-		const StatsKindInfo *k;
+		StatsCopy  *c = &copies[j];
+		const StatsKindInfo *k = &kinds[c->kind];
 		Datum		values[7];
 		bool		nulls[7] = {0};
 		StringInfoData buf;
-		uint64		ops;
-		uint64		dups;
+		uint64		ops = 0;
 		uint64		total = 0;
 		int			i;
 
-		if (entry->key.dbid != MyDatabaseId)
-			continue;
-		k = &kinds[entry->key.kind];
+		CHECK_FOR_INTERRUPTS();
 		initStringInfo(&buf);
 		appendStringInfoChar(&buf, '{');
-		/* the duplicates first: see stats_read_rate */
-		dups = pg_atomic_read_u64(&entry->counters[k->duplicate]);
-		pg_read_barrier();
-		ops = 0;
 		for (i = 0; i < k->noutcomes; i++)
 		{
-			uint64		v = pg_atomic_read_u64(&entry->counters[i]);
+			uint64		v = c->counters[i];
 
 			total += v;
 			if (k->operations & (1 << i))
@@ -1293,21 +1332,21 @@ idem_stats_rows(PG_FUNCTION_ARGS)
 		}
 		appendStringInfoChar(&buf, '}');
 		/* the overflow entries appear once they have counted something */
-		if (total == 0 && strcmp(entry->key.ns, STATS_OVERFLOW_NS) == 0)
+		if (total == 0 && strcmp(c->ns, STATS_OVERFLOW_NS) == 0)
 			continue;
-		values[0] = CStringGetTextDatum(entry->key.ns);
+		values[0] = CStringGetTextDatum(c->ns);
 		values[1] = CStringGetTextDatum(k->name);
 		values[2] = Int64GetDatum((int64) ops);
-		values[3] = Int64GetDatum((int64) dups);
+		values[3] = Int64GetDatum((int64) c->dups);
 		if (ops > 0)
-			values[4] = Float8GetDatum((double) dups / (double) ops);
+			values[4] = Float8GetDatum((double) c->dups / (double) ops);
 		else
 			nulls[4] = true;
 		values[5] = DirectFunctionCall1(jsonb_in, CStringGetDatum(buf.data));
 		values[6] = TimestampTzGetDatum(reset);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		pfree(buf.data);
 	}
-	LWLockRelease(stats_shared->lock);
 	return (Datum) 0;
 }
 
@@ -1359,51 +1398,71 @@ append_label(StringInfo buf, const char *s)
 	}
 }
 
+/* Longer than any line of idem_metrics (a label escapes each byte in two). */
+#define METRICS_LINE_MAX	(4 * STATS_NS_LEN)
+
+/* An error unless need more bytes still fit in idem_metrics' text. */
+static void
+metrics_room(StringInfo buf, int need, int ncopies)
+{
+	if ((Size) buf->len + need >= MaxAllocSize - VARHDRSZ)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("idem_metrics() output would exceed 1 GB"),
+				 errdetail("The current database has %d namespaces counted.",
+						   ncopies),
+				 errhint("Read the view idem_stats, or lower idem.max_namespaces.")));
+}
+
 /*
  * idem_metrics() returns text: the counters of the current database in the
- * Prometheus text exposition format.
+ * Prometheus text exposition format.  A text value holds at most 1 GB; about
+ * a million namespaces with long names would need more.
  */
 PG_FUNCTION_INFO_V1(idem_metrics);
 Datum
 idem_metrics(PG_FUNCTION_ARGS)
 {
 	StringInfoData buf;
-	HASH_SEQ_STATUS seq;
-	StatsEntry *entry;
+	StatsCopy  *copies;
+	int			ncopies;
+	TimestampTz reset;
 	int			k;
 
 	stats_check_loaded();
+	copies = stats_copy_database(&ncopies, &reset);
 	initStringInfo(&buf);
-	LWLockAcquire(stats_shared->lock, LW_SHARED);
 	for (k = 0; k < IDEM_NKINDS; k++)
 	{
 		const StatsKindInfo *ki = &kinds[k];
+		int			j;
 
+		metrics_room(&buf, METRICS_LINE_MAX, ncopies);
 		appendStringInfo(&buf, "# HELP %s %s\n# TYPE %s counter\n",
 						 ki->metric, ki->help, ki->metric);
-		hash_seq_init(&seq, stats_hash);
-		while ((entry = hash_seq_search(&seq)) != NULL)
+		for (j = 0; j < ncopies; j++)
 		{
 			int			i;
 
-			if (entry->key.dbid != MyDatabaseId || entry->key.kind != k)
+			if (copies[j].kind != k)
 				continue;
+			CHECK_FOR_INTERRUPTS();
+			metrics_room(&buf, ki->noutcomes * METRICS_LINE_MAX, ncopies);
 			for (i = 0; i < ki->noutcomes; i++)
 			{
 				appendStringInfo(&buf, "%s{namespace=\"", ki->metric);
-				append_label(&buf, entry->key.ns);
+				append_label(&buf, copies[j].ns);
 				appendStringInfo(&buf, "\",outcome=\"%s\"} " UINT64_FORMAT "\n",
-								 ki->outcomes[i],
-								 pg_atomic_read_u64(&entry->counters[i]));
+								 ki->outcomes[i], copies[j].counters[i]);
 			}
 		}
 	}
+	metrics_room(&buf, METRICS_LINE_MAX, ncopies);
 	appendStringInfo(&buf,
 					 "# HELP idem_stats_reset_timestamp_seconds When the counters were last reset.\n"
 					 "# TYPE idem_stats_reset_timestamp_seconds gauge\n"
 					 "idem_stats_reset_timestamp_seconds %.3f\n",
-					 (double) stats_shared->stats_reset / USECS_PER_SEC +
+					 (double) reset / USECS_PER_SEC +
 					 (double) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY);
-	LWLockRelease(stats_shared->lock);
 	PG_RETURN_TEXT_P(cstring_to_text(buf.data));
 }
