@@ -167,7 +167,9 @@ config_read_file(Config *cfg, const char *path, char *err, size_t errlen)
 /*
  * "topic.orders.sink" gives topic "orders" and rest "sink";
  * "topic."orders.v1".webhook.url" gives "orders.v1" and "webhook.url" (a
- * quote inside quotes is doubled).
+ * quote inside quotes is doubled).  1 when it splits, 0 when the key is not
+ * one of a topic, or malformed, and -1 when the name does not fit in
+ * topicsize bytes.
  */
 int
 config_split_topic(const char *key, char *topic, size_t topicsize, const char **rest)
@@ -192,7 +194,7 @@ config_split_topic(const char *key, char *topic, size_t topicsize, const char **
 				p++;
 			}
 			if (n + 1 >= topicsize)
-				return 0;
+				return -1;
 			topic[n++] = *p++;
 		}
 		p++;
@@ -202,7 +204,7 @@ config_split_topic(const char *key, char *topic, size_t topicsize, const char **
 		while (*p != '\0' && *p != '.')
 		{
 			if (n + 1 >= topicsize)
-				return 0;
+				return -1;
 			topic[n++] = *p++;
 		}
 	}

@@ -1309,7 +1309,12 @@ check_keys(const Config *cfg)
 				known = 1;
 		if (!known && strncmp(key, "topic.", 6) == 0)
 		{
-			if (!config_split_topic(key, topic, sizeof(topic), &rest))
+			int			split = config_split_topic(key, topic, sizeof(topic), &rest);
+
+			if (split < 0)
+				config_error("a setting of a topic whose name is too long (%s): a topic has at most 255 bytes",
+							 cfg->items[i].origin);
+			if (split == 0)
 				config_error("malformed setting \"%s\" (%s): expected topic.NAME.sink or "
 							 "topic.NAME.SINK.SETTING, with NAME in double quotes if it has a dot",
 							 key, cfg->items[i].origin);
@@ -1453,7 +1458,7 @@ apply_config(const Config *cfg)
 		const char *rest;
 		const SinkType *t = deftype;
 
-		if (!config_split_topic(cfg->items[i].key, topic, sizeof(topic), &rest))
+		if (config_split_topic(cfg->items[i].key, topic, sizeof(topic), &rest) != 1)
 			continue;
 		for (j = 1; j < nroutes; j++)
 			if (strcmp(routes[j].topic, topic) == 0)
@@ -1466,7 +1471,7 @@ apply_config(const Config *cfg)
 			char		t2[1100];
 			const char *r2;
 
-			if (config_split_topic(cfg->items[j].key, t2, sizeof(t2), &r2) &&
+			if (config_split_topic(cfg->items[j].key, t2, sizeof(t2), &r2) == 1 &&
 				strcmp(t2, topic) == 0 && strcmp(r2, "sink") == 0)
 			{
 				t = get_sink_type(cfg, cfg->items[j].key, cfg->items[j].value);

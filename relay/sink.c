@@ -103,7 +103,7 @@ topic_rest(const SinkSettings *ss, const ConfigItem *it)
 	const char *rest;
 
 	if (ss->topic == NULL ||
-		!config_split_topic(it->key, topic, sizeof(topic), &rest) ||
+		config_split_topic(it->key, topic, sizeof(topic), &rest) != 1 ||
 		strcmp(topic, ss->topic) != 0)
 		return NULL;
 	return rest;

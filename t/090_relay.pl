@@ -235,6 +235,14 @@ close($bad);
 ($rc, $out, $err) = run_relay({}, '--config', "$tmp/longtopic.conf");
 is($rc, 1, 'exit code 1 for an unknown sink of a topic with a long quoted name');
 like($err, qr/longtopic\.conf:1/, 'its file and line are named') or diag($err);
+# a topic's name longer than any topic can be: said so, not "malformed"
+open($bad, '>', "$tmp/toolong.conf") or die;
+print $bad "batch = 5\ntopic." . ('t' x 1200) . ".sink = stdout\n";
+close($bad);
+($rc, $out, $err) = run_relay({}, '--config', "$tmp/toolong.conf");
+is($rc, 1, 'exit code 1 for a topic whose name is too long');
+like($err, qr/a setting of a topic whose name is too long \(.*toolong\.conf:2\): a topic has at most 255 bytes/,
+	'the message says the name is too long, with its file and line') or diag($err);
 
 # A check of two settings names where each comes from.
 open($bad, '>', "$tmp/cross.conf") or die;
