@@ -719,16 +719,18 @@ outbox_make_id(pg_uuid_t *uuid, int64 key_hash, int64 seq, uint64 rnd)
 /*
  * The lock a sender holds in SHARE mode from before it draws its message's
  * seq until the message is in the primary key, and a lease that would hand
- * out a run tries in EXCLUSIVE mode before it reads the key's messages: the
- * one message a run could not see while it passed over its seq (see
- * lease_run).  An advisory lock of the database named by the key's hash;
- * pg_advisory_* use objsubid 1 and 2, the relays' idle lock 3.
+ * out a run tries in ROW EXCLUSIVE mode (which conflicts with SHARE, and not
+ * with another lease's) before it reads the key's messages: the one message
+ * a run could not see while it passed over its seq (see lease_run).  An
+ * advisory lock of the database named by the key's hash, with an objsubid
+ * that neither pg_advisory_* (1 and 2), the relays' idle lock (3) nor Citus
+ * (4 to 16) uses.
  */
 void
 outbox_sending_locktag(LOCKTAG *tag, int64 key_hash)
 {
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) ((uint64) key_hash >> 32),
-						 (uint32) key_hash, 4);
+						 (uint32) key_hash, OUTBOX_SENDING_LOCK_ID4);
 }
 
 /* The seq an id was made with (see outbox_make_id). */

@@ -154,6 +154,8 @@ extern bool outbox_message_busy(TupleTableSlot *slot);
 extern bool outbox_lock_message(OutboxRels *r, ItemPointer tid, bool wait);
 extern bool outbox_message_exists(OutboxRels *r, pg_uuid_t *id);
 extern int64 outbox_id_seq(const pg_uuid_t *id);
+/* the objsubid of the sending lock of a key: "id" */
+#define OUTBOX_SENDING_LOCK_ID4	0x6964
 extern void outbox_sending_locktag(LOCKTAG *tag, int64 key_hash);
 
 /* Small look-ups, inline: the lease and the ack call them in their loops. */

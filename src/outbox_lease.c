@@ -706,13 +706,16 @@ lease_heap_add(LeaseHeap *h, TimestampTz available_at, ItemPointer tid)
  * Nor may a run take in a message an earlier lease handed out (seq up to
  * leased_max, -1 for none): one after a head whose sender committed late.
  * The late ack of that message, by the relay whose lease of it ran out,
- * would count for the run, and as its last end it while its head is held. *
+ * would count for the run, and as its last end it while its head is held.
+ *
  * A sender's message is in the primary key only after its seq is drawn: one
  * whose entry is not there yet, with a smaller seq than a message the run
  * would take, would not be seen at all.  Senders hold the key's sending lock
  * through that window (see idem_outbox_send), so there is no run while one
- * holds it, and one that takes it after this lease did draws a seq after
- * every message read here.
+ * holds it, and one that takes it after this lease released it draws a seq
+ * after every message read here.  (Rows written by hand or applied by
+ * logical replication take no such lock.)  A lock table too full to take
+ * it also means no run.
  */
 static void
 lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int64 leased_max,
@@ -729,7 +732,8 @@ lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int64 leased_max,
 	int64		key_hash = outbox_key_hash(topic, key);
 
 	outbox_sending_locktag(&sending, key_hash);
-	if (LockAcquire(&sending, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+	if (LockAcquireExtended(&sending, RowExclusiveLock, false, true, false,
+							NULL) == LOCKACQUIRE_NOT_AVAIL)
 		return;
 	InitDirtySnapshot(dirty);
 	outbox_key_range(skeys, &lo, &hi, key_hash);
@@ -766,7 +770,7 @@ lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int64 leased_max,
 	}
 	index_endscan(scan);
 	ExecClearTuple(r->slot);
-	LockRelease(&sending, ExclusiveLock, false);
+	LockRelease(&sending, RowExclusiveLock, false);
 }
 
 /*
