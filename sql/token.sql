@@ -182,6 +182,9 @@ SELECT q, token_sqlstate(q) FROM (VALUES
     ('SELECT idem_token_issue('''', ''367 days'')'),
     ('SELECT idem_token_issue('''', ''100000 years'')'),
     ('SELECT idem_token_issue('''', ''2147483647 days'')'),
+    ('SELECT idem_token_issue('''', ''-876600 hours 36526 days'')'),
+    ('SELECT idem_token_issue('''', ''36526 months -1111730 days'')'),
+    ('SELECT idem_token_issue('''', ''2001 years'')'),
     ('SELECT idem_token_issue(repeat(''s'', 63))'),
     ('SELECT idem_token_issue(repeat(''s'', 64))'),
     ('SELECT idem_token_issue(repeat(''é'', 32))'),
@@ -195,6 +198,16 @@ SELECT q, token_sqlstate(q) FROM (VALUES
     ('SELECT idem_token_purge(NULL)'),
     ('SELECT idem_token_purge(0)'),
     ('SELECT idem_token_purge(-1)')) AS v(q);
+
+-- a ttl whose fields nearly cancel is judged by its sum (1 day here); beyond
+-- 2,000 years in a field, fields of both signs are refused as such
+BEGIN;
+SET LOCAL TIME ZONE 'UTC';  -- no daylight saving time between the two dates
+SELECT idem_token_issue('far', '-876600 hours 36526 days') AS far_token \gset
+SELECT expires_at - now() AS ttl FROM idem.tokens
+ WHERE scope = 'far' AND digest = sha256(convert_to(left(:'far_token', 43), 'UTF8'));
+COMMIT;
+SELECT idem_token_issue('', '36526 months -1111730 days');
 
 -- writes are refused where an INSERT would be; status is a read
 BEGIN READ ONLY;

@@ -504,6 +504,13 @@ idem_request_begin(PG_FUNCTION_ARGS)
 	st.clock = GetCurrentTimestamp();
 
 	store = requests_open("idem_request_begin()");
+	/*
+	 * A resume goes on from a checkpoint whose writes committed with it: not
+	 * on a snapshot taken before them (nor a new attempt on one taken before
+	 * the release or the expiry it follows).  A replay, a mismatch and an
+	 * in_flight stay answered on the latest version.
+	 */
+	idem_store_require_snapshot(store);
 	request_me(store, &st.me);
 	st.citus = idem_store_through_sql(store);
 	st.runas = idem_store_relowner(store);

@@ -2758,6 +2758,28 @@ store_sql_update_stmt(IdemStore *store, void *arg)
 	a->result = SPI_processed > 0 ? IDEM_UPDATE_DONE : IDEM_UPDATE_ABSENT;
 }
 
+/*
+ * Whether fn declines the row as a statement without a lock reads it; fn
+ * works in cxt, the caller's memory, as in store_sql_update_stmt.
+ */
+static bool
+store_sql_decline_unlocked(IdemStore *store, const Datum *keys,
+						   IdemStoreUpdateFn fn, void *arg, MemoryContext cxt)
+{
+	TupleDesc	tupdesc = RelationGetDescr(store->rel);
+	Datum	   *values = MemoryContextAlloc(cxt, tupdesc->natts * sizeof(Datum));
+	bool	   *isnull = MemoryContextAlloc(cxt, tupdesc->natts * sizeof(bool));
+	MemoryContext oldcxt;
+	bool		changed;
+
+	if (!store_sql_select(store, keys, NULL, cxt, values, isnull))
+		return false;
+	oldcxt = MemoryContextSwitchTo(cxt);
+	changed = fn(tupdesc, values, isnull, arg);
+	MemoryContextSwitchTo(oldcxt);
+	return !changed;
+}
+
 static IdemStoreUpdateResult
 store_sql_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 				 void *arg, IdemStoreWait wait)
@@ -2771,6 +2793,19 @@ store_sql_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 	{
 		store_sql_end(&su);
 		return IDEM_UPDATE_BUSY;
+	}
+
+	/*
+	 * A version fn declines is answered without a lock, as on the direct
+	 * path: a lock kept until this transaction ends would make other
+	 * transactions' calls of the key wait, or answer in flight, even where
+	 * nothing was written (a replay, a token consumed already).  Only a
+	 * version fn would change is read again FOR UPDATE, and judged again.
+	 */
+	if (store_sql_decline_unlocked(store, keys, fn, arg, a.cxt))
+	{
+		store_sql_end(&su);
+		return IDEM_UPDATE_DECLINED;
 	}
 	if (wait == IDEM_WAIT)
 		store_sql_update_stmt(store, &a);

@@ -376,21 +376,32 @@ tokens_open(LOCKMODE lockmode)
 static TimestampTz
 token_expiry(Interval *ttl, TimestampTz now)
 {
-	const int32 bound = (int32) (100 * DAYS_PER_YEAR);	/* days, or months */
+	/*
+	 * Each field within 2,000 years: now + ttl, added field by field, stays
+	 * within 6,000 years of now, where a timestamp cannot overflow.
+	 */
+	const int32 months = 2000 * MONTHS_PER_YEAR;
+	const int32 days = 2000 * 366;
 	Interval	year = {.time = 0, .day = 0, .month = TOKEN_MAX_TTL_MONTHS};
 	TimestampTz expires;
 	TimestampTz limit;
 
-	if (ttl->month > bound || ttl->month < -bound ||
-		ttl->day > bound || ttl->day < -bound ||
-		ttl->time > (int64) bound * USECS_PER_DAY ||
-		ttl->time < -(int64) bound * USECS_PER_DAY)
+	if (ttl->month > months || ttl->month < -months ||
+		ttl->day > days || ttl->day < -days ||
+		ttl->time > (int64) days * USECS_PER_DAY ||
+		ttl->time < -(int64) days * USECS_PER_DAY)
 	{
-		/* far out of range: its sign, with months of 30 days, is enough */
-		double		span = (double) ttl->month * DAYS_PER_MONTH * USECS_PER_DAY +
-			(double) ttl->day * USECS_PER_DAY + (double) ttl->time;
+		bool		pos = ttl->month > 0 || ttl->day > 0 || ttl->time > 0;
+		bool		neg = ttl->month < 0 || ttl->day < 0 || ttl->time < 0;
 
-		expires = span > 0 ? DT_NOEND : DT_NOBEGIN;
+		/* of one sign, beyond 2,000 years: its sign tells */
+		if (pos && neg)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("ttl must not have fields of both signs of which one exceeds 2000 years"),
+					 errdetail("The ttl given was %s.", idem_interval_text(ttl)),
+					 errhint("Give how long the token stays valid, such as '30 minutes'.")));
+		expires = pos ? DT_NOEND : DT_NOBEGIN;
 	}
 	else
 		expires = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,

@@ -238,6 +238,31 @@ is( $w2->safe_psql('postgres',
 is( $w1->safe_psql('postgres',
 		"SELECT status FROM idem_request_begin('q-1', 'other')"),
 	'mismatch', 'mismatch through a worker');
+# a begin answered without writing (replay, in_flight) leaves no lock on the
+# row: a transaction still open after it stops neither another session's
+# replay and mismatch, nor the owner's finish
+{
+	my $s = IdemTest::Session->new($w1, 'postgres');
+	is($s->query("BEGIN; SELECT status FROM idem_request_begin('q-1', 'fp');"),
+		'replay', 'a replay in a transaction left open');
+	for my $n ($w2, $coord)
+	{
+		is($n->safe_psql('postgres', "SELECT status FROM idem_request_begin('q-1', 'fp')"),
+			'replay', 'still a replay for another session through ' . $n->name);
+		is($n->safe_psql('postgres', "SELECT status FROM idem_request_begin('q-1', 'other')"),
+			'mismatch', 'still a mismatch for another session through ' . $n->name);
+	}
+	$s->query('COMMIT;');
+	my $o = IdemTest::Session->new($coord, 'postgres');
+	is($o->query("SELECT status FROM idem_request_begin('q-3', 'fp');"), 'new', 'an attempt begun');
+	is($s->query("BEGIN; SELECT status FROM idem_request_begin('q-3', 'fp');"),
+		'in_flight', 'in flight to a transaction left open');
+	is($o->query("SET lock_timeout = '2s'; SELECT idem_request_finish('q-3', 201); SELECT 'ok';"),
+		"\nok", 'the owner finishes it without waiting for that transaction');
+	$s->query('COMMIT;');
+	$s->close;
+	$o->close;
+}
 
 # a request whose attempt spans transactions belongs to the client session
 # that began it, through every node, wherever its key's shard is: Citus's
