@@ -2796,13 +2796,20 @@ store_sql_update(IdemStore *store, const Datum *keys, IdemStoreUpdateFn fn,
 	}
 
 	/*
-	 * A version fn declines is answered without a lock, as on the direct
-	 * path: a lock kept until this transaction ends would make other
-	 * transactions' calls of the key wait, or answer in flight, even where
-	 * nothing was written (a replay, a token consumed already).  Only a
-	 * version fn would change is read again FOR UPDATE, and judged again.
+	 * A call that does not wait answers a version fn declines without a
+	 * lock, as on the direct path: a lock kept until this transaction ends
+	 * would make other transactions' calls of the key answer in flight, and
+	 * the owner's own updates wait, where nothing was written (a replay, a
+	 * mismatch).  Only a version fn would change is read again FOR UPDATE,
+	 * and judged again.  (The version read is the last committed one: a
+	 * transaction still writing the row is not seen, where the direct path
+	 * answers in flight; see README, "Scale-out on Citus".)  A call that
+	 * waits judges the version it locked, after any writer in flight: an
+	 * unlocked read could decline what that writer changes (an offset being
+	 * reset).
 	 */
-	if (store_sql_decline_unlocked(store, keys, fn, arg, a.cxt))
+	if (wait == IDEM_NOWAIT &&
+		store_sql_decline_unlocked(store, keys, fn, arg, a.cxt))
 	{
 		store_sql_end(&su);
 		return IDEM_UPDATE_DECLINED;
