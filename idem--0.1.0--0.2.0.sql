@@ -755,6 +755,11 @@ CREATE TABLE IF NOT EXISTS idem.outbox_keys (
     -- earlier one was not acknowledged): pairs of seq and attempts, taken
     -- when each is the key's head again
     attempts_kept   pg_catalog.int8[],
+    -- a message of the last run that a nack made dead while an earlier
+    -- message of the run was still to be acknowledged: its seq and the
+    -- nack's error; it is dead once it is the key's head
+    dead_kept       pg_catalog.int8,
+    error_kept      pg_catalog.text,
     CONSTRAINT outbox_keys_pkey PRIMARY KEY (topic, key)
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0,
         autovacuum_vacuum_threshold = 5000);
@@ -925,6 +930,18 @@ $$;
 COMMENT ON FUNCTION idem_outbox_configure(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval) IS
     'set a topic''s maximum attempts (every lease counts) and the bounds of its exponential backoff';
 
+-- The heads that are dead though no lease has marked them so yet (their
+-- last lease ran out, their topic's maximum attempts were lowered, a nack of
+-- their run made them dead), of a topic, a key or all; with mark, marked.
+CREATE OR REPLACE FUNCTION idem._outbox_dead_heads(topic pg_catalog.text, key pg_catalog.text,
+                                                   mark pg_catalog.bool)
+RETURNS TABLE (topic pg_catalog.text, key pg_catalog.text, id pg_catalog.uuid)
+AS 'MODULE_PATHNAME', 'idem_outbox_dead_heads'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem._outbox_dead_heads(pg_catalog.text, pg_catalog.text, pg_catalog.bool) IS
+    'the heads of outbox keys that are dead though no lease has marked them so yet (internal)';
+REVOKE ALL ON FUNCTION idem._outbox_dead_heads(pg_catalog.text, pg_catalog.text, pg_catalog.bool) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION idem_outbox_redrive(topic pg_catalog.text DEFAULT NULL,
                                                key pg_catalog.text DEFAULT NULL)
 RETURNS pg_catalog.int8
@@ -933,6 +950,7 @@ SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     n pg_catalog.int8;
+    n2 pg_catalog.int8;
 BEGIN
     IF topic IS NULL AND key IS NOT NULL THEN
         RAISE EXCEPTION 'a key needs its topic'
@@ -944,14 +962,31 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'Give a non-empty identifier, or NULL for all.';
     END IF;
+    -- the deaths no lease has written yet, first
+    PERFORM idem._outbox_dead_heads(idem_outbox_redrive.topic, idem_outbox_redrive.key, true);
+    -- a message a nack made dead behind an earlier one of its run: its
+    -- count starts again (a pair of its seq and 0 in attempts_kept)
+    UPDATE idem.outbox_keys k
+       SET attempts_kept = pg_catalog.array_cat(k.attempts_kept, ARRAY[k.dead_kept, 0]),
+           dead_kept = NULL, error_kept = NULL
+     WHERE k.dead_kept IS NOT NULL
+       AND EXISTS (SELECT 1 FROM idem.outbox o
+                    WHERE o.id OPERATOR(pg_catalog.>=) idem._outbox_id_bound(k.topic, k.key, false)
+                      AND o.id OPERATOR(pg_catalog.<=) idem._outbox_id_bound(k.topic, k.key, true)
+                      AND o.aggregatetype OPERATOR(pg_catalog.=) k.topic
+                      AND o.aggregateid OPERATOR(pg_catalog.=) k.key
+                      AND o.seq OPERATOR(pg_catalog.=) k.dead_kept)
+       AND (idem_outbox_redrive.topic IS NULL OR k.topic OPERATOR(pg_catalog.=) idem_outbox_redrive.topic)
+       AND (idem_outbox_redrive.key IS NULL OR k.key OPERATOR(pg_catalog.=) idem_outbox_redrive.key);
+    GET DIAGNOSTICS n = ROW_COUNT;
     UPDATE idem.outbox_keys k
        SET dead = false, attempts = 0, available_at = pg_catalog.now(), leased_by = NULL,
            leased_through = NULL
      WHERE k.dead
        AND (idem_outbox_redrive.topic IS NULL OR k.topic OPERATOR(pg_catalog.=) idem_outbox_redrive.topic)
        AND (idem_outbox_redrive.key IS NULL OR k.key OPERATOR(pg_catalog.=) idem_outbox_redrive.key);
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+    GET DIAGNOSTICS n2 = ROW_COUNT;
+    RETURN n OPERATOR(pg_catalog.+) n2;
 END;
 $$;
 COMMENT ON FUNCTION idem_outbox_redrive(pg_catalog.text, pg_catalog.text) IS
@@ -960,7 +995,7 @@ COMMENT ON FUNCTION idem_outbox_redrive(pg_catalog.text, pg_catalog.text) IS
 CREATE OR REPLACE FUNCTION idem_outbox_stats()
 RETURNS TABLE (topic pg_catalog.text, pending pg_catalog.int8, leased pg_catalog.int8,
                dead pg_catalog.int8, held_back pg_catalog.int8, oldest_pending_age pg_catalog.interval)
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT m.aggregatetype,
@@ -971,9 +1006,12 @@ AS $$
            pg_catalog.now() OPERATOR(pg_catalog.-)
                pg_catalog.min(m.created_at) FILTER (WHERE m.state OPERATOR(pg_catalog.=) 'pending')
       FROM (SELECT o.aggregatetype, o.created_at,
-                   CASE WHEN k.dead AND k.head_id OPERATOR(pg_catalog.=) o.id THEN 'dead'
+                   CASE WHEN (k.dead AND k.head_id OPERATOR(pg_catalog.=) o.id)
+                             OR d.id OPERATOR(pg_catalog.=) o.id
+                             OR o.seq OPERATOR(pg_catalog.=) k.dead_kept THEN 'dead'
                         -- behind a dead message of its key: waits for its redrive
-                        WHEN k.dead THEN 'held_back'
+                        WHEN k.dead OR d.id IS NOT NULL
+                             OR o.seq OPERATOR(pg_catalog.>) k.dead_kept THEN 'held_back'
                         -- the head, or a message of the run leased with it
                         WHEN (k.head_id OPERATOR(pg_catalog.=) o.id
                               OR (k.attempts OPERATOR(pg_catalog.=) 1
@@ -982,9 +1020,24 @@ AS $$
                              AND k.available_at OPERATOR(pg_catalog.>) pg_catalog.now() THEN 'leased'
                         ELSE 'pending' END AS state
               FROM idem.outbox o
-              LEFT JOIN idem.outbox_keys k
+              LEFT JOIN (SELECT i.topic, i.key, i.dead, i.head_id, i.attempts, i.leased_through,
+                                i.leased_by, i.available_at,
+                                -- a message a nack of its run made dead, while it is there
+                                CASE WHEN EXISTS (
+                                         SELECT 1 FROM idem.outbox x
+                                          WHERE x.id OPERATOR(pg_catalog.>=) idem._outbox_id_bound(i.topic, i.key, false)
+                                            AND x.id OPERATOR(pg_catalog.<=) idem._outbox_id_bound(i.topic, i.key, true)
+                                            AND x.aggregatetype OPERATOR(pg_catalog.=) i.topic
+                                            AND x.aggregateid OPERATOR(pg_catalog.=) i.key
+                                            AND x.seq OPERATOR(pg_catalog.=) i.dead_kept)
+                                     THEN i.dead_kept END AS dead_kept
+                           FROM idem.outbox_keys i) k
                 ON k.topic OPERATOR(pg_catalog.=) o.aggregatetype
-               AND k.key OPERATOR(pg_catalog.=) o.aggregateid) m
+               AND k.key OPERATOR(pg_catalog.=) o.aggregateid
+              -- heads dead though no lease has marked them so yet
+              LEFT JOIN idem._outbox_dead_heads(NULL, NULL, false) d
+                ON d.topic OPERATOR(pg_catalog.=) o.aggregatetype
+               AND d.key OPERATOR(pg_catalog.=) o.aggregateid) m
      GROUP BY m.aggregatetype
      ORDER BY m.aggregatetype
 $$;

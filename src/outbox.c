@@ -358,7 +358,9 @@ outbox_keys_open(void)
 		{"last_error", TEXTOID, false, InvalidOid},
 		{"leased_through", INT8OID, false, InvalidOid},
 		{"leased_max", INT8OID, false, InvalidOid},
-		{"attempts_kept", INT8ARRAYOID, false, InvalidOid}
+		{"attempts_kept", INT8ARRAYOID, false, InvalidOid},
+		{"dead_kept", INT8OID, false, InvalidOid},
+		{"error_kept", TEXTOID, false, InvalidOid}
 	};
 	IdemStore  *store;
 

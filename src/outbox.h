@@ -42,7 +42,7 @@
 #define OB_KEY_HASH			8
 
 /* idem.outbox_keys */
-#define OK_NATTS			11
+#define OK_NATTS			13
 #define OK_TOPIC			0
 #define OK_KEY				1
 #define OK_DEAD				2
@@ -54,6 +54,8 @@
 #define OK_LEASED_THROUGH	8
 #define OK_LEASED_MAX		9
 #define OK_ATTEMPTS_KEPT	10
+#define OK_DEAD_KEPT		11
+#define OK_ERROR_KEPT		12
 
 /* idem.outbox_topics */
 #define OT_NATTS			4
@@ -229,7 +231,8 @@ extern bool outbox_relay_is_idle(void);
 extern void outbox_set_relay_idle(bool idle);
 extern void outbox_wake_owe(void);
 
-/* outbox_lease.c: where this session's leased messages are */
+/* outbox_lease.c: a key's head, and where this session's leased messages are */
+extern bool outbox_head(OutboxRels *r, Datum topic, Datum key, bool *busy);
 extern void outbox_remember_lease(pg_uuid_t *id, ItemPointer msg_tid,
 								  ItemPointerData key_tid);
 extern bool outbox_recall_lease(pg_uuid_t *id, ItemPointer msg_tid,

@@ -35,6 +35,7 @@ typedef struct AckArg
 	int32		left_attempts;
 	TimestampTz left_available_at;
 	/* nack only */
+	OutboxRels *rels;
 	OutboxTopic *topic;
 	text	   *error;
 	int64		retry_after;	/* -1: backoff */
@@ -110,6 +111,25 @@ ack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	return true;
 }
 
+/*
+ * Whether the key has a message before the one nacked, as it stands now: one
+ * a transaction is deleting counts (its ack may yet roll back; if it
+ * commits, the nacked message is the head, dead as it would be now).
+ */
+static bool
+nack_earlier_message(AckArg *arg, Datum *values)
+{
+	bool		busy = false;
+	bool		earlier;
+
+	if (!outbox_head(arg->rels, values[OK_TOPIC], values[OK_KEY], &busy))
+		return false;
+	earlier = busy ||
+		DatumGetInt64(arg->rels->slot->tts_values[OB_SEQ]) < arg->seq;
+	ExecClearTuple(arg->rels->slot);
+	return earlier;
+}
+
 /* A nack: the head waits, or dies. */
 static bool
 nack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
@@ -137,7 +157,28 @@ nack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 				   VARSIZE_ANY_EXHDR(holder)) != 0)
 			return false;
 	}
-	attempts = DatumGetInt32(values[OK_ATTEMPTS]);
+	/* a message of a run was leased once, with the run */
+	attempts = is_head ? DatumGetInt32(values[OK_ATTEMPTS]) : 1;
+	arg->died = arg->permanent || attempts >= arg->topic->max_attempts;
+	isnull[OK_LEASED_BY] = true;
+	values[OK_AVAILABLE_AT] = TimestampTzGetDatum(arg->now +
+												  (arg->retry_after >= 0 ? arg->retry_after :
+												   outbox_backoff(arg->topic, attempts)));
+	if (!is_head && arg->died && nack_earlier_message(arg, values))
+	{
+		/*
+		 * A message of the run before it is still to be acknowledged (its
+		 * ack was lost, or is being made): that one is leased again first,
+		 * at its next attempt, and this one is dead once it is the head
+		 * (see lease_key), with this error.  The row goes on naming the
+		 * run's head.
+		 */
+		values[OK_DEAD_KEPT] = Int64GetDatum(arg->seq);
+		isnull[OK_DEAD_KEPT] = false;
+		values[OK_ERROR_KEPT] = PointerGetDatum(arg->error);
+		isnull[OK_ERROR_KEPT] = false;
+		return true;
+	}
 	if (!is_head)
 	{
 		/*
@@ -147,21 +188,12 @@ nack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		 */
 		values[OK_HEAD_ID] = UUIDPGetDatum(arg->id);
 		isnull[OK_HEAD_ID] = false;
-		attempts = 1;
 		values[OK_ATTEMPTS] = Int32GetDatum(attempts);
 	}
 	values[OK_LAST_ERROR] = PointerGetDatum(arg->error);
 	isnull[OK_LAST_ERROR] = false;
-	isnull[OK_LEASED_BY] = true;
-	if (arg->permanent || attempts >= arg->topic->max_attempts)
-	{
+	if (arg->died)
 		values[OK_DEAD] = BoolGetDatum(true);
-		arg->died = true;
-		return true;
-	}
-	values[OK_AVAILABLE_AT] = TimestampTzGetDatum(arg->now +
-												  (arg->retry_after >= 0 ? arg->retry_after :
-												   outbox_backoff(arg->topic, attempts)));
 	return true;
 }
 
@@ -563,6 +595,7 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 	arg.id = id;
 	arg.error = error;
 	arg.now = GetCurrentTimestamp();
+	arg.rels = &r;
 	if (outbox_find(&r, id, NULL))
 	{
 		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);

@@ -467,7 +467,7 @@ outbox_head_leaf(OutboxRels *r, Snapshot snap, pg_uuid_t *lo, pg_uuid_t *hi,
  * (an ack that has not committed), or has deleted it since this look's
  * snapshot: it is not to be leased now.
  */
-static bool
+bool
 outbox_head(OutboxRels *r, Datum topic, Datum key, bool *busy)
 {
 	ScanKeyData skeys[2];
@@ -599,8 +599,22 @@ typedef struct LeaseCandidate
 	ItemPointerData tid;		/* where the scan saw the key's row */
 } LeaseCandidate;
 
+/*
+ * What a call of lease_key is for: a lease, or a look at whether the key's
+ * head is dead though no lease has marked it so yet (its last lease ran
+ * out, its topic's maximum attempts were lowered, a nack of its run made it
+ * dead): only said (LEASE_JUDGE), or marked (LEASE_MARK).
+ */
+typedef enum LeaseMode
+{
+	LEASE_TAKE,
+	LEASE_JUDGE,
+	LEASE_MARK
+} LeaseMode;
+
 typedef struct LeaseArg
 {
+	LeaseMode	mode;
 	OutboxRels *rels;
 	OutboxTopic *topic;
 	text	   *relay;
@@ -613,6 +627,7 @@ typedef struct LeaseArg
 	int			misses;			/* keys whose head was sought, and none found */
 	bool		leased;			/* values hold a leased message */
 	bool		died;			/* the head used up its attempts */
+	bool		died_before;	/* a nack counted its death */
 	Datum		values[OM_NATTS];
 	bool		isnull[OM_NATTS];
 	pg_uuid_t	head_id;
@@ -781,10 +796,12 @@ lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int64 leased_max,
  * README), or a message of a run left unacknowledged before a message of
  * the run that was nacked.  Every lease counts, so its count is kept until
  * it is the head again.  Pairs before the head are of messages gone.
+ * *kept: whether the head had a pair (its count is the head's, even 0: a
+ * redrive's, see idem_outbox_redrive).
  */
 static int32
 lease_kept_attempts(Datum *values, bool *isnull, int64 head, int64 keep_seq,
-					int32 keep_attempts)
+					int32 keep_attempts, bool *kept)
 {
 	Datum	   *elems = NULL;
 	bool	   *nulls = NULL;
@@ -794,6 +811,7 @@ lease_kept_attempts(Datum *values, bool *isnull, int64 head, int64 keep_seq,
 	int32		found = 0;
 	Datum	   *out;
 
+	*kept = false;
 	if (isnull[OK_ATTEMPTS_KEPT] && keep_seq < 0)
 		return 0;
 	if (!isnull[OK_ATTEMPTS_KEPT])
@@ -809,7 +827,10 @@ lease_kept_attempts(Datum *values, bool *isnull, int64 head, int64 keep_seq,
 			continue;
 		seq = DatumGetInt64(elems[i]);
 		if (seq == head)
+		{
 			found = (int32) Max(Min(DatumGetInt64(elems[i + 1]), PG_INT32_MAX), 0);
+			*kept = true;
+		}
 		if (seq <= head || seq == keep_seq)
 			continue;
 		out[n++] = elems[i];
@@ -854,18 +875,28 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	bool		before_last;
 	int64		leased_max;
 	int64		last_seq;
+	bool		kept = false;
+	bool		dead_kept = false;
+	bool		expired;
 	text	   *topic;
 	text	   *key;
 
 	arg->leased = false;
 	arg->died = false;
+	arg->died_before = false;
 	arg->nrun = 0;
 	if (DatumGetBool(values[OK_DEAD]))
 		return false;
 	in_lease = DatumGetTimestampTz(values[OK_AVAILABLE_AT]) > arg->now;
-	/* waiting for its retry */
+	/* the head dies when its lease has run out, not when it waits */
+	expired = !in_lease && !isnull[OK_LEASED_BY];
+	/* waiting for its retry: a look at its fate judges it as then */
 	if (in_lease && isnull[OK_LEASED_BY])
-		return false;
+	{
+		if (arg->mode == LEASE_TAKE)
+			return false;
+		in_lease = false;
+	}
 
 	/*
 	 * The head is read after the key row, as it stands now.  An ack that
@@ -927,12 +958,14 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 			keep = outbox_id_seq(DatumGetUUIDP(values[OK_HEAD_ID]));
 		oldcxt = MemoryContextSwitchTo(arg->runcxt);
 		attempts = lease_kept_attempts(values, isnull, head_seq, keep,
-									   attempts);
+									   attempts, &kept);
 		MemoryContextSwitchTo(oldcxt);
 		/* the error was the last head's */
 		isnull[OK_LAST_ERROR] = true;
+		expired = false;
 	}
-	else if (!outbox_lock_message(r, &slot->tts_tid, false))
+	else if (arg->mode != LEASE_JUDGE &&
+			 !outbox_lock_message(r, &slot->tts_tid, false))
 	{
 		/*
 		 * Handed out again (its lease ran out, or its retry is due), or
@@ -945,12 +978,31 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	if (!isnull[OK_LEASED_THROUGH] &&
 		head_seq > DatumGetInt64(values[OK_LEASED_THROUGH]))
 		isnull[OK_LEASED_THROUGH] = true;
-	/* in it: leased once with it */
-	if (attempts == 0 && !isnull[OK_LEASED_THROUGH])
+	/* in it: leased once with it (unless a redrive reset its count) */
+	if (attempts == 0 && !kept && !isnull[OK_LEASED_THROUGH])
 		attempts = 1;
+	/* a message a nack of its run made dead (see nack_key), or one passed */
+	if (!isnull[OK_DEAD_KEPT] &&
+		head_seq >= DatumGetInt64(values[OK_DEAD_KEPT]))
+	{
+		dead_kept = head_seq == DatumGetInt64(values[OK_DEAD_KEPT]);
+		if (dead_kept)
+		{
+			values[OK_LAST_ERROR] = isnull[OK_ERROR_KEPT] ?
+				CStringGetTextDatum("a nack made the message dead") :
+				values[OK_ERROR_KEPT];
+			isnull[OK_LAST_ERROR] = false;
+		}
+		isnull[OK_DEAD_KEPT] = true;
+		isnull[OK_ERROR_KEPT] = true;
+	}
 	/* a new head leased before (kept, or in the last run): as above */
-	if (new_head && attempts > 0 &&
+	if (new_head && attempts > 0 && arg->mode != LEASE_JUDGE &&
 		!outbox_lock_message(r, &slot->tts_tid, false))
+		return false;
+	/* a look at its fate only: whether it dies now */
+	if (arg->mode != LEASE_TAKE && !dead_kept &&
+		attempts < arg->topic->max_attempts)
 		return false;
 	run_ok = (attempts == 0);
 	leased_max = isnull[OK_LEASED_MAX] ? -1 : DatumGetInt64(values[OK_LEASED_MAX]);
@@ -961,16 +1013,25 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	values[OK_HEAD_ID] = UUIDPGetDatum(&arg->head_id);
 	isnull[OK_HEAD_ID] = false;
 
-	if (attempts >= arg->topic->max_attempts)
+	if (dead_kept || attempts >= arg->topic->max_attempts)
 	{
-		/* its last lease ran out: it is dead, and holds its key back */
+		/*
+		 * Its last lease ran out (or its topic's maximum attempts were
+		 * lowered below its count, and its nack's error stays), or a nack
+		 * made it dead: it is dead, and holds its key back.
+		 */
 		values[OK_DEAD] = BoolGetDatum(true);
 		values[OK_ATTEMPTS] = Int32GetDatum(attempts);
 		isnull[OK_LEASED_BY] = true;
-		values[OK_LAST_ERROR] = CStringGetTextDatum(OUTBOX_EXPIRED_ERROR);
-		isnull[OK_LAST_ERROR] = false;
+		if (!dead_kept && (expired || isnull[OK_LAST_ERROR]))
+		{
+			values[OK_LAST_ERROR] = CStringGetTextDatum(OUTBOX_EXPIRED_ERROR);
+			isnull[OK_LAST_ERROR] = false;
+		}
 		arg->died = true;
-		return true;
+		arg->died_before = dead_kept;
+		/* a look only: what a lease would write is not written */
+		return arg->mode != LEASE_JUDGE;
 	}
 
 	values[OK_ATTEMPTS] = Int32GetDatum(attempts + 1);
@@ -1232,7 +1293,7 @@ lease_try(IdemStore *store, TupleTableSlot *kslot, ItemPointer tid,
 		return 1 + arg->nrun;
 	}
 	MemoryContextReset(arg->runcxt);
-	if (res == IDEM_UPDATE_DONE && arg->died)
+	if (res == IDEM_UPDATE_DONE && arg->died && !arg->died_before)
 		idem_stat_count_text(IDEM_KIND_OUTBOX, topic, IDEM_OUTBOX_DEAD, 1);
 	return 0;
 }
@@ -1721,6 +1782,7 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	store = outbox_keys_open();
 	outbox_open(&r, RowExclusiveLock);
 
+	arg.mode = LEASE_TAKE;
 	arg.rels = &r;
 	arg.relay = relay;
 	arg.lease = lease;
@@ -1759,3 +1821,124 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
+
+/*
+ * idem._outbox_dead_heads(topic, key, mark) returns table (topic, key, id)
+ *
+ * The heads of keys (of a topic, of a key, or all) that are dead though no
+ * lease has marked them so yet: their last lease ran out, their topic's
+ * maximum attempts were lowered below their count, or a nack of their run
+ * made them dead (see nack_key).  Such a death is written when a lease next
+ * visits the key, which may be never while every relay is down: this is
+ * what idem_outbox_stats counts them by, and what idem_outbox_redrive marks
+ * them with (mark) before it puts dead messages back.  A key row another
+ * transaction is changing is waited for when marking, skipped otherwise.
+ * The judgement is lease_key's own.
+ */
+PG_FUNCTION_INFO_V1(idem_outbox_dead_heads);
+Datum
+idem_outbox_dead_heads(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	text	   *topic = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
+	text	   *key = PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1);
+	bool		mark;
+	IdemStore  *store;
+	OutboxRels	r;
+	LeaseArg	arg;
+	List	   *topics = NIL;
+	Relation	keys_rel;
+	TableScanDesc scan;
+	TupleTableSlot *kslot;
+	MemoryContext callcxt;
+	MemoryContext oldcxt;
+
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("mark must not be null")));
+	mark = PG_GETARG_BOOL(2);
+	if (mark)
+		idem_check_writable("idem_outbox_redrive()");
+	InitMaterializedSRF(fcinfo, 0);
+	/* a standby leases nothing, and takes no lock that a write would need */
+	if (RecoveryInProgress())
+		return (Datum) 0;
+
+	callcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_outbox_dead_heads",
+									ALLOCSET_DEFAULT_SIZES);
+	oldcxt = MemoryContextSwitchTo(callcxt);
+	store = outbox_keys_open();
+	outbox_open(&r, RowExclusiveLock);
+	memset(&arg, 0, sizeof(arg));
+	arg.mode = mark ? LEASE_MARK : LEASE_JUDGE;
+	arg.rels = &r;
+	arg.per_key = 1;
+	arg.budget = 1;
+	arg.runcxt = AllocSetContextCreate(callcxt, "idem_outbox_dead_heads key",
+									   ALLOCSET_DEFAULT_SIZES);
+
+	keys_rel = table_open(outbox_keys_relid, RowExclusiveLock);
+	kslot = table_slot_create(keys_rel, NULL);
+	scan = table_beginscan(keys_rel, GetActiveSnapshot(), 0, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
+	{
+		Datum	   *v;
+		bool	   *n;
+		text	   *ktopic;
+		text	   *kkey;
+		IdemStoreUpdateResult res;
+
+		CHECK_FOR_INTERRUPTS();
+		slot_getallattrs(kslot);
+		v = kslot->tts_values;
+		n = kslot->tts_isnull;
+		ktopic = DatumGetTextPP(v[OK_TOPIC]);
+		kkey = DatumGetTextPP(v[OK_KEY]);
+		if ((topic != NULL && !outbox_text_eq(ktopic, topic)) ||
+			(key != NULL && !outbox_text_eq(kkey, key)) ||
+			DatumGetBool(v[OK_DEAD]))
+			continue;
+		/* what may make a head dead: a count, a run, a nack's mark */
+		arg.topic = outbox_topic(&topics, ktopic);
+		if (DatumGetInt32(v[OK_ATTEMPTS]) < arg.topic->max_attempts &&
+			n[OK_ATTEMPTS_KEPT] && n[OK_DEAD_KEPT] &&
+			(n[OK_LEASED_THROUGH] || arg.topic->max_attempts > 1))
+			continue;
+		ktopic = DatumGetTextPCopy(v[OK_TOPIC]);
+		kkey = DatumGetTextPCopy(v[OK_KEY]);
+		arg.now = GetCurrentTimestamp();
+		arg.died = false;
+		if (mark)
+			res = idem_store_update(store, PointerGetDatum(ktopic),
+									PointerGetDatum(kkey), lease_key, &arg);
+		else
+			res = idem_store_try_update(store, PointerGetDatum(ktopic),
+										PointerGetDatum(kkey), lease_key, &arg);
+		if (arg.died && (res == IDEM_UPDATE_DONE || !mark))
+		{
+			Datum		values[3];
+			bool		isnull[3] = {false, false, false};
+
+			values[0] = PointerGetDatum(ktopic);
+			values[1] = PointerGetDatum(kkey);
+			values[2] = UUIDPGetDatum(&arg.head_id);
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
+								 values, isnull);
+			if (mark && !arg.died_before)
+				idem_stat_count_text(IDEM_KIND_OUTBOX, ktopic,
+									 IDEM_OUTBOX_DEAD, 1);
+		}
+		MemoryContextReset(arg.runcxt);
+		pfree(ktopic);
+		pfree(kkey);
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(kslot);
+	table_close(keys_rel, NoLock);
+	outbox_close(&r);
+	idem_store_close(store);
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextDelete(callcxt);
+	return (Datum) 0;
+}
