@@ -962,8 +962,17 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'Give a non-empty identifier, or NULL for all.';
     END IF;
-    -- the deaths no lease has written yet, first
+    -- the deaths no lease has written yet, first (rows being changed are
+    -- skipped, not waited for)
     PERFORM idem._outbox_dead_heads(idem_outbox_redrive.topic, idem_outbox_redrive.key, true);
+    -- the rows to change, locked in the order an ack locks them (of its
+    -- keys' hashes), so that a redrive and an ack do not deadlock
+    PERFORM 1 FROM idem.outbox_keys k
+     WHERE (k.dead OR k.dead_kept IS NOT NULL)
+       AND (idem_outbox_redrive.topic IS NULL OR k.topic OPERATOR(pg_catalog.=) idem_outbox_redrive.topic)
+       AND (idem_outbox_redrive.key IS NULL OR k.key OPERATOR(pg_catalog.=) idem_outbox_redrive.key)
+     ORDER BY idem._outbox_key_hash(k.topic, k.key)
+       FOR UPDATE;
     -- a message a nack made dead behind an earlier one of its run: its
     -- count starts again (a pair of its seq and 0 in attempts_kept)
     UPDATE idem.outbox_keys k

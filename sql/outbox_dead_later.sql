@@ -105,6 +105,33 @@ SELECT dead, attempts, last_error FROM idem.outbox_keys WHERE topic = 'dl-low';
 SELECT idem_outbox_redrive('dl-low') AS redriven;
 SELECT payload->>'n' AS n, attempt FROM idem_outbox_lease('r1', 10, '1 hour') WHERE topic = 'dl-low';
 
+-- 6. A redrive while message 2 of a run is dead behind message 1: message 2
+-- comes back at its first attempt, alone, and the key then goes on with
+-- runs (the redrive ends the old run, as it does for a dead head); the late
+-- ack of message 3 by the relay of the old run counts 0.
+SELECT count(idem_outbox_send('dl-again', 'k', jsonb_build_object('n', n))) AS sent FROM generate_series(1, 4) n;
+CREATE TEMP TABLE l AS SELECT id, (payload->>'n')::int AS n, attempt FROM idem_outbox_lease('r1', 10, '1 hour', 3);
+SELECT idem_outbox_nack((SELECT id FROM l WHERE n = 2), 'refused', '0', 'r1', true) AS nacked;
+SELECT * FROM st('dl-again');
+SELECT idem_outbox_redrive('dl-again') AS redriven;
+SELECT * FROM st('dl-again');
+SELECT payload->>'n' AS n, attempt FROM idem_outbox_lease('r2', 10, '1 hour', 3);
+SELECT idem_outbox_ack(ARRAY(SELECT id FROM l WHERE n = 1)) AS acked;
+SELECT payload->>'n' AS n, attempt FROM idem_outbox_lease('r2', 10, '1 hour', 3);
+SELECT idem_outbox_ack(ARRAY(SELECT id FROM l WHERE n = 3)) AS late_ack;
+SELECT count(*) AS leased_meanwhile FROM idem_outbox_lease('r3', 10, '1 hour', 3);
+SELECT idem_outbox_ack(ARRAY(SELECT id FROM l WHERE n = 2)) AS acked;
+SELECT payload->>'n' AS n, attempt FROM idem_outbox_lease('r2', 10, '1 hour', 3);
+DROP TABLE l;
+
+-- 7. idem_outbox_stats only reads: ACCESS SHARE on the outbox's relations,
+-- which neither a purge nor CREATE INDEX waits for
+BEGIN;
+SELECT count(*) > 0 AS topics FROM idem_outbox_stats();
+SELECT DISTINCT c.relname, l.mode FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+ WHERE l.pid = pg_backend_pid() AND c.relname LIKE 'outbox%' ORDER BY 1, 2;
+COMMIT;
+
 -- the function behind them is internal
 SELECT has_function_privilege('public', 'idem._outbox_dead_heads(text, text, boolean)', 'EXECUTE') AS public_may;
 SELECT * FROM idem._outbox_dead_heads(NULL, NULL, NULL);

@@ -347,6 +347,13 @@ outbox_keys_has_trigger(void)
 IdemStore *
 outbox_keys_open(void)
 {
+	return outbox_keys_open_lock(RowExclusiveLock);
+}
+
+/* The same, opened with lockmode: below RowExclusiveLock, to read only. */
+IdemStore *
+outbox_keys_open_lock(LOCKMODE lockmode)
+{
 	static const IdemColumn columns[OK_NATTS] = {
 		{"topic", TEXTOID, true, C_COLLATION_OID},
 		{"key", TEXTOID, true, C_COLLATION_OID},
@@ -366,7 +373,7 @@ outbox_keys_open(void)
 
 	/* the relids, so that the callback knows this table's */
 	outbox_lookup_relids();
-	store = idem_store_open(OUTBOX_KEYS_TABLE, RowExclusiveLock);
+	store = idem_store_open(OUTBOX_KEYS_TABLE, lockmode);
 	if (!outbox_keys_checked || !OidIsValid(outbox_relid))
 	{
 		idem_check_columns(idem_store_tupdesc(store), OUTBOX_KEYS_TABLE,

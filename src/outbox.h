@@ -81,6 +81,8 @@
 
 /* Error message of a lease that ran out, kept in last_error. */
 #define OUTBOX_EXPIRED_ERROR "the lease ran out before the message was acknowledged"
+/* ... and of one whose lease a nack of a later message of its run ended. */
+#define OUTBOX_RUN_NACKED_ERROR "the lease ended with the nack of a later message of its run before the message was acknowledged"
 
 typedef struct OutboxRels
 {
@@ -137,6 +139,7 @@ extern void outbox_lookup_relids(void);
 extern void outbox_open(OutboxRels *r, LOCKMODE lockmode);
 extern void outbox_close(OutboxRels *r);
 extern IdemStore *outbox_keys_open(void);
+extern IdemStore *outbox_keys_open_lock(LOCKMODE lockmode);
 extern Jsonb *outbox_arg_json(FunctionCallInfo fcinfo, int argno,
 							  const char *what, bool container,
 							  bool object_only);

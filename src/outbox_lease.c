@@ -877,6 +877,7 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	int64		last_seq;
 	bool		kept = false;
 	bool		dead_kept = false;
+	bool		locked = false;
 	bool		expired;
 	text	   *topic;
 	text	   *key;
@@ -964,22 +965,31 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		isnull[OK_LAST_ERROR] = true;
 		expired = false;
 	}
-	else if (arg->mode != LEASE_JUDGE &&
-			 !outbox_lock_message(r, &slot->tts_tid, false))
+	else if (arg->mode == LEASE_TAKE)
 	{
 		/*
 		 * Handed out again (its lease ran out, or its retry is due), or
 		 * dead: not while an ack deletes it, nor may that ack commit
-		 * without seeing this row (see idem_outbox_ack).
+		 * without seeing this row (see idem_outbox_ack).  A look at its
+		 * fate locks it only if it writes its death (below).
 		 */
-		return false;
+		if (!outbox_lock_message(r, &slot->tts_tid, false))
+			return false;
+		locked = true;
 	}
 	/* past the last run: forgotten */
 	if (!isnull[OK_LEASED_THROUGH] &&
 		head_seq > DatumGetInt64(values[OK_LEASED_THROUGH]))
 		isnull[OK_LEASED_THROUGH] = true;
-	/* in it: leased once with it (unless a redrive reset its count) */
-	if (attempts == 0 && !kept && !isnull[OK_LEASED_THROUGH])
+	/*
+	 * In it: leased once with it, unless a redrive reset its count, which
+	 * ends the run for the messages after it too (as a redrive of a dead
+	 * head does): a head at its first attempt with leased_through kept
+	 * would be taken for a run's (outbox_key_in_run).
+	 */
+	if (kept && attempts == 0)
+		isnull[OK_LEASED_THROUGH] = true;
+	if (attempts == 0 && !isnull[OK_LEASED_THROUGH])
 		attempts = 1;
 	/* a message a nack of its run made dead (see nack_key), or one passed */
 	if (!isnull[OK_DEAD_KEPT] &&
@@ -997,9 +1007,12 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		isnull[OK_ERROR_KEPT] = true;
 	}
 	/* a new head leased before (kept, or in the last run): as above */
-	if (new_head && attempts > 0 && arg->mode != LEASE_JUDGE &&
-		!outbox_lock_message(r, &slot->tts_tid, false))
-		return false;
+	if (new_head && attempts > 0 && arg->mode == LEASE_TAKE)
+	{
+		if (!outbox_lock_message(r, &slot->tts_tid, false))
+			return false;
+		locked = true;
+	}
 	/* a look at its fate only: whether it dies now */
 	if (arg->mode != LEASE_TAKE && !dead_kept &&
 		attempts < arg->topic->max_attempts)
@@ -1018,14 +1031,22 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 		/*
 		 * Its last lease ran out (or its topic's maximum attempts were
 		 * lowered below its count, and its nack's error stays), or a nack
-		 * made it dead: it is dead, and holds its key back.
+		 * made it dead: it is dead, and holds its key back.  The message is
+		 * locked, as above, before its death is written.
 		 */
+		if (arg->mode != LEASE_JUDGE && !locked &&
+			!outbox_lock_message(r, &slot->tts_tid, false))
+			return false;
 		values[OK_DEAD] = BoolGetDatum(true);
 		values[OK_ATTEMPTS] = Int32GetDatum(attempts);
 		isnull[OK_LEASED_BY] = true;
 		if (!dead_kept && (expired || isnull[OK_LAST_ERROR]))
 		{
-			values[OK_LAST_ERROR] = CStringGetTextDatum(OUTBOX_EXPIRED_ERROR);
+			/* a later message of its run was nacked dead: see nack_key */
+			values[OK_LAST_ERROR] =
+				CStringGetTextDatum(!expired && !isnull[OK_DEAD_KEPT] ?
+									OUTBOX_RUN_NACKED_ERROR :
+									OUTBOX_EXPIRED_ERROR);
 			isnull[OK_LAST_ERROR] = false;
 		}
 		arg->died = true;
@@ -1823,17 +1844,80 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 
 
 /*
+ * Whether the key row's columns may make its head dead now without a lease
+ * having said so: a count at the topic's maximum, kept counts, a run's
+ * messages at their first attempt with a maximum of 1, or a nack's mark.
+ * A head with none of these has had at most the row's attempts, or one.
+ */
+static bool
+dead_heads_candidate(Datum *v, bool *n, OutboxTopic *topic)
+{
+	if (DatumGetBool(v[OK_DEAD]))
+		return false;
+	return DatumGetInt32(v[OK_ATTEMPTS]) >= topic->max_attempts ||
+		!n[OK_ATTEMPTS_KEPT] || !n[OK_DEAD_KEPT] ||
+		(!n[OK_LEASED_THROUGH] && topic->max_attempts <= 1);
+}
+
+/*
+ * Judge (or mark) the head of one key: lease_key on the row as it stands
+ * now.  A look reads the row's latest committed version and writes
+ * nothing; a mark updates it, and skips a row another transaction is
+ * changing (it is never waited for, so that a redrive cannot deadlock with
+ * an ack).  Adds the head to the result when it is dead.
+ */
+static void
+dead_heads_visit(IdemStore *store, LeaseArg *arg, List **topics,
+				 ReturnSetInfo *rsinfo, text *ktopic, text *kkey)
+{
+	Datum		v[OK_NATTS];
+	bool		n[OK_NATTS];
+	bool		died = false;
+
+	if (!idem_store_read(store, PointerGetDatum(ktopic), PointerGetDatum(kkey),
+						 v, n))
+		return;
+	arg->topic = outbox_topic(topics, ktopic);
+	if (!dead_heads_candidate(v, n, arg->topic))
+		return;
+	arg->now = GetCurrentTimestamp();
+	arg->died = false;
+	if (arg->mode == LEASE_JUDGE)
+	{
+		(void) lease_key(idem_store_tupdesc(store), v, n, arg);
+		died = arg->died;
+	}
+	else
+		died = idem_store_try_update(store, PointerGetDatum(ktopic),
+									 PointerGetDatum(kkey), lease_key,
+									 arg) == IDEM_UPDATE_DONE && arg->died;
+	if (died)
+	{
+		Datum		values[3];
+		bool		isnull[3] = {false, false, false};
+
+		values[0] = PointerGetDatum(ktopic);
+		values[1] = PointerGetDatum(kkey);
+		values[2] = UUIDPGetDatum(&arg->head_id);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
+		if (arg->mode == LEASE_MARK && !arg->died_before)
+			idem_stat_count_text(IDEM_KIND_OUTBOX, ktopic, IDEM_OUTBOX_DEAD, 1);
+	}
+	MemoryContextReset(arg->runcxt);
+}
+
+/*
  * idem._outbox_dead_heads(topic, key, mark) returns table (topic, key, id)
  *
  * The heads of keys (of a topic, of a key, or all) that are dead though no
  * lease has marked them so yet: their last lease ran out, their topic's
- * maximum attempts were lowered below their count, or a nack of their run
- * made them dead (see nack_key).  Such a death is written when a lease next
- * visits the key, which may be never while every relay is down: this is
- * what idem_outbox_stats counts them by, and what idem_outbox_redrive marks
- * them with (mark) before it puts dead messages back.  A key row another
- * transaction is changing is waited for when marking, skipped otherwise.
- * The judgement is lease_key's own.
+ * maximum attempts were lowered to their count or below, or a nack of their
+ * run made them dead (see nack_key).  Such a death is written when a lease
+ * next visits the key, which may be never while every relay is down: this
+ * is what idem_outbox_stats counts them by (a look: the relations are only
+ * read, with ACCESS SHARE), and what idem_outbox_redrive marks them with
+ * (mark) before it puts dead messages back.  The judgement is lease_key's
+ * own.
  */
 PG_FUNCTION_INFO_V1(idem_outbox_dead_heads);
 Datum
@@ -1843,13 +1927,11 @@ idem_outbox_dead_heads(PG_FUNCTION_ARGS)
 	text	   *topic = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
 	text	   *key = PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1);
 	bool		mark;
+	LOCKMODE	lockmode;
 	IdemStore  *store;
 	OutboxRels	r;
 	LeaseArg	arg;
 	List	   *topics = NIL;
-	Relation	keys_rel;
-	TableScanDesc scan;
-	TupleTableSlot *kslot;
 	MemoryContext callcxt;
 	MemoryContext oldcxt;
 
@@ -1861,15 +1943,16 @@ idem_outbox_dead_heads(PG_FUNCTION_ARGS)
 	if (mark)
 		idem_check_writable("idem_outbox_redrive()");
 	InitMaterializedSRF(fcinfo, 0);
-	/* a standby leases nothing, and takes no lock that a write would need */
+	/* a standby leases nothing: its rows say all there is */
 	if (RecoveryInProgress())
 		return (Datum) 0;
 
 	callcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_outbox_dead_heads",
 									ALLOCSET_DEFAULT_SIZES);
 	oldcxt = MemoryContextSwitchTo(callcxt);
-	store = outbox_keys_open();
-	outbox_open(&r, RowExclusiveLock);
+	lockmode = mark ? RowExclusiveLock : AccessShareLock;
+	store = outbox_keys_open_lock(lockmode);
+	outbox_open(&r, lockmode);
 	memset(&arg, 0, sizeof(arg));
 	arg.mode = mark ? LEASE_MARK : LEASE_JUDGE;
 	arg.rels = &r;
@@ -1878,64 +1961,39 @@ idem_outbox_dead_heads(PG_FUNCTION_ARGS)
 	arg.runcxt = AllocSetContextCreate(callcxt, "idem_outbox_dead_heads key",
 									   ALLOCSET_DEFAULT_SIZES);
 
-	keys_rel = table_open(outbox_keys_relid, RowExclusiveLock);
-	kslot = table_slot_create(keys_rel, NULL);
-	scan = table_beginscan(keys_rel, GetActiveSnapshot(), 0, NULL);
-	while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
+	if (topic != NULL && key != NULL)
+		dead_heads_visit(store, &arg, &topics, rsinfo, topic, key);
+	else
 	{
-		Datum	   *v;
-		bool	   *n;
-		text	   *ktopic;
-		text	   *kkey;
-		IdemStoreUpdateResult res;
+		Relation	keys_rel = table_open(outbox_keys_relid, lockmode);
+		TupleTableSlot *kslot = table_slot_create(keys_rel, NULL);
+		TableScanDesc scan = table_beginscan(keys_rel, GetActiveSnapshot(),
+											 0, NULL);
 
-		CHECK_FOR_INTERRUPTS();
-		slot_getallattrs(kslot);
-		v = kslot->tts_values;
-		n = kslot->tts_isnull;
-		ktopic = DatumGetTextPP(v[OK_TOPIC]);
-		kkey = DatumGetTextPP(v[OK_KEY]);
-		if ((topic != NULL && !outbox_text_eq(ktopic, topic)) ||
-			(key != NULL && !outbox_text_eq(kkey, key)) ||
-			DatumGetBool(v[OK_DEAD]))
-			continue;
-		/* what may make a head dead: a count, a run, a nack's mark */
-		arg.topic = outbox_topic(&topics, ktopic);
-		if (DatumGetInt32(v[OK_ATTEMPTS]) < arg.topic->max_attempts &&
-			n[OK_ATTEMPTS_KEPT] && n[OK_DEAD_KEPT] &&
-			(n[OK_LEASED_THROUGH] || arg.topic->max_attempts > 1))
-			continue;
-		ktopic = DatumGetTextPCopy(v[OK_TOPIC]);
-		kkey = DatumGetTextPCopy(v[OK_KEY]);
-		arg.now = GetCurrentTimestamp();
-		arg.died = false;
-		if (mark)
-			res = idem_store_update(store, PointerGetDatum(ktopic),
-									PointerGetDatum(kkey), lease_key, &arg);
-		else
-			res = idem_store_try_update(store, PointerGetDatum(ktopic),
-										PointerGetDatum(kkey), lease_key, &arg);
-		if (arg.died && (res == IDEM_UPDATE_DONE || !mark))
+		while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
 		{
-			Datum		values[3];
-			bool		isnull[3] = {false, false, false};
+			Datum	   *v;
+			bool	   *n;
+			text	   *ktopic;
 
-			values[0] = PointerGetDatum(ktopic);
-			values[1] = PointerGetDatum(kkey);
-			values[2] = UUIDPGetDatum(&arg.head_id);
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
-								 values, isnull);
-			if (mark && !arg.died_before)
-				idem_stat_count_text(IDEM_KIND_OUTBOX, ktopic,
-									 IDEM_OUTBOX_DEAD, 1);
+			CHECK_FOR_INTERRUPTS();
+			slot_getallattrs(kslot);
+			v = kslot->tts_values;
+			n = kslot->tts_isnull;
+			ktopic = DatumGetTextPP(v[OK_TOPIC]);
+			if (topic != NULL && !outbox_text_eq(ktopic, topic))
+				continue;
+			/* as the snapshot has it: looked at again as it stands */
+			if (!dead_heads_candidate(v, n, outbox_topic(&topics, ktopic)))
+				continue;
+			dead_heads_visit(store, &arg, &topics, rsinfo,
+							 DatumGetTextPCopy(v[OK_TOPIC]),
+							 DatumGetTextPCopy(v[OK_KEY]));
 		}
-		MemoryContextReset(arg.runcxt);
-		pfree(ktopic);
-		pfree(kkey);
+		table_endscan(scan);
+		ExecDropSingleTupleTableSlot(kslot);
+		table_close(keys_rel, NoLock);
 	}
-	table_endscan(scan);
-	ExecDropSingleTupleTableSlot(kslot);
-	table_close(keys_rel, NoLock);
 	outbox_close(&r);
 	idem_store_close(store);
 	MemoryContextSwitchTo(oldcxt);
