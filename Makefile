@@ -54,6 +54,12 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
+# PGXS tracks no header of its own: an object built against an older layout
+# of a table's columns would read and write beyond them
+$(OBJS): src/idem.h
+$(filter src/outbox%.o,$(OBJS)): src/outbox.h
+$(filter src/guard%.o,$(OBJS)): src/guard.h
+
 all: $(RELAY)
 
 $(RELAY_OBJS): override CPPFLAGS := -I$(includedir) $(CPPFLAGS) -DRELAY_VERSION='"$(EXTVERSION)"'

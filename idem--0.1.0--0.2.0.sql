@@ -932,15 +932,24 @@ COMMENT ON FUNCTION idem_outbox_configure(pg_catalog.text, pg_catalog.int4, pg_c
 
 -- The heads that are dead though no lease has marked them so yet (their
 -- last lease ran out, their topic's maximum attempts were lowered, a nack of
--- their run made them dead), of a topic, a key or all; with mark, marked.
-CREATE OR REPLACE FUNCTION idem._outbox_dead_heads(topic pg_catalog.text, key pg_catalog.text,
-                                                   mark pg_catalog.bool)
+-- their run made them dead), of a topic, a key or all: what
+-- idem_outbox_stats counts them by.
+CREATE OR REPLACE FUNCTION idem._outbox_dead_heads(topic pg_catalog.text, key pg_catalog.text)
 RETURNS TABLE (topic pg_catalog.text, key pg_catalog.text, id pg_catalog.uuid)
 AS 'MODULE_PATHNAME', 'idem_outbox_dead_heads'
 LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
-COMMENT ON FUNCTION idem._outbox_dead_heads(pg_catalog.text, pg_catalog.text, pg_catalog.bool) IS
+COMMENT ON FUNCTION idem._outbox_dead_heads(pg_catalog.text, pg_catalog.text) IS
     'the heads of outbox keys that are dead though no lease has marked them so yet (internal)';
-REVOKE ALL ON FUNCTION idem._outbox_dead_heads(pg_catalog.text, pg_catalog.text, pg_catalog.bool) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem._outbox_dead_heads(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+
+-- What idem_outbox_redrive does once its arguments are checked.
+CREATE OR REPLACE FUNCTION idem._outbox_redrive(topic pg_catalog.text, key pg_catalog.text)
+RETURNS pg_catalog.int8
+AS 'MODULE_PATHNAME', 'idem_outbox_redrive_keys'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE;
+COMMENT ON FUNCTION idem._outbox_redrive(pg_catalog.text, pg_catalog.text) IS
+    'what idem_outbox_redrive does (internal)';
+REVOKE ALL ON FUNCTION idem._outbox_redrive(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION idem_outbox_redrive(topic pg_catalog.text DEFAULT NULL,
                                                key pg_catalog.text DEFAULT NULL)
@@ -948,9 +957,6 @@ RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    n pg_catalog.int8;
-    n2 pg_catalog.int8;
 BEGIN
     IF topic IS NULL AND key IS NOT NULL THEN
         RAISE EXCEPTION 'a key needs its topic'
@@ -962,40 +968,9 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'Give a non-empty identifier, or NULL for all.';
     END IF;
-    -- the deaths no lease has written yet, first (rows being changed are
-    -- skipped, not waited for)
-    PERFORM idem._outbox_dead_heads(idem_outbox_redrive.topic, idem_outbox_redrive.key, true);
-    -- the rows to change, locked in the order an ack locks them (of its
-    -- keys' hashes), so that a redrive and an ack do not deadlock
-    PERFORM 1 FROM idem.outbox_keys k
-     WHERE (k.dead OR k.dead_kept IS NOT NULL)
-       AND (idem_outbox_redrive.topic IS NULL OR k.topic OPERATOR(pg_catalog.=) idem_outbox_redrive.topic)
-       AND (idem_outbox_redrive.key IS NULL OR k.key OPERATOR(pg_catalog.=) idem_outbox_redrive.key)
-     ORDER BY idem._outbox_key_hash(k.topic, k.key)
-       FOR UPDATE;
-    -- a message a nack made dead behind an earlier one of its run: its
-    -- count starts again (a pair of its seq and 0 in attempts_kept)
-    UPDATE idem.outbox_keys k
-       SET attempts_kept = pg_catalog.array_cat(k.attempts_kept, ARRAY[k.dead_kept, 0]),
-           dead_kept = NULL, error_kept = NULL
-     WHERE k.dead_kept IS NOT NULL
-       AND EXISTS (SELECT 1 FROM idem.outbox o
-                    WHERE o.id OPERATOR(pg_catalog.>=) idem._outbox_id_bound(k.topic, k.key, false)
-                      AND o.id OPERATOR(pg_catalog.<=) idem._outbox_id_bound(k.topic, k.key, true)
-                      AND o.aggregatetype OPERATOR(pg_catalog.=) k.topic
-                      AND o.aggregateid OPERATOR(pg_catalog.=) k.key
-                      AND o.seq OPERATOR(pg_catalog.=) k.dead_kept)
-       AND (idem_outbox_redrive.topic IS NULL OR k.topic OPERATOR(pg_catalog.=) idem_outbox_redrive.topic)
-       AND (idem_outbox_redrive.key IS NULL OR k.key OPERATOR(pg_catalog.=) idem_outbox_redrive.key);
-    GET DIAGNOSTICS n = ROW_COUNT;
-    UPDATE idem.outbox_keys k
-       SET dead = false, attempts = 0, available_at = pg_catalog.now(), leased_by = NULL,
-           leased_through = NULL
-     WHERE k.dead
-       AND (idem_outbox_redrive.topic IS NULL OR k.topic OPERATOR(pg_catalog.=) idem_outbox_redrive.topic)
-       AND (idem_outbox_redrive.key IS NULL OR k.key OPERATOR(pg_catalog.=) idem_outbox_redrive.key);
-    GET DIAGNOSTICS n2 = ROW_COUNT;
-    RETURN n OPERATOR(pg_catalog.+) n2;
+    -- dead messages, and the deaths no lease has written yet, back to
+    -- pending, key by key in the order an ack locks them
+    RETURN idem._outbox_redrive(idem_outbox_redrive.topic, idem_outbox_redrive.key);
 END;
 $$;
 COMMENT ON FUNCTION idem_outbox_redrive(pg_catalog.text, pg_catalog.text) IS
@@ -1044,7 +1019,7 @@ AS $$
                 ON k.topic OPERATOR(pg_catalog.=) o.aggregatetype
                AND k.key OPERATOR(pg_catalog.=) o.aggregateid
               -- heads dead though no lease has marked them so yet
-              LEFT JOIN idem._outbox_dead_heads(NULL, NULL, false) d
+              LEFT JOIN idem._outbox_dead_heads(NULL, NULL) d
                 ON d.topic OPERATOR(pg_catalog.=) o.aggregatetype
                AND d.key OPERATOR(pg_catalog.=) o.aggregateid) m
      GROUP BY m.aggregatetype

@@ -133,8 +133,8 @@ SELECT DISTINCT c.relname, l.mode FROM pg_locks l JOIN pg_class c ON c.oid = l.r
 COMMIT;
 
 -- the function behind them is internal
-SELECT has_function_privilege('public', 'idem._outbox_dead_heads(text, text, boolean)', 'EXECUTE') AS public_may;
-SELECT * FROM idem._outbox_dead_heads(NULL, NULL, NULL);
+SELECT has_function_privilege('public', 'idem._outbox_dead_heads(text, text)', 'EXECUTE') AS public_may,
+       has_function_privilege('public', 'idem._outbox_redrive(text, text)', 'EXECUTE') AS public_may_redrive;
 
 DELETE FROM idem.outbox WHERE aggregatetype LIKE 'dl-%';
 DELETE FROM idem.outbox_keys WHERE topic LIKE 'dl-%';

@@ -1859,65 +1859,141 @@ dead_heads_candidate(Datum *v, bool *n, OutboxTopic *topic)
 		(!n[OK_LEASED_THROUGH] && topic->max_attempts <= 1);
 }
 
-/*
- * Judge (or mark) the head of one key: lease_key on the row as it stands
- * now.  A look reads the row's latest committed version and writes
- * nothing; a mark updates it, and skips a row another transaction is
- * changing (it is never waited for, so that a redrive cannot deadlock with
- * an ack).  Adds the head to the result when it is dead.
- */
-static void
-dead_heads_visit(IdemStore *store, LeaseArg *arg, List **topics,
-				 ReturnSetInfo *rsinfo, text *ktopic, text *kkey)
+/* Whether the key (topic, key) has a message of this seq, as it stands now. */
+static bool
+outbox_key_has_seq(OutboxRels *r, text *topic, text *key, int64 seq)
 {
-	Datum		v[OK_NATTS];
-	bool		n[OK_NATTS];
-	bool		died = false;
+	ScanKeyData skeys[2];
+	pg_uuid_t	lo;
+	pg_uuid_t	hi;
+	IndexScanDesc scan;
+	Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
+	bool		found = false;
 
-	if (!idem_store_read(store, PointerGetDatum(ktopic), PointerGetDatum(kkey),
-						 v, n))
-		return;
-	arg->topic = outbox_topic(topics, ktopic);
-	if (!dead_heads_candidate(v, n, arg->topic))
-		return;
-	arg->now = GetCurrentTimestamp();
-	arg->died = false;
-	if (arg->mode == LEASE_JUDGE)
+	outbox_key_range(skeys, &lo, &hi, outbox_key_hash(topic, key));
+	scan = index_beginscan(r->rel, r->pkey, snap, 2, 0);
+	index_rescan(scan, skeys, 2, NULL, 0);
+	while (!found && index_getnext_slot(scan, ForwardScanDirection, r->slot))
 	{
-		(void) lease_key(idem_store_tupdesc(store), v, n, arg);
-		died = arg->died;
+		slot_getallattrs(r->slot);
+		found = DatumGetInt64(r->slot->tts_values[OB_SEQ]) == seq &&
+			outbox_text_eq(DatumGetTextPP(r->slot->tts_values[OB_TOPIC]), topic) &&
+			outbox_text_eq(DatumGetTextPP(r->slot->tts_values[OB_KEY]), key);
 	}
-	else
-		died = idem_store_try_update(store, PointerGetDatum(ktopic),
-									 PointerGetDatum(kkey), lease_key,
-									 arg) == IDEM_UPDATE_DONE && arg->died;
-	if (died)
-	{
-		Datum		values[3];
-		bool		isnull[3] = {false, false, false};
+	index_endscan(scan);
+	ExecClearTuple(r->slot);
+	UnregisterSnapshot(snap);
+	return found;
+}
 
-		values[0] = PointerGetDatum(ktopic);
-		values[1] = PointerGetDatum(kkey);
-		values[2] = UUIDPGetDatum(&arg->head_id);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
-		if (arg->mode == LEASE_MARK && !arg->died_before)
-			idem_stat_count_text(IDEM_KIND_OUTBOX, ktopic, IDEM_OUTBOX_DEAD, 1);
-	}
-	MemoryContextReset(arg->runcxt);
+/* A key a redrive or a look visits: its topic and key, and their hash. */
+typedef struct DeadHeadsKey
+{
+	int64		hash;
+	text	   *topic;
+	text	   *key;
+} DeadHeadsKey;
+
+static int
+dead_heads_key_cmp(const void *a, const void *b)
+{
+	const DeadHeadsKey *x = a;
+	const DeadHeadsKey *y = b;
+
+	if (x->hash != y->hash)
+		return x->hash < y->hash ? -1 : 1;
+	return 0;
 }
 
 /*
- * idem._outbox_dead_heads(topic, key, mark) returns table (topic, key, id)
+ * The keys (of a topic, of a key, or all) whose rows, as the transaction's
+ * snapshot has them, are dead, keep a message a nack made dead (only for a
+ * redrive), or may have a head dead without a lease having said so; in the
+ * order of their hashes, which is the order in which an ack locks the rows
+ * of its keys.
+ */
+static DeadHeadsKey *
+dead_heads_keys(IdemStore *store, LOCKMODE lockmode, text *topic, text *key,
+				bool redrive, List **topics, int *nkeys)
+{
+	DeadHeadsKey *keys;
+	int			n = 0;
+	int			size = 16;
+	Relation	keys_rel;
+	TupleTableSlot *kslot;
+	TableScanDesc scan;
+
+	keys = palloc(sizeof(DeadHeadsKey) * size);
+	if (topic != NULL && key != NULL)
+	{
+		keys[0].hash = outbox_key_hash(topic, key);
+		keys[0].topic = topic;
+		keys[0].key = key;
+		*nkeys = 1;
+		return keys;
+	}
+	keys_rel = table_open(outbox_keys_relid, lockmode);
+	kslot = table_slot_create(keys_rel, NULL);
+	scan = table_beginscan(keys_rel, GetActiveSnapshot(), 0, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
+	{
+		Datum	   *v;
+		bool	   *nl;
+		text	   *ktopic;
+
+		CHECK_FOR_INTERRUPTS();
+		slot_getallattrs(kslot);
+		v = kslot->tts_values;
+		nl = kslot->tts_isnull;
+		ktopic = DatumGetTextPP(v[OK_TOPIC]);
+		if (topic != NULL && !outbox_text_eq(ktopic, topic))
+			continue;
+		if (!(redrive && (DatumGetBool(v[OK_DEAD]) || !nl[OK_DEAD_KEPT])) &&
+			!dead_heads_candidate(v, nl, outbox_topic(topics, ktopic)))
+			continue;
+		if (n == size)
+		{
+			size *= 2;
+			keys = repalloc_huge(keys, sizeof(DeadHeadsKey) * size);
+		}
+		keys[n].topic = DatumGetTextPCopy(v[OK_TOPIC]);
+		keys[n].key = DatumGetTextPCopy(v[OK_KEY]);
+		keys[n].hash = outbox_key_hash(keys[n].topic, keys[n].key);
+		n++;
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(kslot);
+	table_close(keys_rel, NoLock);
+	qsort(keys, n, sizeof(DeadHeadsKey), dead_heads_key_cmp);
+	*nkeys = n;
+	return keys;
+}
+
+static LeaseArg *
+dead_heads_arg(OutboxRels *r, LeaseMode mode, MemoryContext cxt)
+{
+	LeaseArg   *arg = palloc0(sizeof(LeaseArg));
+
+	arg->mode = mode;
+	arg->rels = r;
+	arg->per_key = 1;
+	arg->budget = 1;
+	arg->runcxt = AllocSetContextCreate(cxt, "idem outbox key",
+										ALLOCSET_DEFAULT_SIZES);
+	return arg;
+}
+
+/*
+ * idem._outbox_dead_heads(topic, key) returns table (topic, key, id)
  *
  * The heads of keys (of a topic, of a key, or all) that are dead though no
  * lease has marked them so yet: their last lease ran out, their topic's
  * maximum attempts were lowered to their count or below, or a nack of their
  * run made them dead (see nack_key).  Such a death is written when a lease
  * next visits the key, which may be never while every relay is down: this
- * is what idem_outbox_stats counts them by (a look: the relations are only
- * read, with ACCESS SHARE), and what idem_outbox_redrive marks them with
- * (mark) before it puts dead messages back.  The judgement is lease_key's
- * own.
+ * is what idem_outbox_stats counts them by.  The judgement is lease_key's
+ * own, on each row's last committed version; nothing is written or locked
+ * (the relations are opened with ACCESS SHARE, as a SELECT does).
  */
 PG_FUNCTION_INFO_V1(idem_outbox_dead_heads);
 Datum
@@ -1926,22 +2002,16 @@ idem_outbox_dead_heads(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *topic = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
 	text	   *key = PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1);
-	bool		mark;
-	LOCKMODE	lockmode;
 	IdemStore  *store;
 	OutboxRels	r;
-	LeaseArg	arg;
+	LeaseArg   *arg;
 	List	   *topics = NIL;
+	DeadHeadsKey *keys;
+	int			nkeys;
+	int			i;
 	MemoryContext callcxt;
 	MemoryContext oldcxt;
 
-	if (PG_ARGISNULL(2))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("mark must not be null")));
-	mark = PG_GETARG_BOOL(2);
-	if (mark)
-		idem_check_writable("idem_outbox_redrive()");
 	InitMaterializedSRF(fcinfo, 0);
 	/* a standby leases nothing: its rows say all there is */
 	if (RecoveryInProgress())
@@ -1950,53 +2020,203 @@ idem_outbox_dead_heads(PG_FUNCTION_ARGS)
 	callcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_outbox_dead_heads",
 									ALLOCSET_DEFAULT_SIZES);
 	oldcxt = MemoryContextSwitchTo(callcxt);
-	lockmode = mark ? RowExclusiveLock : AccessShareLock;
-	store = outbox_keys_open_lock(lockmode);
-	outbox_open(&r, lockmode);
-	memset(&arg, 0, sizeof(arg));
-	arg.mode = mark ? LEASE_MARK : LEASE_JUDGE;
-	arg.rels = &r;
-	arg.per_key = 1;
-	arg.budget = 1;
-	arg.runcxt = AllocSetContextCreate(callcxt, "idem_outbox_dead_heads key",
-									   ALLOCSET_DEFAULT_SIZES);
-
-	if (topic != NULL && key != NULL)
-		dead_heads_visit(store, &arg, &topics, rsinfo, topic, key);
-	else
+	store = outbox_keys_open_lock(AccessShareLock);
+	outbox_open(&r, AccessShareLock);
+	arg = dead_heads_arg(&r, LEASE_JUDGE, callcxt);
+	keys = dead_heads_keys(store, AccessShareLock, topic, key, false,
+						   &topics, &nkeys);
+	for (i = 0; i < nkeys; i++)
 	{
-		Relation	keys_rel = table_open(outbox_keys_relid, lockmode);
-		TupleTableSlot *kslot = table_slot_create(keys_rel, NULL);
-		TableScanDesc scan = table_beginscan(keys_rel, GetActiveSnapshot(),
-											 0, NULL);
+		Datum		v[OK_NATTS];
+		bool		n[OK_NATTS];
 
-		while (table_scan_getnextslot(scan, ForwardScanDirection, kslot))
+		CHECK_FOR_INTERRUPTS();
+		if (!idem_store_read(store, PointerGetDatum(keys[i].topic),
+							 PointerGetDatum(keys[i].key), v, n))
+			continue;
+		arg->topic = outbox_topic(&topics, keys[i].topic);
+		if (!dead_heads_candidate(v, n, arg->topic))
+			continue;
+		arg->now = GetCurrentTimestamp();
+		(void) lease_key(idem_store_tupdesc(store), v, n, arg);
+		if (arg->died)
 		{
-			Datum	   *v;
-			bool	   *n;
-			text	   *ktopic;
+			Datum		values[3];
+			bool		isnull[3] = {false, false, false};
 
-			CHECK_FOR_INTERRUPTS();
-			slot_getallattrs(kslot);
-			v = kslot->tts_values;
-			n = kslot->tts_isnull;
-			ktopic = DatumGetTextPP(v[OK_TOPIC]);
-			if (topic != NULL && !outbox_text_eq(ktopic, topic))
-				continue;
-			/* as the snapshot has it: looked at again as it stands */
-			if (!dead_heads_candidate(v, n, outbox_topic(&topics, ktopic)))
-				continue;
-			dead_heads_visit(store, &arg, &topics, rsinfo,
-							 DatumGetTextPCopy(v[OK_TOPIC]),
-							 DatumGetTextPCopy(v[OK_KEY]));
+			values[0] = PointerGetDatum(keys[i].topic);
+			values[1] = PointerGetDatum(keys[i].key);
+			values[2] = UUIDPGetDatum(&arg->head_id);
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
+								 values, isnull);
 		}
-		table_endscan(scan);
-		ExecDropSingleTupleTableSlot(kslot);
-		table_close(keys_rel, NoLock);
+		MemoryContextReset(arg->runcxt);
 	}
 	outbox_close(&r);
 	idem_store_close(store);
 	MemoryContextSwitchTo(oldcxt);
 	MemoryContextDelete(callcxt);
 	return (Datum) 0;
+}
+
+typedef struct RedriveArg
+{
+	LeaseArg   *lease;
+	TimestampTz now;
+	text	   *topic;
+	text	   *key;
+	int			redriven;		/* messages put back */
+	bool		died;			/* a death written here */
+} RedriveArg;
+
+/*
+ * Called by the store with the latest version of a key row: the death no
+ * lease has written yet is written (lease_key, on a copy of the row, which
+ * it leaves half changed when it does not write), then the dead head and
+ * the message a nack made dead (see nack_key) are put back.
+ */
+static bool
+redrive_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
+{
+	RedriveArg *arg = argp;
+	bool		changed = false;
+
+	arg->redriven = 0;
+	arg->died = false;
+	if (!DatumGetBool(values[OK_DEAD]) &&
+		dead_heads_candidate(values, isnull, arg->lease->topic))
+	{
+		Datum		v[OK_NATTS];
+		bool		n[OK_NATTS];
+
+		memcpy(v, values, sizeof(v));
+		memcpy(n, isnull, sizeof(n));
+		arg->lease->now = arg->now;
+		if (lease_key(tupdesc, v, n, arg->lease) && arg->lease->died)
+		{
+			memcpy(values, v, sizeof(v));
+			memcpy(isnull, n, sizeof(n));
+			arg->died = !arg->lease->died_before;
+			changed = true;
+		}
+	}
+	if (!isnull[OK_DEAD_KEPT])
+	{
+		int64		seq = DatumGetInt64(values[OK_DEAD_KEPT]);
+
+		/* its count starts again: a pair of its seq and 0 */
+		if (outbox_key_has_seq(arg->lease->rels, arg->topic, arg->key, seq))
+		{
+			Datum	   *elems = NULL;
+			bool	   *nulls = NULL;
+			int			nelems = 0;
+			Datum	   *out;
+			bool	   *outnulls;
+			int			dims[1];
+			int			lbs[1] = {1};
+
+			if (!isnull[OK_ATTEMPTS_KEPT])
+				deconstruct_array(DatumGetArrayTypeP(values[OK_ATTEMPTS_KEPT]),
+								  INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+								  TYPALIGN_DOUBLE, &elems, &nulls, &nelems);
+			/* an odd last element (written by hand) is dropped */
+			nelems -= nelems % 2;
+			out = palloc(sizeof(Datum) * (nelems + 2));
+			outnulls = palloc0(sizeof(bool) * (nelems + 2));
+			if (nelems > 0)
+			{
+				memcpy(out, elems, sizeof(Datum) * nelems);
+				memcpy(outnulls, nulls, sizeof(bool) * nelems);
+			}
+			out[nelems] = Int64GetDatum(seq);
+			out[nelems + 1] = Int64GetDatum(0);
+			dims[0] = nelems + 2;
+			values[OK_ATTEMPTS_KEPT] =
+				PointerGetDatum(construct_md_array(out, outnulls, 1, dims, lbs,
+												   INT8OID, sizeof(int64),
+												   FLOAT8PASSBYVAL,
+												   TYPALIGN_DOUBLE));
+			isnull[OK_ATTEMPTS_KEPT] = false;
+			arg->redriven++;
+		}
+		isnull[OK_DEAD_KEPT] = true;
+		isnull[OK_ERROR_KEPT] = true;
+		changed = true;
+	}
+	if (DatumGetBool(values[OK_DEAD]))
+	{
+		/* back to pending, its count (and its run's) from the start */
+		values[OK_DEAD] = BoolGetDatum(false);
+		values[OK_ATTEMPTS] = Int32GetDatum(0);
+		values[OK_AVAILABLE_AT] = TimestampTzGetDatum(arg->now);
+		isnull[OK_LEASED_BY] = true;
+		isnull[OK_LEASED_THROUGH] = true;
+		arg->redriven++;
+		changed = true;
+	}
+	return changed;
+}
+
+/*
+ * idem._outbox_redrive(topic, key) returns bigint
+ *
+ * What idem_outbox_redrive does, once its arguments are checked: the dead
+ * messages of keys (of a topic, of a key, or all) back to pending, their
+ * deaths that no lease has written yet included.  The key rows are visited
+ * in the order of their keys' hashes, the order in which an ack (of one
+ * call) locks them, and waited for: a redrive and an ack, or two redrives,
+ * cannot deadlock.  A head is locked only when its death is written.
+ * Returns how many messages were put back.
+ */
+PG_FUNCTION_INFO_V1(idem_outbox_redrive_keys);
+Datum
+idem_outbox_redrive_keys(PG_FUNCTION_ARGS)
+{
+	text	   *topic = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
+	text	   *key = PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1);
+	IdemStore  *store;
+	OutboxRels	r;
+	RedriveArg	arg;
+	List	   *topics = NIL;
+	DeadHeadsKey *keys;
+	int			nkeys;
+	int			i;
+	int64		redriven = 0;
+	MemoryContext callcxt;
+	MemoryContext oldcxt;
+
+	idem_check_writable("idem_outbox_redrive()");
+	callcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_outbox_redrive",
+									ALLOCSET_DEFAULT_SIZES);
+	oldcxt = MemoryContextSwitchTo(callcxt);
+	store = outbox_keys_open();
+	/* under REPEATABLE READ, a row written since the snapshot is 40001 */
+	idem_store_require_snapshot(store);
+	outbox_open(&r, RowExclusiveLock);
+	arg.lease = dead_heads_arg(&r, LEASE_MARK, callcxt);
+	arg.now = GetCurrentTimestamp();
+	keys = dead_heads_keys(store, RowExclusiveLock, topic, key, true,
+						   &topics, &nkeys);
+	for (i = 0; i < nkeys; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		arg.lease->topic = outbox_topic(&topics, keys[i].topic);
+		arg.topic = keys[i].topic;
+		arg.key = keys[i].key;
+		if (idem_store_update(store, PointerGetDatum(keys[i].topic),
+							  PointerGetDatum(keys[i].key), redrive_key,
+							  &arg) == IDEM_UPDATE_DONE)
+		{
+			redriven += arg.redriven;
+			if (arg.died)
+				idem_stat_count_text(IDEM_KIND_OUTBOX, keys[i].topic,
+									 IDEM_OUTBOX_DEAD, 1);
+		}
+		MemoryContextReset(arg.lease->runcxt);
+	}
+	outbox_close(&r);
+	idem_store_close(store);
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextDelete(callcxt);
+	PG_RETURN_INT64(redriven);
 }
