@@ -54,11 +54,12 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-# PGXS tracks no header of its own: an object built against an older layout
-# of a table's columns would read and write beyond them
-$(OBJS): src/idem.h
-$(filter src/outbox%.o,$(OBJS)): src/outbox.h
-$(filter src/guard%.o,$(OBJS)): src/guard.h
+# PGXS tracks no header of its own: an object (or the bitcode that JIT
+# inlining reads) built against an older layout of a table's columns would
+# read and write beyond them
+$(OBJS) $(OBJS:.o=.bc): src/idem.h
+$(filter src/outbox%,$(OBJS) $(OBJS:.o=.bc)): src/outbox.h
+$(filter src/guard%,$(OBJS) $(OBJS:.o=.bc)): src/guard.h
 
 all: $(RELAY)
 
