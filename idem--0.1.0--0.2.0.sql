@@ -1007,7 +1007,9 @@ AS $$
               LEFT JOIN (SELECT i.topic, i.key, i.dead, i.head_id, i.attempts, i.leased_through,
                                 i.leased_by, i.available_at,
                                 -- a message a nack of its run made dead, while it is there
-                                CASE WHEN EXISTS (
+                                -- (looked for only in the rare rows that name one)
+                                CASE WHEN i.dead_kept IS NULL THEN NULL
+                                     WHEN EXISTS (
                                          SELECT 1 FROM idem.outbox x
                                           WHERE x.id OPERATOR(pg_catalog.>=) idem._outbox_id_bound(i.topic, i.key, false)
                                             AND x.id OPERATOR(pg_catalog.<=) idem._outbox_id_bound(i.topic, i.key, true)
