@@ -237,8 +237,8 @@ extern void outbox_wake_owe(void);
 /* outbox_lease.c: a key's head, and where this session's leased messages are */
 extern bool outbox_head(OutboxRels *r, Datum topic, Datum key, bool *busy);
 extern void outbox_remember_lease(pg_uuid_t *id, ItemPointer msg_tid,
-								  ItemPointerData key_tid);
+								  ItemPointerData key_tid, int64 key_hash);
 extern bool outbox_recall_lease(pg_uuid_t *id, ItemPointer msg_tid,
-								ItemPointer key_tid);
+								ItemPointer key_tid, int64 *key_hash);
 
 #endif							/* IDEM_OUTBOX_H */

@@ -42,7 +42,35 @@ typedef struct AckArg
 	text	   *relay;			/* NULL: any relay's lease */
 	bool		permanent;		/* dead at once */
 	bool		died;
+	/* ack: the columns ack_key reads of the row it last wrote */
+	Datum		row_values[OK_NATTS];
+	bool		row_isnull[OK_NATTS];
+	pg_uuid_t	row_head;
 } AckArg;
+
+/*
+ * Keep what ack_key reads of the key row it is about to write (the other
+ * columns are left NULL or 0): an ack that wrote a key's row holds it
+ * until its transaction ends, so the acks of the key's other messages in
+ * the same call judge this copy instead of reading the row again.
+ */
+static void
+ack_keep_row(AckArg *arg, Datum *values, bool *isnull)
+{
+	int			i;
+
+	for (i = 0; i < OK_NATTS; i++)
+	{
+		arg->row_values[i] = (Datum) 0;
+		arg->row_isnull[i] = isnull[i];
+	}
+	arg->row_values[OK_DEAD] = values[OK_DEAD];
+	arg->row_values[OK_ATTEMPTS] = values[OK_ATTEMPTS];
+	arg->row_values[OK_AVAILABLE_AT] = values[OK_AVAILABLE_AT];
+	arg->row_values[OK_LEASED_THROUGH] = values[OK_LEASED_THROUGH];
+	if (!isnull[OK_HEAD_ID])
+		memcpy(&arg->row_head, DatumGetUUIDP(values[OK_HEAD_ID]), UUID_LEN);
+}
 
 
 /*
@@ -101,13 +129,18 @@ ack_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	else
 		last = arg->seq == DatumGetInt64(values[OK_LEASED_THROUGH]);
 	if (!last)
+	{
+		if (arg->need_lock)
+			ack_keep_row(arg, values, isnull);
 		return arg->need_lock;
+	}
 	values[OK_DEAD] = BoolGetDatum(false);
 	values[OK_ATTEMPTS] = Int32GetDatum(0);
 	values[OK_AVAILABLE_AT] = TimestampTzGetDatum(arg->now);
 	isnull[OK_HEAD_ID] = true;
 	isnull[OK_LEASED_BY] = true;
 	isnull[OK_LAST_ERROR] = true;
+	ack_keep_row(arg, values, isnull);
 	return true;
 }
 
@@ -208,7 +241,38 @@ typedef struct OutboxAckedKey
 	text	   *topic;
 	text	   *key;
 	ItemPointerData key_tid;
+	/* what ack_key reads of that version (see ack_keep_row), if valid */
+	bool		valid;
+	Datum		values[OK_NATTS];
+	bool		isnull[OK_NATTS];
+	pg_uuid_t	head;
 } OutboxAckedKey;
+
+/*
+ * The ack of a message of a key whose row this call wrote, judged on the
+ * copy of what it wrote: true when ack_key declines to write the row, as
+ * it would on the row itself (arg->acked then says whether the message is
+ * acknowledged).  False when the row is to be written: the caller then
+ * goes through the row itself.
+ */
+static bool
+ack_key_kept(OutboxAckedKey *e, AckArg *arg)
+{
+	Datum		values[OK_NATTS];
+	bool		isnull[OK_NATTS];
+
+	memcpy(values, e->values, sizeof(values));
+	memcpy(isnull, e->isnull, sizeof(isnull));
+	if (!isnull[OK_HEAD_ID])
+		values[OK_HEAD_ID] = UUIDPGetDatum(&e->head);
+	if (ack_key(NULL, values, isnull, arg) || arg->left)
+	{
+		arg->acked = false;
+		arg->left = false;
+		return false;
+	}
+	return true;
+}
 
 /*
  * A message an ack found: where it is, and its key by its hash (its topic
@@ -322,11 +386,20 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		if (elems[i] == (Datum) 0)
 			continue;
 		m->id = DatumGetUUIDP(elems[i]);
-		if (!outbox_recall_lease(m->id, &m->msg_tid, &m->key_tid))
+
+		/*
+		 * A message this session leased: its key and seq are known (an id
+		 * has its seq), and the second pass reads it where it was.
+		 */
+		if (outbox_recall_lease(m->id, &m->msg_tid, &m->key_tid,
+								&m->key_hash))
 		{
-			ItemPointerSetInvalid(&m->msg_tid);
-			ItemPointerSetInvalid(&m->key_tid);
+			m->seq = outbox_id_seq(m->id);
+			nmsgs++;
+			continue;
 		}
+		ItemPointerSetInvalid(&m->msg_tid);
+		ItemPointerSetInvalid(&m->key_tid);
 		if (!outbox_find(&r, m->id, &m->msg_tid))
 			continue;
 		m->msg_tid = r.slot->tts_tid;
@@ -355,6 +428,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		if (!outbox_find(&r, m->id, &m->msg_tid))
 			continue;
 		m->msg_tid = r.slot->tts_tid;
+		m->seq = DatumGetInt64(r.slot->tts_values[OB_SEQ]);
 		topic = DatumGetTextPCopy(r.slot->tts_values[OB_TOPIC]);
 		key = DatumGetTextPCopy(r.slot->tts_values[OB_KEY]);
 		ExecClearTuple(r.slot);
@@ -370,8 +444,11 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		arg.left = false;
 		arg.again = false;
 		latest = (e != NULL) ? &e->key_tid : &m->key_tid;
-		res = idem_store_update_at(store, latest, PointerGetDatum(topic),
-								   PointerGetDatum(key), ack_key, &arg);
+		if (e != NULL && e->valid && ack_key_kept(e, &arg))
+			res = IDEM_UPDATE_DECLINED;
+		else
+			res = idem_store_update_at(store, latest, PointerGetDatum(topic),
+									   PointerGetDatum(key), ack_key, &arg);
 		if (res == IDEM_UPDATE_DONE && e == NULL)
 		{
 			bool		found;
@@ -398,7 +475,13 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 				e = NULL;
 		}
 		if (res == IDEM_UPDATE_DONE && e != NULL)
+		{
 			e->key_tid = idem_store_updated_tid(store);
+			memcpy(e->values, arg.row_values, sizeof(e->values));
+			memcpy(e->isnull, arg.row_isnull, sizeof(e->isnull));
+			e->head = arg.row_head;
+			e->valid = true;
+		}
 		if (res == IDEM_UPDATE_DONE ||
 			(res == IDEM_UPDATE_DECLINED && arg.acked))
 		{
@@ -446,10 +529,12 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 				 * deleted, or an ack's, which releases the key.
 				 */
 				arg.again = true;
-				(void) idem_store_try_update_latest(store, &judged,
-													PointerGetDatum(topic),
-													PointerGetDatum(key),
-													ack_key, &arg);
+				if (idem_store_try_update_latest(store, &judged,
+												 PointerGetDatum(topic),
+												 PointerGetDatum(key),
+												 ack_key, &arg) ==
+					IDEM_UPDATE_DONE && e != NULL)
+					e->valid = false;
 			}
 		}
 		if (!kept)

@@ -535,13 +535,14 @@ typedef struct OutboxLeased
 	pg_uuid_t	id;				/* hash key */
 	ItemPointerData msg_tid;
 	ItemPointerData key_tid;
+	int64		key_hash;		/* the message's: it never changes */
 } OutboxLeased;
 
 static HTAB *outbox_leased = NULL;
 
 void
 outbox_remember_lease(pg_uuid_t *id, ItemPointer msg_tid,
-					  ItemPointerData key_tid)
+					  ItemPointerData key_tid, int64 key_hash)
 {
 	OutboxLeased *e;
 	bool		found;
@@ -565,11 +566,13 @@ outbox_remember_lease(pg_uuid_t *id, ItemPointer msg_tid,
 	e = hash_search(outbox_leased, id, HASH_ENTER, &found);
 	e->msg_tid = *msg_tid;
 	e->key_tid = key_tid;
+	e->key_hash = key_hash;
 }
 
 /* Where a message leased by this session was, forgotten once asked. */
 bool
-outbox_recall_lease(pg_uuid_t *id, ItemPointer msg_tid, ItemPointer key_tid)
+outbox_recall_lease(pg_uuid_t *id, ItemPointer msg_tid, ItemPointer key_tid,
+					int64 *key_hash)
 {
 	OutboxLeased *e;
 
@@ -580,6 +583,7 @@ outbox_recall_lease(pg_uuid_t *id, ItemPointer msg_tid, ItemPointer key_tid)
 		return false;
 	*msg_tid = e->msg_tid;
 	*key_tid = e->key_tid;
+	*key_hash = e->key_hash;
 	(void) hash_search(outbox_leased, id, HASH_REMOVE, NULL);
 	return true;
 }
@@ -632,6 +636,7 @@ typedef struct LeaseArg
 	bool		isnull[OM_NATTS];
 	pg_uuid_t	head_id;
 	ItemPointerData head_tid;	/* where the leased head is */
+	int64		head_key_hash;
 	/* the head's columns when the slot is needed for its run */
 	Datum		head_values[OB_NATTS];
 	bool		head_isnull[OB_NATTS];
@@ -702,6 +707,38 @@ lease_heap_add(LeaseHeap *h, TimestampTz available_at, ItemPointer tid)
 		i = child;
 	}
 	h->c[i] = cand;
+}
+
+/*
+ * Put the best candidate of h->c[i..] at i, the ones before it taken: the
+ * first few are picked out, the rest sorted once.  A batch that runs fill
+ * (per_key) takes one key or a few, and then sorts nothing.
+ */
+#define LEASE_HEAP_PICKS	2
+
+static void
+lease_heap_next(LeaseHeap *h, int i)
+{
+	int			best = i;
+	int			j;
+
+	if (i > LEASE_HEAP_PICKS)
+		return;
+	if (i == LEASE_HEAP_PICKS)
+	{
+		qsort(h->c + i, h->n - i, sizeof(LeaseCandidate), lease_candidate_cmp);
+		return;
+	}
+	for (j = i + 1; j < h->n; j++)
+		if (lease_candidate_cmp(&h->c[j], &h->c[best]) < 0)
+			best = j;
+	if (best != i)
+	{
+		LeaseCandidate tmp = h->c[i];
+
+		h->c[i] = h->c[best];
+		h->c[best] = tmp;
+	}
 }
 
 /*
@@ -1023,6 +1060,7 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 
 	memcpy(&arg->head_id, DatumGetUUIDP(slot->tts_values[OB_ID]), UUID_LEN);
 	arg->head_tid = slot->tts_tid;
+	arg->head_key_hash = DatumGetInt64(slot->tts_values[OB_KEY_HASH]);
 	values[OK_HEAD_ID] = UUIDPGetDatum(&arg->head_id);
 	isnull[OK_HEAD_ID] = false;
 
@@ -1276,7 +1314,8 @@ lease_try(IdemStore *store, TupleTableSlot *kslot, ItemPointer tid,
 
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
 							 arg->values, arg->isnull);
-		outbox_remember_lease(&arg->head_id, &arg->head_tid, key_tid);
+		outbox_remember_lease(&arg->head_id, &arg->head_tid, key_tid,
+							  arg->head_key_hash);
 		for (i = 0; i < arg->nrun; i++)
 		{
 			Datum		mv[OB_NATTS];
@@ -1303,7 +1342,7 @@ lease_try(IdemStore *store, TupleTableSlot *kslot, ItemPointer tid,
 			n[7] = false;
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
 			outbox_remember_lease(DatumGetUUIDP(mv[OB_ID]), &arg->run_tids[i],
-								  key_tid);
+								  key_tid, arg->head_key_hash);
 		}
 		MemoryContextReset(arg->runcxt);
 		idem_stat_count_text(IDEM_KIND_OUTBOX, topic, IDEM_OUTBOX_LEASED,
@@ -1686,23 +1725,23 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 							have_last ? &last : NULL, arg, present, npresent,
 							&more);
 
-		/* the keys that have waited longest first */
-		qsort(heap.c, heap.n, sizeof(LeaseCandidate), lease_candidate_cmp);
-
+		/* the worst kept (the root): where the next round starts */
+		if (heap.n > 0)
+		{
+			last = heap.c[0];
+			have_last = true;
+		}
 		for (i = 0; i < heap.n && nleased < max_messages; i++)
 		{
 			CHECK_FOR_INTERRUPTS();
+			/* the keys that have waited longest first */
+			lease_heap_next(&heap, i);
 			/* the version the pass saw: the snapshot keeps it there */
 			if (!table_tuple_fetch_row_version(keys_rel, &heap.c[i].tid, snap,
 											   kslot))
 				continue;
 			nleased += lease_try(store, kslot, &heap.c[i].tid, rsinfo, arg,
 								 topics, max_messages - nleased);
-		}
-		if (heap.n > 0)
-		{
-			last = heap.c[heap.n - 1];
-			have_last = true;
 		}
 
 		/*
