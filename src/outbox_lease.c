@@ -791,11 +791,35 @@ lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int64 leased_max,
 	outbox_key_range(skeys, &lo, &hi, key_hash);
 	scan = index_beginscan(r->rel, r->pkey, &dirty, 2, 0);
 	index_rescan(scan, skeys, 2, NULL, 0);
-	while (arg->nrun < limit &&
-		   index_getnext_slot(scan, ForwardScanDirection, r->slot))
+	while (arg->nrun < limit)
 	{
 		int64		seq;
-		bool		busy = TransactionIdIsValid(dirty.xmin) ||
+		bool		busy;
+		ItemPointer tid = index_getnext_tid(scan, ForwardScanDirection);
+
+		if (tid == NULL)
+			break;
+		/*
+		 * The version the entry points to, as the index's fetch would
+		 * return it when it is visible (that fetch follows a HOT chain from
+		 * there only when it is not), without what the fetch does first to
+		 * every page it reads: prune it.  Each ack deletes a message of the
+		 * outbox's pages, and the run's fetches would prune the same pages
+		 * again and again.  The messages after a head are seldom deleted
+		 * already; one that is, or not a tuple there, goes to the fetch.
+		 */
+		if (!table_tuple_fetch_row_version(r->rel, tid, &dirty, r->slot))
+		{
+			bool		got = false;
+
+			do
+			{
+				got = index_fetch_heap(scan, r->slot);
+			} while (!got && scan->xs_heap_continue);
+			if (!got)
+				continue;
+		}
+		busy = TransactionIdIsValid(dirty.xmin) ||
 			TransactionIdIsValid(dirty.xmax);
 
 		slot_getallattrs(r->slot);
