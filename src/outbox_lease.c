@@ -1224,6 +1224,9 @@ lease_row_changed(TupleTableSlot *slot)
 		return false;
 	if (HEAP_XMAX_IS_LOCKED_ONLY(infomask))
 		return false;
+	/* a hint bit says so without a look at the commit log */
+	if (infomask & HEAP_XMAX_COMMITTED)
+		return true;
 	changed = !TransactionIdDidAbort(xmax);
 	return changed;
 }
@@ -1445,6 +1448,16 @@ lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
 		int64		hash;
 
 		if (!lease_candidate_at(kslot, arg, NULL, 0, &avail))
+			continue;
+
+		/*
+		 * One that another relay has leased since the snapshot, or is
+		 * leasing, would be skipped by lease_try: with several relays, the
+		 * keys that have waited longest are the ones they all take at once,
+		 * and a set of candidates of those would send a relay that comes
+		 * second through the key rows again for others.
+		 */
+		if (lease_row_changed(kslot))
 			continue;
 		if (after != NULL)
 		{
