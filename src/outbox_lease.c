@@ -1562,6 +1562,115 @@ lease_free_run(List *run)
 }
 
 /*
+ * Where the row of each key (by key_hash) is, as the primary key of
+ * idem.outbox_keys last said: the root of the row's chain of versions.  A
+ * key row's updates are HOT, so the root stays where it is until the row is
+ * deleted (idem_outbox_purge), or an update finds no room on its page.  A
+ * pass that finds keys through their messages fetches the row from there,
+ * as the primary key's own fetch of that entry would, and takes what it
+ * finds when it is the key's row (a snapshot sees one version of a key's
+ * row at most); anything else, a slot reused by another key's row, nothing
+ * visible there, goes through the primary key, which then says where the
+ * root is now.  This saves the descent of the primary key (text
+ * comparisons on every level) for each key seen.  Entries are kept for one
+ * file of the table (another after TRUNCATE or DROP EXTENSION), and all
+ * dropped past LEASE_KEY_ROOTS_MAX.
+ */
+typedef struct LeaseKeyRoot
+{
+	int64		key_hash;		/* hash key */
+	RelFileNode node;
+	ItemPointerData tid;
+} LeaseKeyRoot;
+
+#define LEASE_KEY_ROOTS_MAX 65536
+
+static HTAB *lease_key_roots = NULL;
+
+static LeaseKeyRoot *
+lease_key_root(int64 key_hash, bool enter)
+{
+	bool		found;
+
+	if (lease_key_roots != NULL && enter &&
+		hash_get_num_entries(lease_key_roots) >= LEASE_KEY_ROOTS_MAX)
+	{
+		hash_destroy(lease_key_roots);
+		lease_key_roots = NULL;
+	}
+	if (lease_key_roots == NULL)
+	{
+		HASHCTL		ctl;
+
+		if (!enter)
+			return NULL;
+		ctl.keysize = sizeof(int64);
+		ctl.entrysize = sizeof(LeaseKeyRoot);
+		ctl.hcxt = TopMemoryContext;
+		lease_key_roots = hash_create("idem outbox key rows", 1024, &ctl,
+									  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	return hash_search(lease_key_roots, &key_hash,
+					   enter ? HASH_ENTER : HASH_FIND, &found);
+}
+
+/*
+ * The row of the key (topic, key) visible to snap, in kslot: from where
+ * lease_key_root says, or through the primary key (kscan, with skeys on
+ * topic and key).  nblocks: the table's size, asked once per pass (the lock
+ * held keeps it from shrinking).
+ */
+static bool
+lease_key_row(Relation keys_rel, IndexScanDesc kscan,
+			  IndexFetchTableData *kfetch, Snapshot snap,
+			  TupleTableSlot *kslot, ScanKey skeys, int64 key_hash,
+			  text *topic, text *key, BlockNumber nblocks)
+{
+	LeaseKeyRoot *root = lease_key_root(key_hash, false);
+
+	if (root != NULL && RelFileNodeEquals(root->node, keys_rel->rd_node) &&
+		ItemPointerGetBlockNumber(&root->tid) < nblocks)
+	{
+		bool		call_again = false;
+		bool		all_dead = false;
+		ItemPointerData tid = root->tid;
+
+		if (table_index_fetch_tuple(kfetch, &tid, snap, kslot, &call_again,
+									&all_dead))
+		{
+			bool		tnull;
+			bool		knull;
+			Datum		t = slot_getattr(kslot, OK_TOPIC + 1, &tnull);
+			Datum		k = slot_getattr(kslot, OK_KEY + 1, &knull);
+
+			if (!tnull && !knull &&
+				outbox_text_eq(DatumGetTextPP(t), topic) &&
+				outbox_text_eq(DatumGetTextPP(k), key))
+				return true;
+			ExecClearTuple(kslot);
+		}
+	}
+	/* index_getnext_slot, keeping the entry's TID (the fetch moves it on) */
+	index_rescan(kscan, skeys, 2, NULL, 0);
+	for (;;)
+	{
+		ItemPointer tid = index_getnext_tid(kscan, ForwardScanDirection);
+		ItemPointerData entry;
+
+		if (tid == NULL)
+			return false;
+		entry = *tid;
+		if (index_fetch_heap(kscan, kslot))
+		{
+			root = lease_key_root(key_hash, true);
+			root->node = keys_rel->rd_node;
+			root->tid = entry;
+			return true;
+		}
+	}
+}
+
+/*
  * Fill heap with the candidates among the keys that have a message visible
  * to snap, as lease_scan_keys does from every key row (after: the last
  * candidate an earlier round tried, or NULL).  False when that cost more
@@ -1581,17 +1690,19 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 	List	   *run = NIL;		/* LeaseSeenKey of run_hash */
 	IndexScanDesc scan;
 	IndexScanDesc kscan;
+	IndexFetchTableData *kfetch;
 	ScanKeyData skeys[2];
 	bool		ok = true;
+	BlockNumber nblocks = RelationGetNumberOfBlocks(keys_rel);
 
 	Assert(keys_index != NULL);
-	budget = (int64) RelationGetNumberOfBlocks(keys_rel) * LEASE_ROWS_PER_PAGE +
-		LEASE_MIN_BUDGET;
+	budget = (int64) nblocks * LEASE_ROWS_PER_PAGE + LEASE_MIN_BUDGET;
 
 	scan = index_beginscan(r->rel, r->pkey, snap, 0, 0);
 	outbox_scan_keep_pin(scan);
 	index_rescan(scan, NULL, 0, NULL, 0);
 	kscan = index_beginscan(keys_rel, keys_index, snap, 2, 0);
+	kfetch = table_index_fetch_begin(keys_rel);
 	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)
 	{
 		int64		hash;
@@ -1655,8 +1766,9 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 		ScanKeyEntryInitialize(&skeys[1], 0, 2, BTEqualStrategyNumber,
 							   InvalidOid, C_COLLATION_OID, F_TEXTEQ,
 							   PointerGetDatum(key));
-		index_rescan(kscan, skeys, 2, NULL, 0);
-		if (!index_getnext_slot(kscan, ForwardScanDirection, kslot))
+		if (!lease_key_row(keys_rel, kscan, kfetch, snap, kslot, skeys,
+						   DatumGetInt64(r->slot->tts_values[OB_KEY_HASH]),
+						   topic, key, nblocks))
 			continue;
 		if (lease_candidate_at(kslot, arg,
 							   DatumGetUUIDP(r->slot->tts_values[OB_ID]),
@@ -1676,6 +1788,8 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 		}
 		ExecClearTuple(kslot);
 	}
+	ExecClearTuple(kslot);
+	table_index_fetch_end(kfetch);
 	index_endscan(kscan);
 	index_endscan(scan);
 	ExecClearTuple(r->slot);
