@@ -529,7 +529,9 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 				 * deleted, or an ack's, which releases the key.
 				 */
 				arg.again = true;
-				if (idem_store_try_update_latest(store, &judged,
+				/* nothing written since, as a look at it would say */
+				if (!idem_store_version_untouched(store, &judged) &&
+					idem_store_try_update_latest(store, &judged,
 												 PointerGetDatum(topic),
 												 PointerGetDatum(key),
 												 ack_key, &arg) ==

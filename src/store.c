@@ -1709,6 +1709,44 @@ idem_store_updated_tid(IdemStore *store)
 }
 
 /*
+ * Whether no transaction has updated, deleted or locked the row version at
+ * tid (its xmax is unset, or was an aborted transaction's): a caller that
+ * judged that version, and holds a lock that keeps the table from
+ * shrinking, then knows it is still the latest and as it was, without
+ * reading it again.  False when unsure: a table that is not a heap, or
+ * rows reached through SQL.
+ */
+bool
+idem_store_version_untouched(IdemStore *store, ItemPointer tid)
+{
+	Buffer		buf;
+	Page		page;
+	OffsetNumber off;
+	bool		untouched = false;
+
+	if (store->sql || !store->heap || !ItemPointerIsValid(tid))
+		return false;
+	buf = ReadBuffer(store->rel, ItemPointerGetBlockNumber(tid));
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	page = BufferGetPage(buf);
+	off = ItemPointerGetOffsetNumber(tid);
+	if (off >= FirstOffsetNumber && off <= PageGetMaxOffsetNumber(page))
+	{
+		ItemId		lp = PageGetItemId(page, off);
+
+		if (ItemIdIsNormal(lp))
+		{
+			HeapTupleHeader tup = (HeapTupleHeader) PageGetItem(page, lp);
+
+			untouched = (tup->t_infomask & HEAP_XMAX_INVALID) != 0 ||
+				!TransactionIdIsValid(HeapTupleHeaderGetRawXmax(tup));
+		}
+	}
+	UnlockReleaseBuffer(buf);
+	return untouched;
+}
+
+/*
  * The same without ever waiting: when another transaction is inserting,
  * updating or deleting the row, IDEM_UPDATE_BUSY, and fn is not called.
  */
