@@ -8,6 +8,7 @@
 \set VERBOSITY terse
 SET client_min_messages = warning;
 SELECT current_database() AS regress_db \gset
+DROP DATABASE IF EXISTS idem_key_roots;
 CREATE DATABASE idem_key_roots;
 \c idem_key_roots
 SET client_min_messages = warning;

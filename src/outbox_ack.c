@@ -22,6 +22,23 @@
  * ---- Ack and nack ----
  */
 
+/*
+ * The columns ack_key reads of a key row it wrote (and every column's null
+ * flag), as plain values: an ack that wrote a key's row holds it until its
+ * transaction ends, so the acks of the key's other messages in the same
+ * call judge this copy instead of reading the row again (see
+ * ack_key_kept).
+ */
+typedef struct AckKeptRow
+{
+	bool		isnull[OK_NATTS];
+	bool		dead;
+	int32		attempts;
+	TimestampTz available_at;
+	int64		leased_through;
+	pg_uuid_t	head_id;
+} AckKeptRow;
+
 typedef struct AckArg
 {
 	pg_uuid_t  *id;
@@ -42,36 +59,24 @@ typedef struct AckArg
 	text	   *relay;			/* NULL: any relay's lease */
 	bool		permanent;		/* dead at once */
 	bool		died;
-	/* ack: the columns ack_key reads of the row it last wrote */
-	Datum		row_values[OK_NATTS];
-	bool		row_isnull[OK_NATTS];
-	pg_uuid_t	row_head;
+	/* ack: the row it is about to write */
+	AckKeptRow	row;
 } AckArg;
 
-/*
- * Keep what ack_key reads of the key row it is about to write (the other
- * columns are left NULL or 0): an ack that wrote a key's row holds it
- * until its transaction ends, so the acks of the key's other messages in
- * the same call judge this copy instead of reading the row again.
- */
 static void
 ack_keep_row(AckArg *arg, Datum *values, bool *isnull)
 {
-	int			i;
+	AckKeptRow *k = &arg->row;
 
-	for (i = 0; i < OK_NATTS; i++)
-	{
-		arg->row_values[i] = (Datum) 0;
-		arg->row_isnull[i] = isnull[i];
-	}
-	arg->row_values[OK_DEAD] = values[OK_DEAD];
-	arg->row_values[OK_ATTEMPTS] = values[OK_ATTEMPTS];
-	arg->row_values[OK_AVAILABLE_AT] = values[OK_AVAILABLE_AT];
-	arg->row_values[OK_LEASED_THROUGH] = values[OK_LEASED_THROUGH];
+	memcpy(k->isnull, isnull, sizeof(k->isnull));
+	k->dead = DatumGetBool(values[OK_DEAD]);
+	k->attempts = DatumGetInt32(values[OK_ATTEMPTS]);
+	k->available_at = DatumGetTimestampTz(values[OK_AVAILABLE_AT]);
+	k->leased_through = isnull[OK_LEASED_THROUGH] ? 0 :
+		DatumGetInt64(values[OK_LEASED_THROUGH]);
 	if (!isnull[OK_HEAD_ID])
-		memcpy(&arg->row_head, DatumGetUUIDP(values[OK_HEAD_ID]), UUID_LEN);
+		memcpy(&k->head_id, DatumGetUUIDP(values[OK_HEAD_ID]), UUID_LEN);
 }
-
 
 /*
  * An ack of a message leased: the key's head, or one up to the end of its
@@ -241,30 +246,36 @@ typedef struct OutboxAckedKey
 	text	   *topic;
 	text	   *key;
 	ItemPointerData key_tid;
-	/* what ack_key reads of that version (see ack_keep_row), if valid */
-	bool		valid;
-	Datum		values[OK_NATTS];
-	bool		isnull[OK_NATTS];
-	pg_uuid_t	head;
+	bool		valid;			/* row is that version's */
+	AckKeptRow	row;
 } OutboxAckedKey;
 
 /*
  * The ack of a message of a key whose row this call wrote, judged on the
  * copy of what it wrote: true when ack_key declines to write the row, as
  * it would on the row itself (arg->acked then says whether the message is
- * acknowledged).  False when the row is to be written: the caller then
- * goes through the row itself.
+ * acknowledged).  False when the row is to be written, or left to a second
+ * look: the caller then goes through the row itself.  The columns ack_key
+ * does not read are 0 here.
  */
 static bool
 ack_key_kept(OutboxAckedKey *e, AckArg *arg)
 {
+	AckKeptRow *k = &e->row;
 	Datum		values[OK_NATTS];
 	bool		isnull[OK_NATTS];
+	int			i;
 
-	memcpy(values, e->values, sizeof(values));
-	memcpy(isnull, e->isnull, sizeof(isnull));
+	for (i = 0; i < OK_NATTS; i++)
+		values[i] = (Datum) 0;
+	memcpy(isnull, k->isnull, sizeof(isnull));
+	values[OK_DEAD] = BoolGetDatum(k->dead);
+	values[OK_ATTEMPTS] = Int32GetDatum(k->attempts);
+	values[OK_AVAILABLE_AT] = TimestampTzGetDatum(k->available_at);
+	if (!isnull[OK_LEASED_THROUGH])
+		values[OK_LEASED_THROUGH] = Int64GetDatum(k->leased_through);
 	if (!isnull[OK_HEAD_ID])
-		values[OK_HEAD_ID] = UUIDPGetDatum(&e->head);
+		values[OK_HEAD_ID] = UUIDPGetDatum(&k->head_id);
 	if (ack_key(NULL, values, isnull, arg) || arg->left)
 	{
 		arg->acked = false;
@@ -477,9 +488,7 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 		if (res == IDEM_UPDATE_DONE && e != NULL)
 		{
 			e->key_tid = idem_store_updated_tid(store);
-			memcpy(e->values, arg.row_values, sizeof(e->values));
-			memcpy(e->isnull, arg.row_isnull, sizeof(e->isnull));
-			e->head = arg.row_head;
+			e->row = arg.row;
 			e->valid = true;
 		}
 		if (res == IDEM_UPDATE_DONE ||

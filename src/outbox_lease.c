@@ -709,13 +709,14 @@ lease_heap_add(LeaseHeap *h, TimestampTz available_at, ItemPointer tid)
 	h->c[i] = cand;
 }
 
+/* candidates a lease picks out before it sorts the rest */
+#define LEASE_HEAP_PICKS	2
+
 /*
  * Put the best candidate of h->c[i..] at i, the ones before it taken: the
  * first few are picked out, the rest sorted once.  A batch that runs fill
  * (per_key) takes one key or a few, and then sorts nothing.
  */
-#define LEASE_HEAP_PICKS	2
-
 static void
 lease_heap_next(LeaseHeap *h, int i)
 {
@@ -799,26 +800,23 @@ lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int64 leased_max,
 
 		if (tid == NULL)
 			break;
-		/*
-		 * The version the entry points to, as the index's fetch would
-		 * return it when it is visible (that fetch follows a HOT chain from
-		 * there only when it is not), without what the fetch does first to
-		 * every page it reads: prune it.  Each ack deletes a message of the
-		 * outbox's pages, and the run's fetches would prune the same pages
-		 * again and again.  The messages after a head are seldom deleted
-		 * already; one that is, or not a tuple there, goes to the fetch.
-		 */
-		if (!table_tuple_fetch_row_version(r->rel, tid, &dirty, r->slot))
-		{
-			bool		got = false;
 
-			do
-			{
-				got = index_fetch_heap(scan, r->slot);
-			} while (!got && scan->xs_heap_continue);
-			if (!got)
-				continue;
-		}
+		/*
+		 * The version the entry points to, when it is visible, as the
+		 * index's fetch returns it first, without what that fetch does first
+		 * to every page it reads: prune it.  Each ack deletes a message of
+		 * the outbox's pages, and the run's fetches would prune the same
+		 * pages again and again.  The fetch would go on along the version's
+		 * HOT chain for more (the snapshot is not MVCC), and find nothing a
+		 * run takes: a version after a visible one is seen only when the
+		 * visible one is being updated, and that one ends the run (busy).
+		 * A version not visible there (a message already deleted, one
+		 * updated by hand), or no tuple there, goes to the fetch.
+		 */
+		if (table_tuple_fetch_row_version(r->rel, tid, &dirty, r->slot))
+			pgstat_count_heap_fetch(r->pkey);
+		else if (!index_fetch_heap(scan, r->slot))
+			continue;
 		busy = TransactionIdIsValid(dirty.xmin) ||
 			TransactionIdIsValid(dirty.xmax);
 
@@ -1232,6 +1230,36 @@ lease_row_changed(TupleTableSlot *slot)
 }
 
 /*
+ * Whether the key row version in slot (pinned) has been updated or deleted
+ * by a transaction that committed: lease_row_changed will say so of it
+ * whenever it is asked, and lease_try skip it.  With several relays, the
+ * keys that have waited longest are the ones they all try at once, and
+ * the candidates a relay kept would be mostly rows the others leased since
+ * its snapshot; a pass leaves such rows out of its candidates.  (One an
+ * update still in progress is changing is kept: that update may yet roll
+ * back, and lease_try decides.)
+ */
+static bool
+lease_row_changed_for_good(TupleTableSlot *slot)
+{
+	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+	HeapTupleHeader tup = bslot->base.tuple->t_data;
+	uint16		infomask;
+	TransactionId xmax;
+
+	LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
+	infomask = tup->t_infomask;
+	xmax = HeapTupleHeaderGetRawXmax(tup);
+	LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
+	if ((infomask & HEAP_XMAX_INVALID) || (infomask & HEAP_XMAX_IS_MULTI) ||
+		!TransactionIdIsValid(xmax) || HEAP_XMAX_IS_LOCKED_ONLY(infomask))
+		return false;
+	if (infomask & HEAP_XMAX_COMMITTED)
+		return true;
+	return TransactionIdDidCommit(xmax);
+}
+
+/*
  * The keys the last pass of this session found without a head, or would
  * have sought one of without lease_present_hashes: when they are more than
  * the index has pages, the next pass reads the index whole first.
@@ -1432,7 +1460,8 @@ lease_candidate_at(TupleTableSlot *kslot, LeaseArg *arg, pg_uuid_t *head,
 
 /*
  * Fill heap with the candidates of a scan of every key row under snap: the
- * keys lease_candidate_at takes (after: the last candidate an earlier
+ * keys lease_candidate_at takes, less the rows lease_row_changed_for_good
+ * leaves out (after: the last candidate an earlier
  * round tried, or NULL; present: see lease_present_hashes).
  */
 static void
@@ -1449,16 +1478,6 @@ lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
 
 		if (!lease_candidate_at(kslot, arg, NULL, 0, &avail))
 			continue;
-
-		/*
-		 * One that another relay has leased since the snapshot, or is
-		 * leasing, would be skipped by lease_try: with several relays, the
-		 * keys that have waited longest are the ones they all take at once,
-		 * and a set of candidates of those would send a relay that comes
-		 * second through the key rows again for others.
-		 */
-		if (lease_row_changed(kslot))
-			continue;
 		if (after != NULL)
 		{
 			LeaseCandidate cand;
@@ -1469,6 +1488,8 @@ lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
 			if (lease_candidate_cmp(&cand, after) <= 0)
 				continue;
 		}
+		if (lease_row_changed_for_good(kslot))
+			continue;
 		if (present != NULL)
 		{
 			bool		tnull;
@@ -1590,8 +1611,6 @@ static HTAB *lease_key_roots = NULL;
 static LeaseKeyRoot *
 lease_key_root(int64 key_hash, bool enter)
 {
-	bool		found;
-
 	if (lease_key_roots != NULL && enter &&
 		hash_get_num_entries(lease_key_roots) >= LEASE_KEY_ROOTS_MAX)
 	{
@@ -1611,7 +1630,7 @@ lease_key_root(int64 key_hash, bool enter)
 									  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	}
 	return hash_search(lease_key_roots, &key_hash,
-					   enter ? HASH_ENTER : HASH_FIND, &found);
+					   enter ? HASH_ENTER : HASH_FIND, NULL);
 }
 
 /*
@@ -1646,7 +1665,13 @@ lease_key_row(Relation keys_rel, IndexScanDesc kscan,
 			if (!tnull && !knull &&
 				outbox_text_eq(DatumGetTextPP(t), topic) &&
 				outbox_text_eq(DatumGetTextPP(k), key))
+			{
+				/* counted as the scan of the index that answers otherwise */
+				pgstat_count_index_scan(kscan->indexRelation);
+				pgstat_count_index_tuples(kscan->indexRelation, 1);
+				pgstat_count_heap_fetch(kscan->indexRelation);
 				return true;
+			}
 			ExecClearTuple(kslot);
 		}
 	}
@@ -1773,7 +1798,8 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 		if (lease_candidate_at(kslot, arg,
 							   DatumGetUUIDP(r->slot->tts_values[OB_ID]),
 							   DatumGetInt64(r->slot->tts_values[OB_SEQ]),
-							   &avail))
+							   &avail) &&
+			!lease_row_changed_for_good(kslot))
 		{
 			LeaseCandidate cand;
 
@@ -2031,7 +2057,6 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	MemoryContextDelete(callcxt);
 	return (Datum) 0;
 }
-
 
 /*
  * Whether the key row's columns may make its head dead now without a lease
