@@ -154,6 +154,33 @@ typedef struct OutboxLeafHint
 
 static HTAB *outbox_leaf_hints = NULL;
 
+/*
+ * A table this session keeps, in TopMemoryContext, for an entry about to be
+ * entered: made if there is none, and made anew, empty, once it holds max
+ * entries (what it holds is hints, found again when lost).
+ */
+static HTAB *
+outbox_session_table(HTAB **table, const char *name, Size keysize,
+					 Size entrysize, long max)
+{
+	if (*table != NULL && hash_get_num_entries(*table) >= max)
+	{
+		hash_destroy(*table);
+		*table = NULL;
+	}
+	if (*table == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = keysize;
+		ctl.entrysize = entrysize;
+		ctl.hcxt = TopMemoryContext;
+		*table = hash_create(name, 1024, &ctl,
+							 HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	return *table;
+}
+
 static OutboxLeafHint *
 outbox_leaf_hint(pg_uuid_t *lo, bool enter)
 {
@@ -165,25 +192,15 @@ outbox_leaf_hint(pg_uuid_t *lo, bool enter)
 		hint = hash_search(outbox_leaf_hints, lo, HASH_FIND, NULL);
 		if (hint != NULL || !enter)
 			return hint;
-		if (hash_get_num_entries(outbox_leaf_hints) >= OUTBOX_LEAF_HINTS_MAX)
-		{
-			hash_destroy(outbox_leaf_hints);
-			outbox_leaf_hints = NULL;
-		}
 	}
-	if (outbox_leaf_hints == NULL)
-	{
-		HASHCTL		ctl;
-
-		if (!enter)
-			return NULL;
-		ctl.keysize = sizeof(pg_uuid_t);
-		ctl.entrysize = sizeof(OutboxLeafHint);
-		ctl.hcxt = TopMemoryContext;
-		outbox_leaf_hints = hash_create("idem outbox leaf hints", 1024, &ctl,
-										HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	}
-	hint = hash_search(outbox_leaf_hints, lo, HASH_ENTER, &found);
+	if (!enter)
+		return NULL;
+	hint = hash_search(outbox_session_table(&outbox_leaf_hints,
+											"idem outbox leaf hints",
+											sizeof(pg_uuid_t),
+											sizeof(OutboxLeafHint),
+											OUTBOX_LEAF_HINTS_MAX),
+					   lo, HASH_ENTER, &found);
 	if (!found)
 		hint->blkno = InvalidBlockNumber;
 	return hint;
@@ -545,25 +562,12 @@ outbox_remember_lease(pg_uuid_t *id, ItemPointer msg_tid,
 					  ItemPointerData key_tid, int64 key_hash)
 {
 	OutboxLeased *e;
-	bool		found;
 
-	if (outbox_leased != NULL &&
-		hash_get_num_entries(outbox_leased) >= OUTBOX_LEASED_MAX)
-	{
-		hash_destroy(outbox_leased);
-		outbox_leased = NULL;
-	}
-	if (outbox_leased == NULL)
-	{
-		HASHCTL		ctl;
-
-		ctl.keysize = sizeof(pg_uuid_t);
-		ctl.entrysize = sizeof(OutboxLeased);
-		ctl.hcxt = TopMemoryContext;
-		outbox_leased = hash_create("idem outbox leases", 1024, &ctl,
-									HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	}
-	e = hash_search(outbox_leased, id, HASH_ENTER, &found);
+	e = hash_search(outbox_session_table(&outbox_leased, "idem outbox leases",
+										 sizeof(pg_uuid_t),
+										 sizeof(OutboxLeased),
+										 OUTBOX_LEASED_MAX),
+					id, HASH_ENTER, NULL);
 	e->msg_tid = *msg_tid;
 	e->key_tid = key_tid;
 	e->key_hash = key_hash;
@@ -1611,26 +1615,15 @@ static HTAB *lease_key_roots = NULL;
 static LeaseKeyRoot *
 lease_key_root(int64 key_hash, bool enter)
 {
-	if (lease_key_roots != NULL && enter &&
-		hash_get_num_entries(lease_key_roots) >= LEASE_KEY_ROOTS_MAX)
-	{
-		hash_destroy(lease_key_roots);
-		lease_key_roots = NULL;
-	}
-	if (lease_key_roots == NULL)
-	{
-		HASHCTL		ctl;
-
-		if (!enter)
-			return NULL;
-		ctl.keysize = sizeof(int64);
-		ctl.entrysize = sizeof(LeaseKeyRoot);
-		ctl.hcxt = TopMemoryContext;
-		lease_key_roots = hash_create("idem outbox key rows", 1024, &ctl,
-									  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	}
-	return hash_search(lease_key_roots, &key_hash,
-					   enter ? HASH_ENTER : HASH_FIND, NULL);
+	if (!enter)
+		return lease_key_roots == NULL ? NULL :
+			hash_search(lease_key_roots, &key_hash, HASH_FIND, NULL);
+	return hash_search(outbox_session_table(&lease_key_roots,
+											"idem outbox key rows",
+											sizeof(int64),
+											sizeof(LeaseKeyRoot),
+											LEASE_KEY_ROOTS_MAX),
+					   &key_hash, HASH_ENTER, NULL);
 }
 
 /*
