@@ -989,34 +989,15 @@ store_release_pins(IdemStore *store)
 }
 
 /*
- * The row at the store's hint, into slot, if it is visible to the probe's
- * snapshot and is the row (ns, key) sought: one page read instead of a
- * descent of the index.  A hint comes from outside (a client may forge it):
- * any block and offset must be harmless.
+ * Whether the row in slot, a version a probe fetched by its TID, holds the
+ * key sought (the index that led there may be stale, or the TID forged);
+ * the slot is cleared when it does not.
  */
 static bool
-store_fetch_hint(IdemStore *store, Snapshot snapshot, ScanKey skeys,
-				 TupleTableSlot *slot)
+store_slot_has_keys(IdemStore *store, TupleTableSlot *slot, ScanKey skeys)
 {
-	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
-	ItemPointerData tid = store->hint;
-	bool		all_dead;
-	bool		found;
 	int			i;
 
-	if (!store->heap ||
-		ItemPointerGetBlockNumber(&tid) >= RelationGetNumberOfBlocks(store->rel))
-		return false;
-	store_pin_page(store, ItemPointerGetBlockNumber(&tid));
-	LockBuffer(store->hbuf, BUFFER_LOCK_SHARE);
-	found = heap_hot_search_buffer(&tid, store->rel, store->hbuf, snapshot,
-								   &bslot->base.tupdata, &all_dead, true);
-	bslot->base.tupdata.t_self = tid;
-	LockBuffer(store->hbuf, BUFFER_LOCK_UNLOCK);
-	if (!found)
-		return false;
-	slot->tts_tableOid = RelationGetRelid(store->rel);
-	ExecStoreBufferHeapTuple(&bslot->base.tupdata, slot, store->hbuf);
 	slot_getsomeattrs(slot, store->nkeys);
 	for (i = 0; i < store->nkeys; i++)
 	{
@@ -1031,6 +1012,37 @@ store_fetch_hint(IdemStore *store, Snapshot snapshot, ScanKey skeys,
 		}
 	}
 	return true;
+}
+
+/*
+ * The row at the store's hint, into slot, if it is visible to the probe's
+ * snapshot and is the row (ns, key) sought: one page read instead of a
+ * descent of the index.  A hint comes from outside (a client may forge it):
+ * any block and offset must be harmless.
+ */
+static bool
+store_fetch_hint(IdemStore *store, Snapshot snapshot, ScanKey skeys,
+				 TupleTableSlot *slot)
+{
+	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+	ItemPointerData tid = store->hint;
+	bool		all_dead;
+	bool		found;
+
+	if (!store->heap ||
+		ItemPointerGetBlockNumber(&tid) >= RelationGetNumberOfBlocks(store->rel))
+		return false;
+	store_pin_page(store, ItemPointerGetBlockNumber(&tid));
+	LockBuffer(store->hbuf, BUFFER_LOCK_SHARE);
+	found = heap_hot_search_buffer(&tid, store->rel, store->hbuf, snapshot,
+								   &bslot->base.tupdata, &all_dead, true);
+	bslot->base.tupdata.t_self = tid;
+	LockBuffer(store->hbuf, BUFFER_LOCK_UNLOCK);
+	if (!found)
+		return false;
+	slot->tts_tableOid = RelationGetRelid(store->rel);
+	ExecStoreBufferHeapTuple(&bslot->base.tupdata, slot, store->hbuf);
+	return store_slot_has_keys(store, slot, skeys);
 }
 
 /*
@@ -1352,7 +1364,6 @@ store_fetch_version(IdemStore *store, ItemPointer tid, ScanKey skeys,
 	OffsetNumber offnum = ItemPointerGetOffsetNumber(tid);
 	Page		page;
 	bool		valid = false;
-	int			i;
 
 	/*
 	 * The size is asked once per store, and again for a block past it: the
@@ -1388,20 +1399,7 @@ store_fetch_version(IdemStore *store, ItemPointer tid, ScanKey skeys,
 		return false;
 	slot->tts_tableOid = RelationGetRelid(store->rel);
 	ExecStoreBufferHeapTuple(tuple, slot, store->hbuf);
-	slot_getsomeattrs(slot, store->nkeys);
-	for (i = 0; i < store->nkeys; i++)
-	{
-		if (slot->tts_isnull[i] ||
-			!DatumGetBool(FunctionCall2Coll(&skeys[i].sk_func,
-											skeys[i].sk_collation,
-											slot->tts_values[i],
-											skeys[i].sk_argument)))
-		{
-			ExecClearTuple(slot);
-			return false;
-		}
-	}
-	return true;
+	return store_slot_has_keys(store, slot, skeys);
 }
 
 /*
