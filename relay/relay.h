@@ -273,6 +273,12 @@ extern const char *sink_type_names(void);
 /* whether "<sink>.<setting>" is a setting some sink accepts */
 extern int	sink_setting_known(const char *key);
 
+/* The length of the placeholder ({topic}, {key} or {type}) p starts with, or 0 */
+extern size_t sink_placeholder(const char *p);
+/* tmpl with each placeholder replaced by the message's topic, key or type
+ * (empty when it has none), into sb */
+extern void sink_expand(StrBuf *sb, const char *tmpl, const RelayMessage *m);
+
 /* global init / cleanup of the sinks' libraries */
 extern int	sink_global_init(char *err, size_t errlen);
 extern void sink_global_cleanup(void);

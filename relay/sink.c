@@ -249,6 +249,44 @@ sink_setting_each(const SinkSettings *ss, const char *prefix,
 	free(seen);
 }
 
+/* The length of the placeholder ({topic}, {key} or {type}) p starts with, or 0 */
+size_t
+sink_placeholder(const char *p)
+{
+	if (strncmp(p, "{topic}", 7) == 0)
+		return 7;
+	if (strncmp(p, "{type}", 6) == 0)
+		return 6;
+	if (strncmp(p, "{key}", 5) == 0)
+		return 5;
+	return 0;
+}
+
+void
+sink_expand(StrBuf *sb, const char *tmpl, const RelayMessage *m)
+{
+	const char *p = tmpl;
+
+	sb_reset(sb);
+	while (*p)
+	{
+		size_t		n = sink_placeholder(p);
+
+		if (n == 7)
+			sb_puts(sb, m->topic);
+		else if (n == 6)
+			sb_puts(sb, m->type ? m->type : "");
+		else if (n == 5)
+			sb_puts(sb, m->key);
+		else
+		{
+			sb_putc(sb, *p++);
+			continue;
+		}
+		p += n;
+	}
+}
+
 int
 sink_global_init(char *err, size_t errlen)
 {

@@ -148,9 +148,7 @@ valid_topic_template(const char *tmpl)
 
 	while (*p)
 	{
-		size_t		n = strncmp(p, "{topic}", 7) == 0 ? 7 :
-			strncmp(p, "{type}", 6) == 0 ? 6 :
-			strncmp(p, "{key}", 5) == 0 ? 5 : 0;
+		size_t		n = sink_placeholder(p);
 
 		if (n > 0)
 		{
@@ -259,34 +257,6 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 	return &s->base;
 }
 
-static void
-expand(StrBuf *sb, const char *tmpl, const RelayMessage *m)
-{
-	const char *p = tmpl;
-
-	sb_reset(sb);
-	while (*p)
-	{
-		if (strncmp(p, "{topic}", 7) == 0)
-		{
-			sb_puts(sb, m->topic);
-			p += 7;
-		}
-		else if (strncmp(p, "{key}", 5) == 0)
-		{
-			sb_puts(sb, m->key);
-			p += 5;
-		}
-		else if (strncmp(p, "{type}", 6) == 0)
-		{
-			sb_puts(sb, m->type ? m->type : "");
-			p += 6;
-		}
-		else
-			sb_putc(sb, *p++);
-	}
-}
-
 static int
 kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 			  const PublishControl *ctl)
@@ -317,7 +287,7 @@ kafka_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 
 		if (*ctl->stop_now || now_ms() >= ctl->deadline_ms)
 			continue;
-		expand(&topic, s->topic, m);
+		sink_expand(&topic, s->topic, m);
 		if (!valid_topic(topic.data, topic.len))
 		{
 			/* the message (its key or type in the name): refused for good */

@@ -359,8 +359,7 @@ valid_template(const char *t)
 	const char *p;
 
 	for (p = strchr(t, '{'); p != NULL; p = strchr(p + 1, '{'))
-		if (strncmp(p, "{topic}", 7) != 0 && strncmp(p, "{key}", 5) != 0 &&
-			strncmp(p, "{type}", 6) != 0)
+		if (sink_placeholder(p) == 0)
 			return 0;
 	return 1;
 }
@@ -443,34 +442,6 @@ rabbitmq_init(const SinkSettings *ss, char *err, size_t errlen)
 	return &s->base;
 }
 
-static void
-expand_key(StrBuf *sb, const char *tmpl, const RelayMessage *m)
-{
-	const char *p = tmpl;
-
-	sb_reset(sb);
-	while (*p)
-	{
-		if (strncmp(p, "{topic}", 7) == 0)
-		{
-			sb_puts(sb, m->topic);
-			p += 7;
-		}
-		else if (strncmp(p, "{key}", 5) == 0)
-		{
-			sb_puts(sb, m->key);
-			p += 5;
-		}
-		else if (strncmp(p, "{type}", 6) == 0)
-		{
-			sb_puts(sb, m->type ? m->type : "");
-			p += 6;
-		}
-		else
-			sb_putc(sb, *p++);
-	}
-}
-
 /* Publishes one message; an AMQP status. */
 static int
 publish_one(RabbitSink *s, const RelayMessage *m, StrBuf *rk)
@@ -508,7 +479,7 @@ publish_one(RabbitSink *s, const RelayMessage *m, StrBuf *rk)
 	}
 	props.headers.num_entries = n;
 	props.headers.entries = entries;
-	expand_key(rk, s->routing_key, m);
+	sink_expand(rk, s->routing_key, m);
 	/* AMQP's short strings: the message, not the connection, is at fault */
 	if (rk->len > RMQ_SHORTSTR_MAX)
 		return RMQ_KEY_TOO_LONG;
