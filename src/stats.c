@@ -49,6 +49,7 @@
 #include "catalog/pg_database.h"
 #include "funcapi.h"
 #include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "port/atomics.h"
 #include "storage/ipc.h"
@@ -1381,24 +1382,55 @@ idem_stats_reset(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-/* A Prometheus label value: backslash, double quote and newline escaped. */
+/*
+ * A Prometheus label value: backslash, double quote and newline escaped.
+ * The format is UTF-8.  A database in another encoding has its text
+ * converted for the client, except SQL_ASCII, which checks nothing: there a
+ * byte that does not begin a valid UTF-8 character is written as U+FFFD,
+ * so that one namespace cannot make the whole scrape unreadable.
+ */
 static void
 append_label(StringInfo buf, const char *s)
 {
-	for (; *s; s++)
+	bool		sql_ascii = GetDatabaseEncoding() == PG_SQL_ASCII;
+
+	while (*s)
 	{
-		if (*s == '\\')
+		unsigned char c = (unsigned char) *s;
+
+		if (c == '\\')
 			appendStringInfoString(buf, "\\\\");
-		else if (*s == '"')
+		else if (c == '"')
 			appendStringInfoString(buf, "\\\"");
-		else if (*s == '\n')
+		else if (c == '\n')
 			appendStringInfoString(buf, "\\n");
+		else if (c >= 0x80 && sql_ascii)
+		{
+			int			len = pg_utf_mblen((const unsigned char *) s);
+
+			if (len > 1 && strnlen(s, len) == (size_t) len &&
+				pg_utf8_islegal((const unsigned char *) s, len))
+			{
+				appendBinaryStringInfo(buf, s, len);
+				s += len;
+			}
+			else
+			{
+				appendStringInfoString(buf, "\xEF\xBF\xBD");
+				s++;
+			}
+			continue;
+		}
 		else
-			appendStringInfoChar(buf, *s);
+			appendStringInfoChar(buf, c);
+		s++;
 	}
 }
 
-/* Longer than any line of idem_metrics (a label escapes each byte in two). */
+/*
+ * Longer than any line of idem_metrics (a label escapes each byte in two,
+ * or writes it as three).
+ */
 #define METRICS_LINE_MAX	(4 * STATS_NS_LEN)
 
 /* An error unless need more bytes still fit in idem_metrics' text. */
