@@ -1167,6 +1167,39 @@ idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
 	return store_insert_direct(store, values, isnull, wait);
 }
 
+/*
+ * After an insertion into a store that judges against the transaction's
+ * snapshot (idem_store_require_snapshot), under REPEATABLE READ and
+ * SERIALIZABLE: fail with 40001 when that snapshot still sees a row of the
+ * key, which a transaction that committed after it deleted (a purge).  The
+ * insertion answers as if the key had never been there, which the snapshot
+ * contradicts, as an update of a version written after it would
+ * (store_sql_check_snapshot does the same through SQL).  The row inserted is
+ * of the current command, which the snapshot does not see.
+ */
+static void
+store_check_insert_snapshot(IdemStore *store, const Datum *keys)
+{
+	ScanKeyData skeys[STORE_MAX_KEYS];
+	IndexScanDesc scan;
+	bool		seen;
+
+	store_scankeys(store, skeys, keys);
+	scan = index_beginscan(store->rel, store->index, GetTransactionSnapshot(),
+						   store->nkeys, 0);
+	index_rescan(scan, skeys, store->nkeys, NULL, 0);
+	seen = index_getnext_slot(scan, ForwardScanDirection, store->probe_slot);
+	index_endscan(scan);
+	ExecClearTuple(store->probe_slot);
+	if (seen)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent delete"),
+				 errdetail("The row of this key in table \"%s.%s\" was deleted by a transaction that committed after this transaction's snapshot was taken.",
+						   IDEM_SCHEMA, RelationGetRelationName(store->rel)),
+				 errhint("The transaction might succeed if retried.")));
+}
+
 static inline IdemStoreResult
 store_insert_direct(IdemStore *store, Datum *values, bool *isnull,
 					IdemStoreWait wait)
@@ -1194,6 +1227,8 @@ store_insert_direct(IdemStore *store, Datum *values, bool *isnull,
 		bool		specConflict = false;
 		List	   *recheck;
 
+		/* a batch of claims can be long, and a new key is never probed */
+		CHECK_FOR_INTERRUPTS();
 		if (precheck)
 		{
 			found = store_probe(store, values, wait, XLTW_InsertIndex);
@@ -1233,6 +1268,8 @@ store_insert_direct(IdemStore *store, Datum *values, bool *isnull,
 			if (e->new_streak < STORE_NEW_STREAK)
 				e->new_streak++;
 			store->last_tid = slot->tts_tid;
+			if (store->xact_snapshot && IsolationUsesXactSnapshot())
+				store_check_insert_snapshot(store, values);
 			return IDEM_STORE_INSERTED;
 		}
 		/* The key exists or a concurrent inserter won: the pre-check finds it. */
