@@ -1048,16 +1048,22 @@ AS $$
 DECLARE
     n pg_catalog.int8 := 0;
     old_timeout pg_catalog.text := pg_catalog.current_setting('lock_timeout');
+    wait_ms pg_catalog.numeric;
 BEGIN
     IF lock_wait IS NULL THEN
         RAISE EXCEPTION 'lock_wait must not be null'
             USING ERRCODE = '22004',
                   HINT = 'Give how long to wait for senders in flight, ''0'' not to wait.';
     END IF;
-    IF lock_wait OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
-       OR lock_wait OPERATOR(pg_catalog.>) '1 minute'::pg_catalog.interval THEN
+    -- judged in the milliseconds the wait will last (an interval's
+    -- comparison counts a month as 30 days, its epoch as 30.4375)
+    wait_ms := pg_catalog.ceil(pg_catalog.date_part('epoch', lock_wait)::pg_catalog.numeric
+                               OPERATOR(pg_catalog.*) 1000);
+    IF wait_ms OPERATOR(pg_catalog.<) 0 OR wait_ms OPERATOR(pg_catalog.>) 60000 THEN
         RAISE EXCEPTION 'lock_wait must be between 0 and 1 minute'
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('lock_wait was %s, %s seconds.', lock_wait,
+                                             pg_catalog.date_part('epoch', lock_wait));
     END IF;
     IF max_rows IS NULL THEN
         RAISE EXCEPTION 'max_rows must not be null'
@@ -1080,12 +1086,11 @@ BEGIN
     BEGIN
         -- a lock_timeout of 0 would wait for ever: 0 is NOWAIT, and a wait
         -- shorter than a millisecond is one millisecond
-        IF lock_wait OPERATOR(pg_catalog.=) '0'::pg_catalog.interval THEN
+        IF wait_ms OPERATOR(pg_catalog.=) 0 THEN
             LOCK TABLE idem.outbox_keys IN SHARE ROW EXCLUSIVE MODE NOWAIT;
         ELSE
             PERFORM pg_catalog.set_config('lock_timeout',
-                pg_catalog.ceil(pg_catalog.date_part('epoch', lock_wait) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8::pg_catalog.text
-                    OPERATOR(pg_catalog.||) 'ms', true);
+                wait_ms::pg_catalog.int8::pg_catalog.text OPERATOR(pg_catalog.||) 'ms', true);
             LOCK TABLE idem.outbox_keys IN SHARE ROW EXCLUSIVE MODE;
         END IF;
     EXCEPTION WHEN lock_not_available THEN

@@ -84,6 +84,20 @@ BEGIN;
 ALTER SEQUENCE idem.outbox_seq CYCLE;
 SELECT pg_temp.err($$SELECT idem_outbox_send('relations-seq', 'k', '{}')$$);
 ROLLBACK;
+-- an UNLOGGED sequence, which a crash would set back (55000)
+BEGIN;
+ALTER SEQUENCE idem.outbox_seq SET UNLOGGED;
+SELECT pg_temp.err($$SELECT idem_outbox_send('relations-seq', 'k', '{}')$$);
+ROLLBACK;
+-- a refused send leaves the sequence where it was: its step would not be
+-- undone by the rollback, and a decreasing sequence would have stepped
+-- back under the seqs of messages still waiting once it is put right
+SELECT last_value AS seq_before FROM idem.outbox_seq \gset
+ALTER SEQUENCE idem.outbox_seq INCREMENT BY -1 MINVALUE 0;
+SELECT pg_temp.err($$SELECT idem_outbox_send('relations-seq', 'k', '{}')$$);
+SELECT pg_temp.err($$SELECT idem_outbox_send('relations-seq', 'k', '{}')$$);
+ALTER SEQUENCE idem.outbox_seq INCREMENT BY 1 MINVALUE 1;
+SELECT last_value = :seq_before AS seq_unmoved FROM idem.outbox_seq;
 SELECT count(*) AS refused_sent FROM idem.outbox WHERE aggregatetype = 'relations-seq';
 SELECT count(*) AS messages FROM idem.outbox WHERE aggregatetype = 'relations';
 -- a row written by hand must belong to its key: its id made for its key

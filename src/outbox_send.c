@@ -17,6 +17,7 @@
 #include "mb/pg_wchar.h"
 #include "storage/lmgr.h"
 #include "utils/inval.h"
+#include "utils/lsyscache.h"
 #include "utils/syscache.h"
 
 #include "idem.h"
@@ -369,10 +370,14 @@ outbox_seq_callback(Datum arg, int cacheid, uint32 hashvalue)
  * before its transaction began: a sequence that hands a backend values
  * ahead (CACHE above 1), counts down, or starts again (CYCLE) would give
  * a later message of a key a smaller seq, and break the key's order
- * silently.  Checked after nextval, against the settings it used.  (Values
- * a backend drew ahead are not handed out after the settings are put back:
- * ALTER SEQUENCE gives the sequence a new relfilenode, which makes every
- * backend forget them.)
+ * silently; so would an UNLOGGED sequence, which a crash sets back.
+ * Checked before nextval, since a sequence's step is not undone by the
+ * rollback of a refused send (a decreasing sequence would otherwise have
+ * stepped back once per refusal by the time its settings are put back), and
+ * after it, against the settings it used (an ALTER that committed while
+ * nextval waited for its lock).  (Values a backend drew ahead are not handed
+ * out after the settings are put back: ALTER SEQUENCE gives the sequence a
+ * new relfilenode, which makes every backend forget them.)
  */
 static void
 outbox_check_seq(void)
@@ -388,8 +393,18 @@ outbox_check_seq(void)
 	if (!outbox_seq_callback_set)
 	{
 		CacheRegisterSyscacheCallback(SEQRELID, outbox_seq_callback, (Datum) 0);
+		/* SET UNLOGGED changes only pg_class */
+		CacheRegisterSyscacheCallback(RELOID, outbox_seq_callback, (Datum) 0);
 		outbox_seq_callback_set = true;
 	}
+	if (get_rel_persistence(outbox_seq_oid) != RELPERSISTENCE_PERMANENT)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("sequence \"%s.%s\" would not keep outbox messages in their order of sending",
+						IDEM_SCHEMA, OUTBOX_SEQ),
+				 errdetail("It is UNLOGGED: after a crash it would hand out values it had handed out before."),
+				 errhint("ALTER SEQUENCE %s.%s SET LOGGED;",
+						 IDEM_SCHEMA, OUTBOX_SEQ)));
 	tup = SearchSysCache1(SEQRELID, ObjectIdGetDatum(outbox_seq_oid));
 	if (!HeapTupleIsValid(tup))
 		elog(ERROR, "cache lookup failed for sequence %u", outbox_seq_oid);
@@ -475,6 +490,7 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	outbox_lookup_relids();
 	outbox_sending_locktag(&sending, key_hash);
 	(void) LockAcquire(&sending, ShareLock, false, false);
+	outbox_check_seq();
 	seq = nextval_internal(outbox_seq_oid, false);
 	outbox_check_seq();
 	/* the sequence was made with this range; its owner may have changed it */
