@@ -386,40 +386,6 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 }
 
 /*
- * The enum label of an outcome.  The OIDs are kept per backend rather than
- * per call site: a prepared statement starts its executor, and so gets a new
- * call site, at every execution.  They are looked up again when the result
- * type is another (the extension was created again).
- */
-static Oid
-outcome_label(FunctionCallInfo fcinfo, TransitionOutcome outcome)
-{
-	static Oid	result_type = InvalidOid;
-	static Oid	labels[lengthof(transition_result_labels)];
-	Oid			typoid = get_fn_expr_rettype(fcinfo->flinfo);
-
-	if (typoid != result_type || !OidIsValid(typoid))
-	{
-		int			i;
-
-		if (!OidIsValid(typoid))
-			elog(ERROR, "could not determine the result type of idem_transition");
-		result_type = InvalidOid;
-		for (i = 0; i < (int) lengthof(transition_result_labels); i++)
-		{
-			labels[i] = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
-										ObjectIdGetDatum(typoid),
-										CStringGetDatum(transition_result_labels[i]));
-			if (!OidIsValid(labels[i]))
-				elog(ERROR, "enum label \"%s\" of type %u is missing",
-					 transition_result_labels[i], typoid);
-		}
-		result_type = typoid;
-	}
-	return labels[outcome];
-}
-
-/*
  * The snapshot the UPDATE of a transition runs with: that of the statement
  * that called idem_transition, as if the UPDATE were written in its place
  * (the row itself is locked in its latest version, as any UPDATE does).
@@ -1488,6 +1454,7 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 
 	relation_close(rel, NoLock);
 	idem_stat_count(IDEM_KIND_TRANSITION, machine, strlen(machine), outcome, 1);
-	PG_RETURN_OID(outcome_label(fcinfo, outcome));
+	PG_RETURN_OID(idem_enum_label_oid(fcinfo, outcome, transition_result_labels,
+									  lengthof(transition_result_labels)));
 }
 
