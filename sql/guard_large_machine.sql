@@ -65,6 +65,29 @@ SELECT * FROM glm_chain ORDER BY id;
 SELECT idem_transition('glm_m40', '1', 'b') AS applied,
        glm_err($$UPDATE glm_m40 SET state = 'c' WHERE id = 2$$) AS illegal;
 
-DROP TABLE glm_hub, glm_chain, glm_m40;
+-- a machine of 20,000 states: a chain with a way back every seventh step
+-- (to the state at half its number), and two states apart.  Whether a
+-- request is late searches the states reachable from it, each once: the
+-- answers are those of a small machine.
+INSERT INTO idem.transitions
+SELECT 'glm_big', 'b' || lpad(i::text, 5, '0'), 'b' || lpad((i + 1)::text, 5, '0')
+  FROM generate_series(0, 19998) i;
+INSERT INTO idem.transitions
+SELECT 'glm_big', 'b' || lpad(i::text, 5, '0'), 'b' || lpad((i / 2)::text, 5, '0')
+  FROM generate_series(1, 19999, 7) i;
+INSERT INTO idem.transitions VALUES ('glm_big', 'apart', 'elsewhere');
+CREATE TABLE glm_big (id integer PRIMARY KEY, state text NOT NULL);
+INSERT INTO glm_big VALUES (1, 'apart'), (2, 'b19999'), (3, 'b00010'), (4, 'b10000'),
+                           (5, 'b19993');
+SELECT idem_guard('glm_big', 'glm_big', 'state');
+SELECT idem_transition('glm_big', '1', 'b00000') AS unreachable,
+       idem_transition('glm_big', '2', 'b00000') AS late_by_19999,
+       idem_transition('glm_big', '3', 'b00011') AS one_step,
+       idem_transition('glm_big', '4', 'b19999') AS jump,
+       idem_transition('glm_big', '4', 'b05000') AS late_back,
+       idem_transition('glm_big', '5', 'b09996') AS way_back;
+SELECT * FROM glm_big ORDER BY id;
+
+DROP TABLE glm_hub, glm_chain, glm_m40, glm_big;
 DROP FUNCTION glm_err(text);
 DELETE FROM idem.transitions WHERE machine LIKE 'glm\_%';

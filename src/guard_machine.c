@@ -534,57 +534,66 @@ guard_transition_allowed(const char *machine, const char *from, const char *to)
 	return false;
 }
 
-/* Can target be reached from "from" by one transition or more? */
+/*
+ * Can target be reached from "from" by one transition or more?  A breadth
+ * first search over the states that have transitions, each visited once
+ * (a hash set of their entries): a machine may have tens of thousands of
+ * states, and the search must stay linear and cancellable.
+ */
 bool
 guard_state_reachable(const char *machine, const char *from, const char *target)
 {
-	List	   *queue;
-	List	   *seen;
+	HASHCTL		ctl;
+	HTAB	   *seen;
+	StateEntry **queue;
+	int			head = 0;
+	int			tail = 0;
+	StateEntry *entry;
 	bool		reached = false;
 
 	if (from == NULL || target == NULL)
 		return false;
 	machines_ensure();
-	queue = list_make1((char *) from);
-	seen = list_make1((char *) from);
-	while (queue != NIL && !reached)
+	entry = machine_state(machine, from);
+	if (entry == NULL)
+		return false;
+
+	ctl.keysize = sizeof(StateEntry *);
+	ctl.entrysize = sizeof(StateEntry *);
+	ctl.hcxt = CurrentMemoryContext;
+	seen = hash_create("idem reachable states", 64, &ctl,
+					   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	/* every state is queued once at most */
+	queue = palloc((hash_get_num_entries(states_htab) + 1) * sizeof(StateEntry *));
+	(void) hash_search(seen, &entry, HASH_ENTER, NULL);
+	queue[tail++] = entry;
+	while (head < tail && !reached)
 	{
-		char	   *state = linitial(queue);
-		StateEntry *entry;
 		int			i;
 
-		queue = list_delete_first(queue);
-		entry = machine_state(machine, state);
-		if (entry == NULL)
-			continue;
-		for (i = 0; i < entry->ntargets && !reached; i++)
+		CHECK_FOR_INTERRUPTS();
+		entry = queue[head++];
+		for (i = 0; i < entry->ntargets; i++)
 		{
-			char	   *next = entry->targets[i];
-			ListCell   *lc;
-			bool		known = false;
+			StateEntry *next;
+			bool		found;
 
-			if (strcmp(next, target) == 0)
+			if (strcmp(entry->targets[i], target) == 0)
 			{
 				reached = true;
 				break;
 			}
-			foreach(lc, seen)
-			{
-				if (strcmp((char *) lfirst(lc), next) == 0)
-				{
-					known = true;
-					break;
-				}
-			}
-			if (!known)
-			{
-				seen = lappend(seen, next);
-				queue = lappend(queue, next);
-			}
+			/* a state without transitions leads nowhere */
+			next = machine_state(machine, entry->targets[i]);
+			if (next == NULL)
+				continue;
+			(void) hash_search(seen, &next, HASH_ENTER, &found);
+			if (!found)
+				queue[tail++] = next;
 		}
 	}
-	list_free(queue);
-	list_free(seen);
+	pfree(queue);
+	hash_destroy(seen);
 	return reached;
 }
 /* ----------------------------------------------------------------
