@@ -704,6 +704,31 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
 }
 
 /*
+ * The privileges of "UPDATE t SET state = $2 WHERE key = $1" on a
+ * partitioned table, which its partitions' own do not change: SELECT on the
+ * key's columns and UPDATE on the state column (and the hooks' say).
+ */
+static void
+check_parent_privileges(Relation rel, GuardEntry *entry)
+{
+	RangeTblEntry *rte = makeNode(RangeTblEntry);
+	int			i;
+
+	rte->rtekind = RTE_RELATION;
+	rte->relid = RelationGetRelid(rel);
+	rte->relkind = rel->rd_rel->relkind;
+	rte->rellockmode = RowExclusiveLock;
+	rte->requiredPerms = ACL_SELECT | ACL_UPDATE;
+	for (i = 0; i < entry->key_natts; i++)
+		rte->selectedCols = bms_add_member(rte->selectedCols,
+										   entry->key_attnums[i] -
+										   FirstLowInvalidHeapAttributeNumber);
+	rte->updatedCols = bms_make_singleton(entry->state_attnum -
+										  FirstLowInvalidHeapAttributeNumber);
+	ExecCheckRTPerms(list_make1(rte), true);
+}
+
+/*
  * The direct path of idem_transition: what "UPDATE ONLY t SET state = $2
  * WHERE key = $1" does, without a plan.  The row is found through the
  * primary key with the statement's snapshot (advanced past the commands of
@@ -769,23 +794,7 @@ run_request_direct(Relation rel, GuardEntry *entry, const KeyLookup *key,
 	if (perm_rel == rel)
 		ExecCheckRTPerms(estate->es_range_table, true);
 	else
-	{
-		/* the UPDATE of a partitioned table needs its privileges only */
-		RangeTblEntry *prte = makeNode(RangeTblEntry);
-
-		prte->rtekind = RTE_RELATION;
-		prte->relid = RelationGetRelid(perm_rel);
-		prte->relkind = perm_rel->rd_rel->relkind;
-		prte->rellockmode = RowExclusiveLock;
-		prte->requiredPerms = ACL_SELECT | ACL_UPDATE;
-		for (i = 0; i < perm_entry->key_natts; i++)
-			prte->selectedCols = bms_add_member(prte->selectedCols,
-												perm_entry->key_attnums[i] -
-												FirstLowInvalidHeapAttributeNumber);
-		prte->updatedCols = bms_make_singleton(perm_entry->state_attnum -
-											   FirstLowInvalidHeapAttributeNumber);
-		ExecCheckRTPerms(list_make1(prte), true);
-	}
+		check_parent_privileges(perm_rel, perm_entry);
 
 	rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
@@ -1348,7 +1357,11 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 
 		if (usable && !OidIsValid(leaf_oid))
 		{
-			/* no partition takes the key: the UPDATE would find no row */
+			/*
+			 * No partition takes the key: the UPDATE would find no row, once
+			 * its privileges allowed it to look.
+			 */
+			check_parent_privileges(rel, entry);
 			ereport(DEBUG1,
 					(errmsg_internal("idem_transition finds no partition of \"%s\" for the key",
 									 RelationGetRelationName(rel))));
