@@ -306,11 +306,17 @@ guard_request_matches(TransitionRequest *req, Relation rel, HeapTuple oldtup)
  * root, with the same values in every column (by name: partitions may lay
  * their columns out otherwise).  Any other call of a guard at that depth
  * forgets the note, so that a later DELETE and INSERT, or an INSERT into
- * another table, cannot pass for the move.  The INSERT must also find the
+ * another table, cannot pass for the move.  Between the note and its INSERT,
+ * the triggers of the UPDATE and of the DELETE from the partition may move
+ * other rows, whose guards fire deeper: the notes are kept one per trigger
+ * depth, and a call of a guard forgets only those of its own depth and
+ * deeper (left over by calls that are done).  The INSERT must also find the
  * old row deleted by this transaction and marked as moved to another
  * partition: an UPDATE that failed (its subtransaction rolled back) or was
  * skipped (a BEFORE DELETE trigger of the partition returned NULL) leaves a
- * note behind, which must not let a later INSERT of the same values pass.
+ * note behind, which must not let a later INSERT of the same values pass;
+ * the notes of a (sub)transaction that ends in an error are forgotten with
+ * it, and all of them at the end of the transaction.
  * Stored generated columns are left out of the comparison: PostgreSQL
  * computes them again after the guard.  A BEFORE UPDATE trigger that fires
  * after the guard and changes the partition key is not seen (see the
@@ -320,32 +326,108 @@ typedef struct PendingMove
 {
 	bool		valid;
 	LocalTransactionId lxid;
-	int			depth;
+	SubTransactionId subid;		/* the subtransaction that noted it */
 	Oid			relid;			/* the partition the row leaves */
 	Oid			root;			/* the root of its partition tree */
 	ItemPointerData old_tid;	/* where the old row is in that partition */
 	HeapTuple	tuple;			/* in TopMemoryContext */
 } PendingMove;
 
-static PendingMove pending_move;
+/* The notes, indexed by trigger depth; in TopMemoryContext. */
+static PendingMove *pending_moves = NULL;
+static int	pending_moves_size = 0;
+static bool move_callbacks_registered = false;
 
 static HeapTuple copy_tuple_in(HeapTuple tuple,
-											 MemoryContext cxt);
+							   MemoryContext cxt);
 
-/* Forgets the noted move unless this call of a guard is nested deeper. */
 static void
-forget_move(void)
+forget_move_at(int depth)
 {
-	if (!pending_move.valid ||
-		(pending_move.lxid == MyProc->lxid &&
-		 pending_move.depth < guard_trigger_depth()))
-		return;
-	pending_move.valid = false;
-	if (pending_move.tuple != NULL)
+	PendingMove *note = &pending_moves[depth];
+
+	note->valid = false;
+	if (note->tuple != NULL)
 	{
-		heap_freetuple(pending_move.tuple);
-		pending_move.tuple = NULL;
+		heap_freetuple(note->tuple);
+		note->tuple = NULL;
 	}
+}
+
+/* Forgets the notes made at this depth or deeper. */
+static void
+forget_moves(int depth)
+{
+	int			d;
+
+	for (d = Max(depth, 0); d < pending_moves_size; d++)
+		forget_move_at(d);
+}
+
+/* A transaction forgets all its notes when it ends, however it ends. */
+static void
+moves_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			forget_moves(0);
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * A subtransaction rolled back forgets the notes it made, and those of the
+ * subtransactions it started (which have larger ids): their moves were
+ * undone.  The notes of the moves it is nested in stay.
+ */
+static void
+moves_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					   SubTransactionId parentSubid, void *arg)
+{
+	int			d;
+
+	if (event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+	for (d = 0; d < pending_moves_size; d++)
+		if (pending_moves[d].valid && pending_moves[d].subid >= mySubid)
+			forget_move_at(d);
+}
+
+/* The note of this depth, made room for. */
+static PendingMove *
+move_note_slot(int depth)
+{
+	if (!move_callbacks_registered)
+	{
+		RegisterXactCallback(moves_xact_callback, NULL);
+		RegisterSubXactCallback(moves_subxact_callback, NULL);
+		move_callbacks_registered = true;
+	}
+	if (depth >= pending_moves_size)
+	{
+		int			size = Max(8, pending_moves_size);
+
+		while (size <= depth)
+			size *= 2;
+		if (pending_moves == NULL)
+			pending_moves = MemoryContextAllocZero(TopMemoryContext,
+												   size * sizeof(PendingMove));
+		else
+		{
+			pending_moves = repalloc(pending_moves, size * sizeof(PendingMove));
+			memset(&pending_moves[pending_moves_size], 0,
+				   (size - pending_moves_size) * sizeof(PendingMove));
+		}
+		pending_moves_size = size;
+	}
+	return &pending_moves[depth];
 }
 
 /* The root of the partition tree of a partition. */
@@ -383,6 +465,8 @@ note_update(GuardEntry *entry, Relation rel, HeapTuple oldtup,
 			HeapTuple newtup)
 {
 	Oid			root;
+	int			depth;
+	PendingMove *note;
 
 	if (entry->machine_too_long || !guard_machine_has_initial(entry->machine))
 		return;
@@ -391,13 +475,16 @@ note_update(GuardEntry *entry, Relation rel, HeapTuple oldtup,
 	root = partition_root(rel);
 	if (!OidIsValid(root))
 		return;
-	pending_move.lxid = MyProc->lxid;
-	pending_move.depth = guard_trigger_depth();
-	pending_move.relid = RelationGetRelid(rel);
-	pending_move.root = root;
-	pending_move.old_tid = oldtup->t_self;
-	pending_move.tuple = copy_tuple_in(newtup, TopMemoryContext);
-	pending_move.valid = true;
+	depth = guard_trigger_depth();
+	note = move_note_slot(depth);
+	forget_move_at(depth);
+	note->lxid = MyProc->lxid;
+	note->subid = GetCurrentSubTransactionId();
+	note->relid = RelationGetRelid(rel);
+	note->root = root;
+	note->old_tid = oldtup->t_self;
+	note->tuple = copy_tuple_in(newtup, TopMemoryContext);
+	note->valid = true;
 }
 
 static HeapTuple
@@ -459,31 +546,37 @@ row_moved_out(Relation from, ItemPointer tid)
 }
 
 /*
- * Is this INSERT the move of the row noted by note_update()?  Forgets the
- * note (unless nested deeper).
+ * Is this INSERT the move of the row noted by note_update() at this trigger
+ * depth?  Forgets the notes of this depth and deeper.
  */
 static bool
 insert_is_move(Relation rel, HeapTuple newtup)
 {
 	Relation	from;
 	TupleDesc	desc = RelationGetDescr(rel);
+	int			depth = guard_trigger_depth();
+	PendingMove *note;
 	bool		move = true;
 	int			i;
 
-	if (!pending_move.valid)
-		return false;
-	if (pending_move.lxid != MyProc->lxid ||
-		pending_move.depth != guard_trigger_depth() ||
-		!rel->rd_rel->relispartition ||
-		partition_root(rel) != pending_move.root)
+	if (depth < 0 || depth >= pending_moves_size ||
+		!pending_moves[depth].valid)
 	{
-		forget_move();
+		forget_moves(depth);
 		return false;
 	}
-	from = RelationIdGetRelation(pending_move.relid);
+	note = &pending_moves[depth];
+	if (note->lxid != MyProc->lxid ||
+		!rel->rd_rel->relispartition ||
+		partition_root(rel) != note->root)
+	{
+		forget_moves(depth);
+		return false;
+	}
+	from = RelationIdGetRelation(note->relid);
 	if (!RelationIsValid(from))
 	{
-		forget_move();
+		forget_moves(depth);
 		return false;
 	}
 	for (i = 0; i < desc->natts && move; i++)
@@ -505,16 +598,16 @@ insert_is_move(Relation rel, HeapTuple newtup)
 			break;
 		}
 		a = heap_getattr(newtup, att->attnum, desc, &a_null);
-		b = heap_getattr(pending_move.tuple, attnum, RelationGetDescr(from),
+		b = heap_getattr(note->tuple, attnum, RelationGetDescr(from),
 						 &b_null);
 		if (a_null != b_null ||
 			(!a_null && !datumIsEqual(a, b, att->attbyval, att->attlen)))
 			move = false;
 	}
 	if (move)
-		move = row_moved_out(from, &pending_move.old_tid);
+		move = row_moved_out(from, &note->old_tid);
 	RelationClose(from);
-	forget_move();
+	forget_moves(depth);
 	return move;
 }
 
@@ -723,7 +816,7 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 		return PointerGetDatum(oldtup);
 	}
 
-	forget_move();
+	forget_moves(guard_trigger_depth());
 	req = guard_active_request;
 	if (req != NULL && !req->fired &&
 		req->depth == guard_trigger_depth() &&
