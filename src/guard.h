@@ -240,9 +240,11 @@ typedef struct GuardEntry
 /*
  * A transition asked by idem_transition, decided by the trigger when it
  * fires on the row of that key for the UPDATE that idem_transition runs: not
- * for an UPDATE of the same row that another trigger runs meanwhile, which
- * fires it one level deeper.  Calls can nest (a trigger may call
- * idem_transition), hence the chain.
+ * for an UPDATE of the same row that another trigger, a function or a rule's
+ * action runs meanwhile.  Those run at a deeper level of the executor, or
+ * (a rule's action beside the UPDATE run through SPI) at the same level but
+ * not as the statement that sets the command tag.  Calls can nest (a trigger
+ * may call idem_transition), hence the chain.
  */
 typedef struct TransitionRequest
 {
@@ -257,7 +259,8 @@ typedef struct TransitionRequest
 	const char *to_state;		/* as the state type prints it */
 	bool		has_expected;
 	int64		expected;
-	int			depth;			/* trigger depth of the guard's firing */
+	int			level;			/* executor level of the guard's firing */
+	bool		by_spi;			/* the UPDATE is a statement run by SPI */
 	bool		fired;
 	TransitionOutcome outcome;
 	struct TransitionRequest *outer;
@@ -310,6 +313,8 @@ extern char *guard_version_key_problem(Relation rel, AttrNumber attnum);
 extern bool guard_definition(Relation rel, Trigger *trigger, GuardDef *def,
 							 GuardProblem *problem);
 extern int	guard_trigger_depth(void);
+extern int	guard_executor_level(void);
+extern bool guard_executor_sets_tag(void);
 extern GuardEntry *guard_entry_get(Relation rel, Trigger *trigger);
 
 /* guard_trigger.c: the checks of every UPDATE, and the administration */

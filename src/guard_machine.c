@@ -952,6 +952,87 @@ guard_trigger_depth(void)
 }
 
 /*
+ * The executor's nesting: how many ExecutorRun and ExecutorFinish calls
+ * are under way (as pg_stat_statements counts them), and whether the
+ * innermost runs the statement that sets the command tag (not a rule's
+ * action).  Every statement a function, trigger or rule action runs nests
+ * one level deeper than the one that called it, where the trigger depth
+ * counts only triggers.
+ */
+static ExecutorRun_hook_type prev_ExecutorRun = NULL;
+static ExecutorFinish_hook_type prev_ExecutorFinish = NULL;
+static int	exec_level = 0;
+static bool exec_sets_tag = false;
+
+static void
+guard_ExecutorRun(QueryDesc *queryDesc, ScanDirection direction,
+				  uint64 count, bool execute_once)
+{
+	int			saved_level = exec_level;
+	bool		saved_tag = exec_sets_tag;
+
+	exec_level++;
+	exec_sets_tag = queryDesc->plannedstmt->canSetTag;
+	PG_TRY();
+	{
+		if (prev_ExecutorRun)
+			prev_ExecutorRun(queryDesc, direction, count, execute_once);
+		else
+			standard_ExecutorRun(queryDesc, direction, count, execute_once);
+	}
+	PG_FINALLY();
+	{
+		exec_level = saved_level;
+		exec_sets_tag = saved_tag;
+	}
+	PG_END_TRY();
+}
+
+static void
+guard_ExecutorFinish(QueryDesc *queryDesc)
+{
+	int			saved_level = exec_level;
+	bool		saved_tag = exec_sets_tag;
+
+	exec_level++;
+	exec_sets_tag = queryDesc->plannedstmt->canSetTag;
+	PG_TRY();
+	{
+		if (prev_ExecutorFinish)
+			prev_ExecutorFinish(queryDesc);
+		else
+			standard_ExecutorFinish(queryDesc);
+	}
+	PG_FINALLY();
+	{
+		exec_level = saved_level;
+		exec_sets_tag = saved_tag;
+	}
+	PG_END_TRY();
+}
+
+int
+guard_executor_level(void)
+{
+	return exec_level;
+}
+
+bool
+guard_executor_sets_tag(void)
+{
+	return exec_sets_tag;
+}
+
+void
+idem_guard_init(void)
+{
+	prev_ExecutorRun = ExecutorRun_hook;
+	ExecutorRun_hook = guard_ExecutorRun;
+	prev_ExecutorFinish = ExecutorFinish_hook;
+	ExecutorFinish_hook = guard_ExecutorFinish;
+}
+
+/*
  * The cache entry of a guarded table, read from its trigger's arguments:
  * (machine, state column [, version column]).  A trigger that cannot work
  * as a guard is refused here, whoever made it.

@@ -440,6 +440,9 @@ run_request(SPIPlanPtr plan, Datum *values, TransitionRequest *req)
 {
 	volatile uint64 processed = 0;
 
+	/* the guard fires within the ExecutorRun of the UPDATE */
+	req->level = guard_executor_level() + 1;
+	req->by_spi = true;
 	guard_active_request = req;
 	PG_TRY();
 	{
@@ -1345,7 +1348,9 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 									  values[entry->key_natts]);
 	req.has_expected = !PG_ARGISNULL(3);
 	req.expected = req.has_expected ? PG_GETARG_INT64(3) : 0;
-	req.depth = guard_trigger_depth() + 1;
+	/* the direct path fires the guard itself; run_request() says deeper */
+	req.level = guard_executor_level();
+	req.by_spi = false;
 	req.fired = false;
 	req.outcome = OUTCOME_NOT_FOUND;
 	req.outer = guard_active_request;

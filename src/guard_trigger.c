@@ -819,7 +819,8 @@ idem_guard_trigger(PG_FUNCTION_ARGS)
 	forget_moves(guard_trigger_depth());
 	req = guard_active_request;
 	if (req != NULL && !req->fired &&
-		req->depth == guard_trigger_depth() &&
+		req->level == guard_executor_level() &&
+		(!req->by_spi || guard_executor_sets_tag()) &&
 		guard_request_matches(req, rel, oldtup))
 	{
 		req->fired = true;

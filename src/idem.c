@@ -33,6 +33,7 @@ _PG_init(void)
 {
 	idem_store_init();
 	idem_token_init();
+	idem_guard_init();
 	idem_outbox_init();
 	idem_citus_init();
 	idem_stats_init();

@@ -77,6 +77,7 @@ typedef struct IdemStore IdemStore;
 
 extern void idem_store_init(void);
 extern void idem_token_init(void);
+extern void idem_guard_init(void);
 extern void idem_outbox_init(void);
 
 /* citus.c: planning of idem's calls on a Citus node */
