@@ -1893,6 +1893,31 @@ store_index_fetch(IdemStore *store, Snapshot snap, ScanKey skeys,
 	return found;
 }
 
+/*
+ * Whether the version in slot (a buffer tuple) was deleted, not updated, by
+ * a transaction that committed: the row is gone as it stands, whatever a
+ * snapshot taken before says.
+ */
+static bool
+store_version_deleted(TupleTableSlot *slot)
+{
+	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+	HeapTupleHeader htup;
+	bool		deleted = false;
+
+	if (!TTS_IS_BUFFERTUPLE(slot) || !BufferIsValid(bslot->buffer))
+		return false;
+	LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
+	htup = bslot->base.tuple->t_data;
+	if (!(htup->t_infomask & HEAP_XMAX_INVALID) &&
+		!HEAP_XMAX_IS_LOCKED_ONLY(htup->t_infomask) &&
+		ItemPointerEquals(&bslot->base.tuple->t_self, &htup->t_ctid) &&
+		!HeapTupleHeaderIndicatesMovedPartitions(htup))
+		deleted = TransactionIdDidCommit(HeapTupleHeaderGetUpdateXid(htup));
+	LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
+	return deleted;
+}
+
 /* The same for a table opened with idem_store_open_keys. */
 bool
 idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
@@ -1952,10 +1977,13 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 	 * Judged one by one, the versions of a row that another transaction
 	 * moved can all be missed (see above), however often one looks again
 	 * while it keeps moving it.  The query's snapshot cannot miss a row
-	 * that was there when the query began: its version then is the answer.
+	 * that was there when the query began: its version then is the answer,
+	 * unless that version was deleted since (an offset forgotten, a token
+	 * purged), which no version takes the place of.
 	 */
 	if (!found && snap == SnapshotSelf && ActiveSnapshotSet())
-		found = store_index_fetch(store, GetActiveSnapshot(), skeys, slot);
+		found = store_index_fetch(store, GetActiveSnapshot(), skeys, slot) &&
+			!store_version_deleted(slot);
 	if (found)
 		store_copy_row(store, slot, values, isnull);
 	ExecClearTuple(slot);
