@@ -28,8 +28,13 @@ typedef struct StdoutSink
 	Sink		base;
 	StrBuf		line;
 	long		timeout_ms;		/* the longest the write of one line may take */
-	int			cut_line;		/* the file ends in a line cut short */
 } StdoutSink;
+
+/*
+ * Whether standard output ends in a line cut short.  One for every route:
+ * they all write to descriptor 1, and the line is ended once.
+ */
+static int	cut_line;
 
 static const char *const stdout_settings[] = {NULL};
 
@@ -79,7 +84,8 @@ stdout_init(const SinkSettings *ss, char *err, size_t errlen)
 	s->base.type = &sink_stdout_type;
 	sb_init(&s->line);
 	s->timeout_ms = ss->timeout_ms;
-	s->cut_line = ends_in_cut_line(STDOUT_FILENO);
+	/* nothing was written since another route's init: the same answer */
+	cut_line = ends_in_cut_line(STDOUT_FILENO);
 	return &s->base;
 }
 
@@ -151,7 +157,7 @@ stdout_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 			continue;
 		}
 		sb_reset(l);
-		if (s->cut_line)
+		if (cut_line)
 			sb_puts(l, "\n");
 		sb_puts(l, "{\"id\": ");
 		sb_json_string(l, m->id);
@@ -198,7 +204,7 @@ stdout_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 				out[i].kind = OUTCOME_UNSENT;
 			return -1;
 		}
-		s->cut_line = 0;
+		cut_line = 0;
 		out[i].kind = OUTCOME_DELIVERED;
 	}
 	return 0;

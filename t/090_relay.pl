@@ -1203,6 +1203,26 @@ for my $case ([ 'cut', qq({"id": "cut sh) ], [ 'whole', qq({"id": "whole"}\n) ])
 	is($line && $line->{topic}, "append_$name", "$name: the relay's line stands alone");
 }
 
+# Two topics to standard output, each its own route: the cut line is ended
+# once, not once by each route.
+{
+	my $file = "$tmp/two.out";
+	my $cerr = '';
+	open(my $fh, '>', $file) or die;
+	print $fh '{"cut';
+	close($fh);
+	send_msg('two1', 'k', { n => 1 });
+	send_msg('two2', 'k', { n => 2 });
+	IPC::Run::run([ $relay, '--once', '--log-interval', '0', '--set', 'topic.two2.sink=stdout' ],
+		'>>', $file, '2>', \$cerr, init => relay_env(),
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	my @lines = split /\n/, slurp_file($file), -1;
+	is(scalar(@lines), 4, 'two routes: the line before, two lines, nothing after the last newline')
+	  or diag(slurp_file($file));
+	is(join(',', sort map { my $l = eval { $jtext->decode($_) }; $l ? $l->{topic} : "<$_>" } @lines[ 1 .. 2 ]),
+		'two1,two2', 'each route\'s line stands alone, with no empty line between them');
+}
+
 # A reader that stops reading: the relay gives the line up after its
 # timeout, releases the rest of its batch and stops with exit code 4 (a sink
 # that cannot go on)
