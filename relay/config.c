@@ -83,6 +83,33 @@ trim(char *s)
 }
 
 /*
+ * The "=" that ends the key of "key=value", or NULL.  A topic's name in
+ * double quotes may hold "=" (and a doubled quote): the key of
+ * topic."a=b".sink=stdout ends after the closing quote.
+ */
+char *
+config_key_end(const char *s)
+{
+	const char *p = s;
+
+	if (strncmp(p, "topic.\"", 7) == 0)
+	{
+		for (p += 7; *p != '\0'; p++)
+		{
+			if (*p != '"')
+				continue;
+			if (p[1] != '"')
+				break;
+			p++;
+		}
+		/* no closing quote: the key is malformed, which its check says */
+		if (*p == '\0')
+			p = s;
+	}
+	return strchr(p, '=');
+}
+
+/*
  * The file: one "key = value" a line; blank lines and lines starting with #
  * are skipped.  A value in double quotes loses them (to keep spaces at its
  * ends).  Later lines win over earlier ones.
@@ -128,7 +155,7 @@ config_read_file(Config *cfg, const char *path, char *err, size_t errlen)
 		s = trim(s);
 		if (*s == '\0' || *s == '#')
 			continue;
-		eq = strchr(s, '=');
+		eq = config_key_end(s);
 		if (eq == NULL)
 		{
 			snprintf(err, errlen, "%s:%d: expected \"key = value\"", path, lineno);

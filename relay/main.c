@@ -1746,7 +1746,7 @@ main(int argc, char **argv)
 				break;
 			case 's':
 				{
-					char	   *eq = strchr(optarg, '=');
+					char	   *eq = config_key_end(optarg);
 					char	   *k;
 
 					if (eq == NULL || eq == optarg)

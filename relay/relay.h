@@ -121,6 +121,8 @@ typedef struct Config
 extern void config_set(Config *cfg, const char *key, const char *value,
 					   const char *origin);
 extern void config_free(Config *cfg);
+/* the "=" that ends the key of "key=value" (a quoted topic may hold "="), or NULL */
+extern char *config_key_end(const char *s);
 /* reads FILE; false with a message in err */
 extern int	config_read_file(Config *cfg, const char *path, char *err, size_t errlen);
 /* the last value of key, or NULL */

@@ -293,6 +293,21 @@ is($rc, 1, 'exit code 1 for batch = 0 after a byte order mark');
 like($err, qr/batch must be an integer from 1 to 10000, not "0" \(.*bom\.conf:1\)/,
 	'the first key after a byte order mark is read as the key');
 
+# A topic whose name holds "=": the key ends at the first "=" after its
+# closing quote (a quote inside the name is doubled).
+send_msg('a=b', 'k', { n => 1 });
+send_msg('c"=d', 'k', { n => 2 });
+open($bad, '>', "$tmp/eq.conf") or die;
+print $bad qq{topic."c""=d".sink = stdout\nlog_interval = 0\n};
+close($bad);
+($rc, $out, $err) = run_relay({}, '--once', '--config', "$tmp/eq.conf", '--set', 'topic."a=b".sink=stdout');
+is($rc, 0, 'topics with "=" in their names, in the file and on the command line') or diag($err);
+like($err, qr/topic "a=b": sink stdout/, 'the command line\'s topic is "a=b"');
+like($err, qr/topic "c"=d": sink stdout/, 'the file\'s topic is c"=d');
+is(join(',', sort map { $jtext->decode($_)->{topic} } split /\n/, $out), 'a=b,c"=d',
+	'their messages are delivered');
+sql(q{DELETE FROM idem.outbox WHERE aggregatetype IN ('a=b', 'c"=d'); DELETE FROM idem.outbox_keys WHERE topic IN ('a=b', 'c"=d')});
+
 # Exit code 2: no server where the environment points.
 ($rc, $out, $err) = run_relay({ PGHOST => "$tmp/nowhere" },
 	'--exit-on-error', '--connect-attempts', '2', '--reconnect-max', '50ms');
