@@ -583,18 +583,13 @@ log_notice(void *arg, const PGresult *res)
 static int	hash_server_bytes = 0;
 
 /*
- * Connects, finds idem's schema, LISTENs and prepares the statements.
- * Returns 1, 0 when the connection failed, -1 when a statement failed.
+ * The parameters of the connection to dbname (NULL: the environment's) into
+ * keys and vals, NULL-terminated, with room for one more; their number.
  */
 static int
-db_connect(void)
+connect_params(const char *dbname, const char **keys, const char **vals)
 {
-	const char *keys[10];
-	const char *vals[10];
 	int			k = 0;
-	PGresult   *res;
-	int			failure = 0;
-	char		sql[1024];
 
 	/* the caller's connection string or environment may override these */
 	if (getenv("PGCONNECT_TIMEOUT") == NULL)
@@ -618,7 +613,7 @@ db_connect(void)
 	keys[k] = "tcp_user_timeout";
 	vals[k++] = "60000";
 	keys[k] = "dbname";
-	vals[k++] = settings.dbname;
+	vals[k++] = dbname;
 	keys[k] = "fallback_application_name";
 	vals[k++] = "idem-relay";
 	/* JSON is UTF-8, whatever the database's encoding */
@@ -626,6 +621,61 @@ db_connect(void)
 	vals[k++] = "UTF8";
 	keys[k] = NULL;
 	vals[k] = NULL;
+	return k;
+}
+
+/*
+ * Whether libpq takes the connection parameters of dbname (NULL: the
+ * environment's), without connecting: a connection string it cannot parse
+ * or a service it cannot find would otherwise be taken for a database that
+ * is down, and retried for ever.  False with libpq's message in err.
+ *
+ * No libpq call adds the defaults (the service above all) with an error
+ * but the one that connects.  So target_session_attrs, the last option it
+ * checks before it connects, is given a value it refuses: its error says
+ * that all the rest passed, and it never connects.
+ */
+static int
+connect_params_valid(const char *dbname, char *err, size_t errlen)
+{
+	static const char marker[] = "idem-relay: checking the parameters";
+	const char *keys[12];
+	const char *vals[12];
+	int			k = connect_params(dbname, keys, vals);
+	PGconn	   *c;
+	int			ok = 1;
+
+	keys[k] = "target_session_attrs";
+	vals[k++] = marker;
+	keys[k] = NULL;
+	vals[k] = NULL;
+	c = PQconnectStartParams(keys, vals, 1);
+	if (c != NULL && PQstatus(c) == CONNECTION_BAD &&
+		strstr(PQerrorMessage(c), marker) == NULL)
+	{
+		snprintf(err, errlen, "%s", PQerrorMessage(c));
+		one_line(err);
+		printable_copy(err, errlen, err, strlen(err));
+		ok = 0;
+	}
+	PQfinish(c);
+	return ok;
+}
+
+/*
+ * Connects, finds idem's schema, LISTENs and prepares the statements.
+ * Returns 1, 0 when the connection failed, -1 when a statement failed.
+ */
+static int
+db_connect(void)
+{
+	const char *keys[12];
+	const char *vals[12];
+	PGresult   *res;
+	int			failure = 0;
+	char		sql[1024];
+
+	connect_params(settings.dbname, keys, vals);
 	conn = PQconnectdbParams(keys, vals, 1);
 	if (conn == NULL || PQstatus(conn) != CONNECTION_OK)
 	{
@@ -1384,9 +1434,16 @@ apply_config(const Config *cfg)
 	int			i;
 	int			j;
 	int			verbose;
+	char		err[1024];
 
 	check_keys(cfg);
 	settings.dbname = config_get(cfg, "dbname");
+	if (!connect_params_valid(settings.dbname, err, sizeof(err)))
+	{
+		if (settings.dbname != NULL)
+			config_error("dbname is not valid: %s (%s)", err, config_origin(cfg, "dbname"));
+		config_error("the connection settings of the environment are not valid: %s", err);
+	}
 	v = config_get(cfg, "name");
 	if (v != NULL && *v == '\0')
 		config_error("name must not be empty (%s)", config_origin(cfg, "name"));

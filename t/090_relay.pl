@@ -293,6 +293,21 @@ is($rc, 1, 'exit code 1 for batch = 0 after a byte order mark');
 like($err, qr/batch must be an integer from 1 to 10000, not "0" \(.*bom\.conf:1\)/,
 	'the first key after a byte order mark is read as the key');
 
+# A connection string libpq cannot parse, or a service it cannot find, is a
+# configuration error (exit code 1), not a database that is down (retried,
+# or exit code 2 with --exit-on-error).
+($rc, $out, $err) = run_relay({}, '--dbname', 'host=/tmp bogus_option=1', '--exit-on-error',
+	'--connect-attempts', '1', '--once');
+is($rc, 1, 'exit code 1 for a dbname with an unknown option');
+like($err, qr/dbname is not valid: invalid connection option "bogus_option" \(command line\)/,
+	'libpq\'s error and where dbname was set') or diag($err);
+($rc, $out, $err) = run_relay({ PGSERVICE => 'nosuch' }, '--exit-on-error', '--connect-attempts', '1', '--once');
+is($rc, 1, 'exit code 1 for a PGSERVICE that names no service');
+like($err, qr/the connection settings of the environment are not valid: definition of service "nosuch" not found/,
+	'and says so') or diag($err);
+($rc, $out, $err) = run_relay({}, '--dbname', 'service=nosuch', '--exit-on-error', '--connect-attempts', '1', '--once');
+is($rc, 1, 'exit code 1 for a service in dbname that does not exist');
+
 # A topic whose name holds "=": the key ends at the first "=" after its
 # closing quote (a quote inside the name is doubled).
 send_msg('a=b', 'k', { n => 1 });
@@ -1128,6 +1143,37 @@ like(substr(slurp_file($r->{err}), $before), qr/x \(webhook\.url: \S*hup\.conf:2
 my $hup3 = send_msg('hup', 'h', { n => 3 });
 ok(wait_for('the third message', sub { paths_of($hup3) eq '/hup2' }), 'the relay goes on with the one it had');
 is(stop_relay($r, 'TERM'), 0, 'exit code 0 after the reloads');
+
+# A reload whose dbname libpq cannot parse is refused like any other error:
+# the connection in force stays.
+my $dbconf = "$tmp/db.conf";
+write_conf($dbconf, "poll = 100ms\nlog_interval = 0\n");
+$r = start_relay({}, '--config', $dbconf);
+send_msg('dbhup', 'k', { n => 1 });
+ok(wait_for('the first line', sub { slurp_file($r->{out}) =~ /"dbhup"/ }), 'a relay with the environment\'s connection');
+for my $case ([ "dbname = host=$pgenv{PGHOST} port=$pgenv{PGPORT} connect_timeot=3\n",
+		qr/dbname is not valid: invalid connection option "connect_timeot" \(\S*db\.conf:1\)/ ])
+{
+	my ($text, $why) = @$case;
+	my $at = length(slurp_file($r->{err}));
+	write_conf($dbconf, $text . "poll = 100ms\nlog_interval = 0\n");
+	$r->{h}->signal('HUP');
+	ok( wait_for('the reload', sub { substr(slurp_file($r->{err}), $at) =~ /configuration (not )?reloaded/ }),
+		'SIGHUP read the file');
+	like(substr(slurp_file($r->{err}), $at), qr/configuration not reloaded, the one in force is kept: $why/,
+		'the file is refused, and the relay says why');
+}
+send_msg('dbhup', 'k', { n => 2 });
+if (slurp_file($r->{err}) =~ /configuration reloaded/)
+{
+	fail('the relay still delivers after the refused reloads');
+}
+else
+{
+	ok(wait_for('the second line', sub { scalar(() = slurp_file($r->{out}) =~ /"dbhup"/g) == 2 }),
+		'the relay still delivers after the refused reloads');
+}
+is(stop_relay($r, 'TERM'), 0, 'exit code 0');
 
 ########################################################################
 # A broker that is down: nothing leased, no attempt spent
