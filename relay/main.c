@@ -1426,6 +1426,79 @@ add_route(const Config *cfg, const char *topic, const SinkType *type)
 	nroutes++;
 }
 
+/*
+ * The topics with a route of their own, and their sinks, while apply_config
+ * works: kept here, so that a configuration error that jumps out of it
+ * leaves nothing unreachable.
+ */
+static char **topics;
+static const SinkType **types;
+static int	ntopics;
+
+static void
+free_topics(void)
+{
+	int			i;
+
+	for (i = 0; i < ntopics; i++)
+		free(topics[i]);
+	free(topics);
+	free(types);
+	topics = NULL;
+	types = NULL;
+	ntopics = 0;
+}
+
+/*
+ * Refuses a sink's setting that no route uses (a setting for every topic
+ * when no topic goes to that sink, a topic's own when the topic goes to
+ * another): the relay would start without it, and deliver elsewhere than
+ * intended.  The routes are the default one (deftype) and those of
+ * topics[] with types[].
+ */
+static void
+check_unused_settings(const Config *cfg, const SinkType *deftype)
+{
+	int			i;
+	int			j;
+
+	for (i = 0; i < cfg->nitems; i++)
+	{
+		const char *key = cfg->items[i].key;
+		char		topic[1100];
+		const char *rest;
+		const char *dot;
+		size_t		len;
+		int			used;
+
+		if (config_split_topic(key, topic, sizeof(topic), &rest) == 1)
+		{
+			if (strcmp(rest, "sink") == 0)
+				continue;
+			for (j = 0; j < ntopics; j++)
+				if (strcmp(topics[j], topic) == 0)
+					break;
+			if ((dot = strchr(rest, '.')) == NULL)
+				continue;
+			len = (size_t) (dot - rest);
+			if (j < ntopics && (strncmp(rest, types[j]->name, len) != 0 || types[j]->name[len] != '\0'))
+				config_error("%s is set, but the sink of topic \"%s\" is %s (%s)",
+							 key, topic, types[j]->name, cfg->items[i].origin);
+			continue;
+		}
+		/* dbname, batch, ...: not a sink's */
+		if ((dot = strchr(key, '.')) == NULL)
+			continue;
+		len = (size_t) (dot - key);
+		used = strncmp(key, deftype->name, len) == 0 && deftype->name[len] == '\0';
+		for (j = 0; j < ntopics && !used; j++)
+			used = strncmp(key, types[j]->name, len) == 0 && types[j]->name[len] == '\0';
+		if (!used)
+			config_error("%s is set, but no topic's sink is %.*s (%s)",
+						 key, (int) len, key, cfg->items[i].origin);
+	}
+}
+
 static void
 apply_config(const Config *cfg)
 {
@@ -1436,6 +1509,7 @@ apply_config(const Config *cfg)
 	int			verbose;
 	char		err[1024];
 
+	free_topics();
 	check_keys(cfg);
 	settings.dbname = config_get(cfg, "dbname");
 	if (!connect_params_valid(settings.dbname, err, sizeof(err)))
@@ -1507,8 +1581,7 @@ apply_config(const Config *cfg)
 		settings.sink = "stdout";
 	deftype = get_sink_type(cfg, "sink", settings.sink);
 
-	/* the default route first, then one per topic the configuration names */
-	add_route(cfg, NULL, deftype);
+	/* a route per topic the configuration names, besides the default one */
 	for (i = 0; i < cfg->nitems; i++)
 	{
 		char		topic[1100];
@@ -1517,10 +1590,10 @@ apply_config(const Config *cfg)
 
 		if (config_split_topic(cfg->items[i].key, topic, sizeof(topic), &rest) != 1)
 			continue;
-		for (j = 1; j < nroutes; j++)
-			if (strcmp(routes[j].topic, topic) == 0)
+		for (j = 0; j < ntopics; j++)
+			if (strcmp(topics[j], topic) == 0)
 				break;
-		if (j < nroutes)
+		if (j < ntopics)
 			continue;
 		/* the last topic.<topic>.sink, whichever way the topic is written */
 		for (j = cfg->nitems - 1; j >= 0; j--)
@@ -1535,8 +1608,18 @@ apply_config(const Config *cfg)
 				break;
 			}
 		}
-		add_route(cfg, topic, t);
+		topics = xrealloc(topics, sizeof(char *) * (size_t) (ntopics + 1));
+		types = xrealloc(types, sizeof(SinkType *) * (size_t) (ntopics + 1));
+		topics[ntopics] = xstrdup(topic);
+		types[ntopics++] = t;
 	}
+	check_unused_settings(cfg, deftype);
+
+	/* the sinks are made once all of that is known to be right */
+	add_route(cfg, NULL, deftype);
+	for (i = 0; i < ntopics; i++)
+		add_route(cfg, topics[i], types[i]);
+	free_topics();
 }
 
 static void

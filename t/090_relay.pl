@@ -308,6 +308,34 @@ like($err, qr/the connection settings of the environment are not valid: definiti
 ($rc, $out, $err) = run_relay({}, '--dbname', 'service=nosuch', '--exit-on-error', '--connect-attempts', '1', '--once');
 is($rc, 1, 'exit code 1 for a service in dbname that does not exist');
 
+# Settings of a sink that no topic goes to would be ignored: a relay given a
+# webhook's URL and not --sink webhook delivered to standard output instead.
+send_msg('unrouted', 'k', { n => 1 });
+for my $case (
+	[ [ '--webhook-url', 'http://127.0.0.1:9/orders' ], qr/webhook\.url is set, but no topic's sink is webhook \(command line\)/ ],
+	[ [ '--nats-url', 'nats://127.0.0.1:9' ], qr/nats\.url is set, but no topic's sink is nats/ ],
+	[ [ '--set', 'kafka.brokers=127.0.0.1:9' ], qr/kafka\.brokers is set, but no topic's sink is kafka/ ],
+	[ [ '--sink', 'webhook', '--webhook-url', 'http://127.0.0.1:9/', '--set', 'rabbitmq.exchange=x' ],
+	  qr/rabbitmq\.exchange is set, but no topic's sink is rabbitmq/ ],
+	[ [ '--set', 'topic.unrouted.webhook.url=http://127.0.0.1:9/' ],
+	  qr/topic\.unrouted\.webhook\.url is set, but the sink of topic "unrouted" is stdout \(command line\)/ ],
+	[ [ '--sink', 'webhook', '--webhook-url', 'http://127.0.0.1:9/', '--set', 'topic.unrouted.sink=stdout',
+		'--set', 'topic.unrouted.webhook.header.X-A=1' ],
+	  qr/topic\.unrouted\.webhook\.header\.X-A is set, but the sink of topic "unrouted" is stdout/ ])
+{
+	($rc, $out, $err) = run_relay({}, '--once', @{ $case->[0] });
+	is($rc, 1, "exit code 1 for @{ $case->[0] }");
+	like($err, $case->[1], "message for @{ $case->[0] }") or diag($err);
+}
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'unrouted'}), 1,
+	'the message was not delivered elsewhere meanwhile');
+# a setting of every topic that one topic's route uses is in use
+($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0', '--set', 'topic.unrouted.sink=webhook',
+	'--set', 'topic.other.sink=stdout', '--set', 'webhook.url=http://127.0.0.1:9/', '--timeout', '50ms',
+	'--lease', '1s');
+is($rc, 0, 'webhook.url for the one topic whose sink is webhook is accepted') or diag($err);
+sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'unrouted'; DELETE FROM idem.outbox_keys WHERE topic = 'unrouted'});
+
 # A topic whose name holds "=": the key ends at the first "=" after its
 # closing quote (a quote inside the name is doubled).
 send_msg('a=b', 'k', { n => 1 });
@@ -1144,15 +1172,16 @@ my $hup3 = send_msg('hup', 'h', { n => 3 });
 ok(wait_for('the third message', sub { paths_of($hup3) eq '/hup2' }), 'the relay goes on with the one it had');
 is(stop_relay($r, 'TERM'), 0, 'exit code 0 after the reloads');
 
-# A reload whose dbname libpq cannot parse is refused like any other error:
-# the connection in force stays.
+# A reload whose dbname libpq cannot parse, or that sets a sink no topic
+# goes to, is refused like any other error: the connection in force stays.
 my $dbconf = "$tmp/db.conf";
 write_conf($dbconf, "poll = 100ms\nlog_interval = 0\n");
 $r = start_relay({}, '--config', $dbconf);
 send_msg('dbhup', 'k', { n => 1 });
 ok(wait_for('the first line', sub { slurp_file($r->{out}) =~ /"dbhup"/ }), 'a relay with the environment\'s connection');
 for my $case ([ "dbname = host=$pgenv{PGHOST} port=$pgenv{PGPORT} connect_timeot=3\n",
-		qr/dbname is not valid: invalid connection option "connect_timeot" \(\S*db\.conf:1\)/ ])
+		qr/dbname is not valid: invalid connection option "connect_timeot" \(\S*db\.conf:1\)/ ],
+	[ "webhook.url = http://127.0.0.1:9/\n", qr/webhook\.url is set, but no topic's sink is webhook/ ])
 {
 	my ($text, $why) = @$case;
 	my $at = length(slurp_file($r->{err}));
