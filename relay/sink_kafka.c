@@ -232,6 +232,31 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 				 "and {type}, it may hold only a-z, A-Z, 0-9, \".\", \"_\" and \"-\"", topic);
 		parg.ok = 0;
 	}
+	if (parg.ok)
+	{
+		/*
+		 * Without brokers the producer starts all the same, and every
+		 * message dies of its attempts: a configuration error, unless the
+		 * mock cluster of librdkafka is the broker.
+		 */
+		char		mock[32];
+		size_t		len = sizeof(e);
+		size_t		mlen = sizeof(mock);
+
+		if ((rd_kafka_conf_get(conf, "bootstrap.servers", e, &len) != RD_KAFKA_CONF_OK ||
+			 e[0] == '\0') &&
+			(rd_kafka_conf_get(conf, "test.mock.num.brokers", mock, &mlen) != RD_KAFKA_CONF_OK ||
+			 atoi(mock) <= 0))
+		{
+			if (ss->topic)
+				snprintf(err, errlen, "the kafka sink of topic \"%s\" needs brokers: "
+						 "set topic.%s.kafka.brokers or kafka.brokers",
+						 ss->topic, ss->topic);
+			else
+				snprintf(err, errlen, "the kafka sink needs brokers: set kafka.brokers");
+			parg.ok = 0;
+		}
+	}
 	if (!parg.ok)
 	{
 		rd_kafka_conf_destroy(conf);

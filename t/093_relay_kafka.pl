@@ -227,6 +227,17 @@ like($err, qr/kafka\.topic "my events" cannot give a valid Kafka topic name/, 'w
 is($rc, 1, 'a topic\'s own template ".." is refused');
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.no.such=1');
 is($rc, 1, 'an unknown librdkafka setting is refused');
+# Without brokers the producer would start, and every message would die of
+# its attempts ("Local: Purged in queue").
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--once', '--log-interval', '0');
+is($rc, 1, 'no kafka.brokers: exit code 1');
+like($err, qr/the kafka sink needs brokers: set kafka\.brokers/, 'and says what to set') or diag($err);
+($rc, $out, $err) = run_relay('--sink', 'stdout', '--set', 'topic.tk.sink=kafka', '--once', '--log-interval', '0');
+like($err, qr/the kafka sink of topic "tk" needs brokers: set topic\.tk\.kafka\.brokers or kafka\.brokers/,
+	'a topic\'s own: the keys that could set them') or diag($err);
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.bootstrap.servers=127.0.0.1:1',
+	'--set', 'kafka.topic=my events');
+like($err, qr/kafka\.topic "my events"/, 'bootstrap.servers as a property is brokers too');
 
 ########################################################################
 # End to end: a mock cluster of its own process, the relay, two consumers
