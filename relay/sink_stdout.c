@@ -5,7 +5,8 @@
  *	 "headers": ..., "attempt": ..., "created_at": ...}
  *
  * A message is delivered once its line was written to the file descriptor
- * (a pipe, a file): each line is flushed before the next one is started.
+ * (a pipe, a file): each line is flushed before the next one is started,
+ * and a regular file is synced before the messages count as delivered.
  * A write that fails (the reader of the pipe went away) stops the relay.
  * A line it cuts short has no newline, and its message is delivered again;
  * a relay that writes to a file (appends to it) whose last line has no
@@ -35,6 +36,9 @@ typedef struct StdoutSink
  * they all write to descriptor 1, and the line is ended once.
  */
 static int	cut_line;
+
+/* Whether standard output is a regular file, synced before an ack. */
+static int	sync_lines;
 
 static const char *const stdout_settings[] = {NULL};
 
@@ -86,7 +90,48 @@ stdout_init(const SinkSettings *ss, char *err, size_t errlen)
 	s->timeout_ms = ss->timeout_ms;
 	/* nothing was written since another route's init: the same answer */
 	cut_line = ends_in_cut_line(STDOUT_FILENO);
+	{
+		struct stat st;
+
+		sync_lines = fstat(STDOUT_FILENO, &st) == 0 && S_ISREG(st.st_mode);
+	}
 	return &s->base;
+}
+
+/*
+ * Lines written to a regular file are in the page cache: the ack that
+ * follows is committed, and a crash of the system would lose them.  So they
+ * are synced first, once for what one call delivered.  (Whatever reads a
+ * pipe is responsible for what it read.)  False when the sync failed: the
+ * lines are then not delivered, and the relay stops.
+ */
+static int
+sync_delivered(Outcome *out, int n)
+{
+	int			i;
+	int			any = 0;
+	int			r;
+
+	for (i = 0; i < n; i++)
+		if (out[i].kind == OUTCOME_DELIVERED)
+			any = 1;
+	if (!sync_lines || !any)
+		return 1;
+	while ((r = fdatasync(STDOUT_FILENO)) != 0 && errno == EINTR)
+		;
+	if (r == 0)
+		return 1;
+	r = errno;
+	for (i = 0; i < n; i++)
+		if (out[i].kind == OUTCOME_DELIVERED)
+		{
+			snprintf(out[i].error, sizeof(out[i].error),
+					 "could not sync standard output: %s", strerror(r));
+			out[i].kind = OUTCOME_RETRY;
+			out[i].retry_after_ms = 0;
+		}
+	relay_log(LOG_ERROR, "could not sync standard output: %s", strerror(r));
+	return 0;
 }
 
 /*
@@ -187,7 +232,7 @@ stdout_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 				out[i].retry_after_ms = 0;
 				for (i++; i < n; i++)
 					out[i].kind = OUTCOME_UNSENT;
-				return 0;
+				return sync_delivered(out, n) ? 0 : -1;
 			}
 			/* this one and the rest: the relay stops */
 			if (e == ETIMEDOUT)
@@ -202,12 +247,13 @@ stdout_publish(Sink *sink, const RelayMessage *msgs, int n, Outcome *out,
 			relay_log(LOG_ERROR, "%s", out[i].error);
 			for (i++; i < n; i++)
 				out[i].kind = OUTCOME_UNSENT;
+			(void) sync_delivered(out, n);
 			return -1;
 		}
 		cut_line = 0;
 		out[i].kind = OUTCOME_DELIVERED;
 	}
-	return 0;
+	return sync_delivered(out, n) ? 0 : -1;
 }
 
 static void
