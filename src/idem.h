@@ -148,6 +148,7 @@ extern IdemStoreUpdateResult idem_store_try_update_latest(IdemStore *store,
 extern ItemPointerData idem_store_updated_tid(IdemStore *store);
 extern bool idem_store_version_untouched(IdemStore *store, ItemPointer tid);
 extern void idem_store_require_snapshot(IdemStore *store);
+extern void idem_store_require_snapshot_insert(IdemStore *store);
 extern IdemStoreUpdateResult idem_store_try_update(IdemStore *store,
 												   Datum ns, Datum key,
 												   IdemStoreUpdateFn fn,

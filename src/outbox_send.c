@@ -354,14 +354,18 @@ outbox_insert_message(Datum *values, bool *isnull)
 
 /*
  * Whether idem.outbox_seq was last found with settings that keep the order
- * of sending, since pg_sequence last changed.
+ * of sending, since pg_sequence or its pg_class row last changed.
  */
 static bool outbox_seq_ok = false;
 static bool outbox_seq_callback_set = false;
+static uint32 outbox_seq_relhash = 0;	/* its pg_class row's, when ok */
 
 static void
 outbox_seq_callback(Datum arg, int cacheid, uint32 hashvalue)
 {
+	/* pg_class changes often (statistics, temporary tables): only its row */
+	if (cacheid == RELOID && hashvalue != 0 && hashvalue != outbox_seq_relhash)
+		return;
 	outbox_seq_ok = false;
 }
 
@@ -422,6 +426,8 @@ outbox_check_seq(void)
 						   cache, increment, cycle ? "CYCLE" : "NO CYCLE"),
 				 errhint("ALTER SEQUENCE %s.%s CACHE 1 INCREMENT BY 1 NO CYCLE;",
 						 IDEM_SCHEMA, OUTBOX_SEQ)));
+	outbox_seq_relhash = GetSysCacheHashValue1(RELOID,
+											   ObjectIdGetDatum(outbox_seq_oid));
 	outbox_seq_ok = true;
 }
 

@@ -507,10 +507,11 @@ idem_request_begin(PG_FUNCTION_ARGS)
 	/*
 	 * A resume goes on from a checkpoint whose writes committed with it: not
 	 * on a snapshot taken before them (nor a new attempt on one taken before
-	 * the release or the expiry it follows).  A replay, a mismatch and an
+	 * the release or the expiry it follows, nor a new one where the snapshot
+	 * sees the request a purge deleted since).  A replay, a mismatch and an
 	 * in_flight stay answered on the latest version.
 	 */
-	idem_store_require_snapshot(store);
+	idem_store_require_snapshot_insert(store);
 	request_me(store, &st.me);
 	st.citus = idem_store_through_sql(store);
 	st.runas = idem_store_relowner(store);

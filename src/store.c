@@ -92,6 +92,8 @@ struct IdemStore
 	bool		sql;			/* distributed: every call goes through SQL */
 	bool		xact_snapshot;	/* updates judge against the transaction's
 								 * snapshot: idem_store_require_snapshot */
+	bool		xact_snapshot_insert;	/* and insertions:
+										 * idem_store_require_snapshot_insert */
 };
 
 /*
@@ -1168,29 +1170,45 @@ idem_store_insert(IdemStore *store, Datum *values, bool *isnull,
 }
 
 /*
- * After an insertion into a store that judges against the transaction's
- * snapshot (idem_store_require_snapshot), under REPEATABLE READ and
- * SERIALIZABLE: fail with 40001 when that snapshot still sees a row of the
- * key, which a transaction that committed after it deleted (a purge).  The
- * insertion answers as if the key had never been there, which the snapshot
- * contradicts, as an update of a version written after it would
- * (store_sql_check_snapshot does the same through SQL).  The row inserted is
- * of the current command, which the snapshot does not see.
+ * After an insertion into a store that judges insertions against the
+ * transaction's snapshot (idem_store_require_snapshot_insert), under
+ * REPEATABLE READ and SERIALIZABLE: fail with 40001 when that snapshot still
+ * sees a row of the key, which a transaction that committed after it
+ * deleted (a purge).  The insertion answers as if the key had never been
+ * there, which the snapshot contradicts, as an update of a version written
+ * after it would (store_sql_check_snapshot does the same through SQL).  The
+ * versions are read through SnapshotAny and judged one by one, so that the
+ * look takes no predicate lock: under SERIALIZABLE, an index scan through
+ * the snapshot would lock the leaf page, and insertions of other new keys
+ * there would fail each other.  The row inserted is of the current command,
+ * which the snapshot does not see.
  */
 static void
 store_check_insert_snapshot(IdemStore *store, const Datum *keys)
 {
 	ScanKeyData skeys[STORE_MAX_KEYS];
 	IndexScanDesc scan;
-	bool		seen;
+	TupleTableSlot *slot = store->probe_slot;
+	Snapshot	snapshot = GetTransactionSnapshot();
+	bool		seen = false;
 
 	store_scankeys(store, skeys, keys);
-	scan = index_beginscan(store->rel, store->index, GetTransactionSnapshot(),
+	scan = index_beginscan(store->rel, store->index, SnapshotAny,
 						   store->nkeys, 0);
 	index_rescan(scan, skeys, store->nkeys, NULL, 0);
-	seen = index_getnext_slot(scan, ForwardScanDirection, store->probe_slot);
+	while (!seen && index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
+
+		CHECK_FOR_INTERRUPTS();
+		Assert(TTS_IS_BUFFERTUPLE(slot));
+		LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
+		seen = HeapTupleSatisfiesVisibility(bslot->base.tuple, snapshot,
+											bslot->buffer);
+		LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
+	}
 	index_endscan(scan);
-	ExecClearTuple(store->probe_slot);
+	ExecClearTuple(slot);
 	if (seen)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
@@ -1268,7 +1286,7 @@ store_insert_direct(IdemStore *store, Datum *values, bool *isnull,
 			if (e->new_streak < STORE_NEW_STREAK)
 				e->new_streak++;
 			store->last_tid = slot->tts_tid;
-			if (store->xact_snapshot && IsolationUsesXactSnapshot())
+			if (store->xact_snapshot_insert && IsolationUsesXactSnapshot())
 				store_check_insert_snapshot(store, values);
 			return IDEM_STORE_INSERTED;
 		}
@@ -1475,6 +1493,20 @@ void
 idem_store_require_snapshot(IdemStore *store)
 {
 	store->xact_snapshot = true;
+}
+
+/*
+ * Also make an insertion under those levels fail with 40001 when the
+ * transaction's snapshot still sees a row of the key that a transaction
+ * committed after it deleted (store_check_insert_snapshot): for a store
+ * whose caller answers "new" to a key it inserts, which that snapshot says
+ * was there.
+ */
+void
+idem_store_require_snapshot_insert(IdemStore *store)
+{
+	store->xact_snapshot = true;
+	store->xact_snapshot_insert = true;
 }
 
 /*
@@ -1894,27 +1926,64 @@ store_index_fetch(IdemStore *store, Snapshot snap, ScanKey skeys,
 }
 
 /*
- * Whether the version in slot (a buffer tuple) was deleted, not updated, by
- * a transaction that committed: the row is gone as it stands, whatever a
- * snapshot taken before says.
+ * Whether the row of the version in slot (a buffer tuple a snapshot sees) is
+ * gone as it stands: the version, or the last of the versions its updates
+ * made, was deleted by a transaction that committed.  The versions after one
+ * a snapshot sees are kept while that snapshot is held (they are not dead to
+ * it), so the chain is followed to its end; a chain that breaks anyway, or a
+ * version whose change is still in progress or rolled back, is not taken
+ * for gone.
  */
 static bool
-store_version_deleted(TupleTableSlot *slot)
+store_version_deleted(IdemStore *store, TupleTableSlot *slot)
 {
-	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
-	HeapTupleHeader htup;
+	ItemPointerData tid = slot->tts_tid;
+	TransactionId prev_xmax = InvalidTransactionId;
 	bool		deleted = false;
 
-	if (!TTS_IS_BUFFERTUPLE(slot) || !BufferIsValid(bslot->buffer))
+	if (!TTS_IS_BUFFERTUPLE(slot) || !ItemPointerIsValid(&tid))
 		return false;
-	LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
-	htup = bslot->base.tuple->t_data;
-	if (!(htup->t_infomask & HEAP_XMAX_INVALID) &&
-		!HEAP_XMAX_IS_LOCKED_ONLY(htup->t_infomask) &&
-		ItemPointerEquals(&bslot->base.tuple->t_self, &htup->t_ctid) &&
-		!HeapTupleHeaderIndicatesMovedPartitions(htup))
-		deleted = TransactionIdDidCommit(HeapTupleHeaderGetUpdateXid(htup));
-	LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
+	for (;;)
+	{
+		Buffer		buf;
+		Page		page;
+		OffsetNumber off = ItemPointerGetOffsetNumber(&tid);
+		ItemId		lp;
+		HeapTupleHeader htup;
+		TransactionId xmax;
+		bool		next = false;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ItemPointerGetBlockNumber(&tid) >= RelationGetNumberOfBlocks(store->rel))
+			break;
+		buf = ReadBuffer(store->rel, ItemPointerGetBlockNumber(&tid));
+		LockBuffer(buf, BUFFER_LOCK_SHARE);
+		page = BufferGetPage(buf);
+		if (off >= FirstOffsetNumber && off <= PageGetMaxOffsetNumber(page) &&
+			ItemIdIsNormal(lp = PageGetItemId(page, off)))
+		{
+			htup = (HeapTupleHeader) PageGetItem(page, lp);
+			if ((!TransactionIdIsValid(prev_xmax) ||
+				 TransactionIdEquals(HeapTupleHeaderGetXmin(htup), prev_xmax)) &&
+				!(htup->t_infomask & HEAP_XMAX_INVALID) &&
+				!HEAP_XMAX_IS_LOCKED_ONLY(htup->t_infomask) &&
+				!HeapTupleHeaderIndicatesMovedPartitions(htup) &&
+				TransactionIdDidCommit(xmax = HeapTupleHeaderGetUpdateXid(htup)))
+			{
+				if (ItemPointerEquals(&tid, &htup->t_ctid))
+					deleted = true;
+				else
+				{
+					prev_xmax = xmax;
+					tid = htup->t_ctid;
+					next = true;
+				}
+			}
+		}
+		UnlockReleaseBuffer(buf);
+		if (!next)
+			break;
+	}
 	return deleted;
 }
 
@@ -1983,7 +2052,7 @@ idem_store_read_keys(IdemStore *store, const Datum *keys, Datum *values,
 	 */
 	if (!found && snap == SnapshotSelf && ActiveSnapshotSet())
 		found = store_index_fetch(store, GetActiveSnapshot(), skeys, slot) &&
-			!store_version_deleted(slot);
+			!store_version_deleted(store, slot);
 	if (found)
 		store_copy_row(store, slot, values, isnull);
 	ExecClearTuple(slot);
