@@ -850,8 +850,17 @@ read_ack(NatsSink *s, const RelayMessage *m, const char *subject, const NatsOp *
 		char		desc[300];
 		const char *code = json_value(body, blen, "err_code");
 
+		const char *status = json_value(v, blen - (size_t) (v - body), "code");
+
 		json_string(json_value(body, blen, "description"), body + blen, desc, sizeof(desc));
-		out->kind = OUTCOME_RETRY;
+
+		/*
+		 * 400: the message itself is refused (larger than the stream's
+		 * max_msg_size, say), and would be at every attempt: refused for
+		 * good, as the other sinks refuse such a message.  Anything else (a
+		 * full stream, 503) may pass later: retried.
+		 */
+		out->kind = status != NULL && atol(status) == 400 ? OUTCOME_PERMANENT : OUTCOME_RETRY;
 		snprintf(out->error, sizeof(out->error), "nats: the stream refused the message: %s (err_code %ld)",
 				 desc, code ? atol(code) : 0L);
 		return;

@@ -393,6 +393,24 @@ like(sql(q{SELECT count(*) || '|' || string_agg(k.attempts || '|' || k.dead || '
 	'one message stored, the other refused by the stream: retried, with its reason') or diag $ferr;
 is(js_count('FULL'), 1, 'the stream holds the one it took');
 
+# A stream that refuses the message itself (larger than its max_msg_size,
+# below the server's max_payload) answers 400: refused for good at the
+# first attempt, as the other sinks refuse such a message, not retried
+# until the key's later messages have waited for all its attempts.
+my $small = $json->decode(js('stream-create', 'SMALL', 'small', 120, -1, 1024));
+is($small->{config}{max_msg_size}, 1024, 'stream SMALL takes messages of at most 1024 bytes (headers and body)');
+sql(q{SELECT idem_outbox_configure('small', 5, '1 hour', '1 hour');
+      SELECT idem_outbox_send('small', 's1', jsonb_build_object('pad', repeat('x', 4000))),
+             idem_outbox_send('small', 's2', '{"n": 2}');});
+IPC::Run::run([ $relay, '--sink', 'nats', '--nats-url', "nats://$nats_url", '--once', '--log-interval', '0' ],
+	'>', \my $sout, '2>', \my $serr, init => env_init(PGUSER => 'relay_b'), IPC::Run::timeout(60));
+like(sql(q{SELECT count(*) || '|' || string_agg(k.attempts || '|' || k.dead || '|' || k.last_error, ',')
+             FROM idem.outbox o JOIN idem.outbox_keys k ON k.topic = o.aggregatetype AND k.key = o.aggregateid
+            WHERE o.aggregatetype = 'small'}),
+	qr/^1\|1\|true\|permanent: nats: the stream refused the message: .*\(err_code 10054\)$/,
+	'a message larger than the stream takes: dead at its first attempt, with the stream\'s reason') or diag $serr;
+is(js_count('SMALL'), 1, 'the stream holds the small one');
+
 ########################################################################
 # What a message carries
 ########################################################################

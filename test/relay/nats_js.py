@@ -2,9 +2,11 @@
 """JetStream administration for t/092_relay_nats.pl, over the NATS protocol
 (the client of examples/consumer_nats.py):
 
-    nats_js.py HOST:PORT stream-create NAME SUBJECT DUPLICATE_WINDOW_SECONDS [MAX_MSGS]
+    nats_js.py HOST:PORT stream-create NAME SUBJECT DUPLICATE_WINDOW_SECONDS [MAX_MSGS [MAX_MSG_SIZE]]
                                                (with MAX_MSGS, a full stream
-                                               refuses new messages)
+                                               refuses new messages; -1: no
+                                               limit; with MAX_MSG_SIZE, it
+                                               refuses larger messages)
     nats_js.py HOST:PORT stream-info NAME      the stream's state, JSON
     nats_js.py HOST:PORT stream-dump NAME      one JSON line per stored message:
                                                seq, msg_id, headers, payload
@@ -40,6 +42,8 @@ def main():
                   'duplicate_window': int(float(window) * 1e9)}
         if len(args) > 3:
             config.update({'max_msgs': int(args[3]), 'discard': 'new'})
+        if len(args) > 4:
+            config.update({'max_msg_size': int(args[4])})
         print(json.dumps(nc.js_api('$JS.API.STREAM.CREATE.' + name, config)))
     elif cmd == 'stream-info':
         print(json.dumps(nc.js_api('$JS.API.STREAM.INFO.' + args[0], None)['state']))
