@@ -1059,8 +1059,8 @@ BEGIN
     -- comparison counts a month as 30 days, its epoch as 30.4375)
     wait_ms := pg_catalog.ceil(pg_catalog.date_part('epoch', lock_wait)::pg_catalog.numeric
                                OPERATOR(pg_catalog.*) 1000);
-    IF lock_wait OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
-       OR wait_ms OPERATOR(pg_catalog.<) 0 OR wait_ms OPERATOR(pg_catalog.>) 60000 THEN
+    IF pg_catalog.date_part('epoch', lock_wait) OPERATOR(pg_catalog.<) 0
+       OR wait_ms OPERATOR(pg_catalog.>) 60000 THEN
         RAISE EXCEPTION 'lock_wait must be between 0 and 1 minute'
             USING ERRCODE = '22023',
                   DETAIL = pg_catalog.format('lock_wait was %s, %s seconds.', lock_wait,

@@ -256,6 +256,7 @@ INSERT INTO cases (fn, call, expected_sqlstate) VALUES
 ('idem_outbox_purge',       $$SELECT idem_outbox_purge('1 year -360 days 1 second', 1)$$,     '22023'),
 ('idem_outbox_purge',       $$SELECT idem_outbox_purge('-1 year 360 days 30 seconds', 1)$$,   '22023'),
 ('idem_outbox_purge',       $$SELECT idem_outbox_purge('-1 microsecond', 1)$$,                '22023'),
+('idem_outbox_purge',       $$SELECT idem_outbox_purge('1 year -365 days -6 hours 30 seconds', 1)$$, '00000'),
 ('idem_outbox_lease',       $$SELECT * FROM idem_outbox_lease(repeat('r', 256))$$,            '22001'),
 ('idem_outbox_lease',       $$SELECT * FROM idem_outbox_lease(repeat('é', 128))$$,            '22001'),
 ('idem_outbox_nack',        $$SELECT idem_outbox_nack(gen_random_uuid(), 'e', NULL, '')$$,    '22023'),

@@ -249,3 +249,16 @@ SELECT status FROM idem_request_begin('own-3', 'fp');
 SELECT key FROM idem.requests WHERE key = 'own-3' FOR UPDATE;
 SELECT status, attempts FROM idem_request_begin('own-3', 'fp');
 COMMIT;
+
+-- under REPEATABLE READ, a request this transaction deleted, even in the
+-- same command as the begin, is no concurrent deletion: new, not 40001
+SELECT status FROM idem_request_begin('selfdel', 'fp');
+SELECT idem_request_finish('selfdel', 503, NULL, cache => false);
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+WITH d AS (DELETE FROM idem.requests WHERE key = 'selfdel' RETURNING key)
+SELECT d.key, b.status FROM d, idem_request_begin('selfdel', 'fp') b;
+ROLLBACK;
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+DELETE FROM idem.requests WHERE key = 'selfdel';
+SELECT status FROM idem_request_begin('selfdel', 'fp');
+ROLLBACK;

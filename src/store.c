@@ -1205,6 +1205,19 @@ store_check_insert_snapshot(IdemStore *store, const Datum *keys)
 		LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
 		seen = HeapTupleSatisfiesVisibility(bslot->base.tuple, snapshot,
 											bslot->buffer);
+		/*
+		 * A version this transaction deleted, in this very command (its
+		 * snapshot still sees that), is no concurrent deletion.
+		 */
+		if (seen)
+		{
+			HeapTupleHeader htup = bslot->base.tuple->t_data;
+
+			if (!(htup->t_infomask & HEAP_XMAX_INVALID) &&
+				!HEAP_XMAX_IS_LOCKED_ONLY(htup->t_infomask) &&
+				TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetUpdateXid(htup)))
+				seen = false;
+		}
 		LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
 	}
 	index_endscan(scan);
