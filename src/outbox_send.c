@@ -59,7 +59,10 @@ typedef struct OutboxKnownKey
 	text	   *key;
 } OutboxKnownKey;
 
-/* entries, and bytes of their texts, past which the set starts again */
+/*
+ * entries, and bytes of their texts, past which no more keys are remembered
+ * (their sends probe the key rows) until the set is forgotten
+ */
 #define OUTBOX_KNOWN_MAX		65536
 #define OUTBOX_KNOWN_MAX_BYTES	(8 * 1024 * 1024)
 
