@@ -1203,48 +1203,21 @@ outbox_check_message_type(TupleDesc desc)
 
 /*
  * Whether the key row version in slot (pinned) has been updated or deleted
- * by a transaction that committed or is still running: idem_store_try_update_at
- * would then leave it, whatever lease_key said.  A lock (held or not), a
- * multixact and an aborted updater say no: the update is tried, and
- * decides.
+ * by a transaction that committed or, unless committed_only, is still
+ * running: idem_store_try_update_at would then leave it, whatever lease_key
+ * said.  A lock (held or not), a multixact and an aborted updater say no:
+ * the update is tried, and decides.
+ *
+ * committed_only: the version will be said changed whenever it
+ * is asked, and lease_try skip it.  With several relays, the keys that have
+ * waited longest are the ones they all try at once, and the candidates a
+ * relay kept would be mostly rows the others leased since its snapshot; a
+ * pass leaves such rows out of its candidates.  (One an update still in
+ * progress is changing is kept: that update may yet roll back, and
+ * lease_try decides.)
  */
 static bool
-lease_row_changed(TupleTableSlot *slot)
-{
-	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
-	HeapTupleHeader tup = bslot->base.tuple->t_data;
-	uint16		infomask;
-	TransactionId xmax;
-	bool		changed;
-
-	LockBuffer(bslot->buffer, BUFFER_LOCK_SHARE);
-	infomask = tup->t_infomask;
-	xmax = HeapTupleHeaderGetRawXmax(tup);
-	LockBuffer(bslot->buffer, BUFFER_LOCK_UNLOCK);
-	if ((infomask & HEAP_XMAX_INVALID) || (infomask & HEAP_XMAX_IS_MULTI) ||
-		!TransactionIdIsValid(xmax))
-		return false;
-	if (HEAP_XMAX_IS_LOCKED_ONLY(infomask))
-		return false;
-	/* a hint bit says so without a look at the commit log */
-	if (infomask & HEAP_XMAX_COMMITTED)
-		return true;
-	changed = !TransactionIdDidAbort(xmax);
-	return changed;
-}
-
-/*
- * Whether the key row version in slot (pinned) has been updated or deleted
- * by a transaction that committed: lease_row_changed will say so of it
- * whenever it is asked, and lease_try skip it.  With several relays, the
- * keys that have waited longest are the ones they all try at once, and
- * the candidates a relay kept would be mostly rows the others leased since
- * its snapshot; a pass leaves such rows out of its candidates.  (One an
- * update still in progress is changing is kept: that update may yet roll
- * back, and lease_try decides.)
- */
-static bool
-lease_row_changed_for_good(TupleTableSlot *slot)
+lease_row_changed_as(TupleTableSlot *slot, bool committed_only)
 {
 	BufferHeapTupleTableSlot *bslot = (BufferHeapTupleTableSlot *) slot;
 	HeapTupleHeader tup = bslot->base.tuple->t_data;
@@ -1258,9 +1231,11 @@ lease_row_changed_for_good(TupleTableSlot *slot)
 	if ((infomask & HEAP_XMAX_INVALID) || (infomask & HEAP_XMAX_IS_MULTI) ||
 		!TransactionIdIsValid(xmax) || HEAP_XMAX_IS_LOCKED_ONLY(infomask))
 		return false;
+	/* a hint bit says so without a look at the commit log */
 	if (infomask & HEAP_XMAX_COMMITTED)
 		return true;
-	return TransactionIdDidCommit(xmax);
+	return committed_only ? TransactionIdDidCommit(xmax) :
+		!TransactionIdDidAbort(xmax);
 }
 
 /*
@@ -1348,7 +1323,7 @@ lease_try(IdemStore *store, TupleTableSlot *kslot, ItemPointer tid,
 	 * A version another transaction has updated since, or is updating, will
 	 * not be updated here: skip it before the probe of its head.
 	 */
-	if (lease_row_changed(kslot))
+	if (lease_row_changed_as(kslot, false))
 	{
 		ExecClearTuple(kslot);
 		return 0;
@@ -1464,9 +1439,9 @@ lease_candidate_at(TupleTableSlot *kslot, LeaseArg *arg, pg_uuid_t *head,
 
 /*
  * Fill heap with the candidates of a scan of every key row under snap: the
- * keys lease_candidate_at takes, less the rows lease_row_changed_for_good
- * leaves out (after: the last candidate an earlier
- * round tried, or NULL; present: see lease_present_hashes).
+ * keys lease_candidate_at takes, less the rows whose update committed
+ * (lease_row_changed_as) (after: the last candidate an earlier round tried,
+ * or NULL; present: see lease_present_hashes).
  */
 static void
 lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
@@ -1492,7 +1467,7 @@ lease_scan_keys(Relation keys_rel, Snapshot snap, TupleTableSlot *kslot,
 			if (lease_candidate_cmp(&cand, after) <= 0)
 				continue;
 		}
-		if (lease_row_changed_for_good(kslot))
+		if (lease_row_changed_as(kslot, true))
 			continue;
 		if (present != NULL)
 		{
@@ -1792,7 +1767,7 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 							   DatumGetUUIDP(r->slot->tts_values[OB_ID]),
 							   DatumGetInt64(r->slot->tts_values[OB_SEQ]),
 							   &avail) &&
-			!lease_row_changed_for_good(kslot))
+			!lease_row_changed_as(kslot, true))
 		{
 			LeaseCandidate cand;
 
