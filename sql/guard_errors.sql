@@ -98,6 +98,11 @@ SELECT err($$SELECT idem_transition('twokey', '1', 'paid')$$);
 CREATE TABLE uniquekey (id integer UNIQUE NOT NULL, status text NOT NULL);
 SELECT idem_guard('uniquekey', 'order', 'status');
 SELECT err($$SELECT idem_transition('uniquekey', '1', 'paid')$$);
+-- a deferrable primary key may hold duplicates until commit: said so
+CREATE TABLE deferkey (id integer PRIMARY KEY DEFERRABLE, status text NOT NULL);
+SELECT idem_guard('deferkey', 'order', 'status');
+INSERT INTO deferkey VALUES (1, 'new');
+SELECT err($$SELECT idem_transition('deferkey', '1', 'paid')$$);
 -- two guards on one table: refused when the second is made...
 SELECT err($$CREATE TRIGGER other_guard BEFORE UPDATE ON orders FOR EACH ROW
     EXECUTE FUNCTION idem_guard_trigger('order', 'status')$$);
@@ -270,7 +275,7 @@ SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_m
  ORDER BY p.proname;
 
 DROP TABLE orders CASCADE;
-DROP TABLE nokey, twokey, uniquekey, parted, admin_owned, granted, secret, handmade;
+DROP TABLE nokey, twokey, uniquekey, deferkey, parted, admin_owned, granted, secret, handmade;
 DROP FUNCTION handmade(text);
 DROP SEQUENCE seq;
 DROP FUNCTION noop();

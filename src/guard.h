@@ -195,6 +195,7 @@ typedef struct GuardEntry
 {
 	Oid			relid;			/* hash key */
 	bool		valid;			/* the guard part below is current */
+	uint64		generation;		/* bumped whenever a part below is read again */
 	MemoryContext fn_cxt;		/* fn_mcxt of the FmgrInfos below */
 	Oid			tgoid;			/* the trigger it was read from */
 	char		machine[NAMEDATALEN];

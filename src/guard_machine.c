@@ -155,6 +155,52 @@ guard_relcache_callback(Datum arg, Oid relid)
 	}
 }
 
+/*
+ * The entries of dropped tables, removed when the table grows past
+ * guard_sweep_at entries (twice what a sweep leaves, at least
+ * GUARD_SWEEP_MIN): a session that guards temporary tables, or partitions
+ * that come and go, would otherwise keep an entry, its functions' memory
+ * and its plans for each of them until it ends.
+ */
+#define GUARD_SWEEP_MIN 64
+
+static long guard_sweep_at = GUARD_SWEEP_MIN;
+
+static void
+guard_sweep(Oid keep)
+{
+	HASH_SEQ_STATUS status;
+	GuardEntry *entry;
+	ListCell   *lc;
+
+	if (hash_get_num_entries(guard_htab) < guard_sweep_at)
+		return;
+	hash_seq_init(&status, guard_htab);
+	while ((entry = hash_seq_search(&status)) != NULL)
+	{
+		/*
+		 * A table a call is using is open, and cannot be dropped; a call
+		 * running its plans marks it busy.  One dropped in this transaction
+		 * may come back with a rollback: its entry is then made again.
+		 */
+		if (entry->relid == keep || entry->valid || entry->busy > 0 ||
+			SearchSysCacheExists1(RELOID, ObjectIdGetDatum(entry->relid)))
+			continue;
+		if (entry->update_plan != NULL)
+			SPI_freeplan(entry->update_plan);
+		if (entry->exists_plan != NULL)
+			SPI_freeplan(entry->exists_plan);
+		foreach(lc, entry->retired_plans)
+			SPI_freeplan((SPIPlanPtr) lfirst(lc));
+		list_free(entry->retired_plans);
+		/* what it points to may still be in use until the transaction ends */
+		if (entry->fn_cxt != NULL)
+			MemoryContextSetParent(entry->fn_cxt, TopTransactionContext);
+		(void) hash_search(guard_htab, &entry->relid, HASH_REMOVE, NULL);
+	}
+	guard_sweep_at = Max(GUARD_SWEEP_MIN, 2 * hash_get_num_entries(guard_htab));
+}
+
 static void
 guard_init(void)
 {
@@ -1048,9 +1094,12 @@ guard_entry_get(Relation rel, Trigger *trigger)
 	Form_pg_attribute att;
 
 	guard_init();
-	entry = hash_search(guard_htab, &relid, HASH_ENTER, &found);
-	if (!found)
+	entry = hash_search(guard_htab, &relid, HASH_FIND, NULL);
+	if (entry == NULL)
 	{
+		guard_sweep(relid);
+		entry = hash_search(guard_htab, &relid, HASH_ENTER, &found);
+		Assert(!found);
 		memset(((char *) entry) + sizeof(Oid), 0,
 			   sizeof(GuardEntry) - sizeof(Oid));
 		entry->relid = relid;
@@ -1059,6 +1108,7 @@ guard_entry_get(Relation rel, Trigger *trigger)
 		return entry;
 
 	/* Rebuild the guard part; the plans are prepared again when used. */
+	entry->generation++;
 	entry->valid = false;
 	entry->key_valid = false;
 	entry->plans_valid = false;

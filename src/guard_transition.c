@@ -33,6 +33,7 @@
 #include "catalog/pg_proc.h"
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
+#include "catalog/pg_index.h"
 #include "catalog/pg_inherits.h"
 #include "commands/event_trigger.h"
 #include "commands/extension.h"
@@ -161,6 +162,33 @@ key_lookup_leaf(KeyLookup *key, Relation parent, GuardEntry *entry,
  * the core RI triggers use) and the input functions of the key and the
  * state.  Kept with the guard entry, read again after the table changed.
  */
+/*
+ * Whether the table's primary key is deferrable: RelationGetPrimaryKeyIndex
+ * leaves such a key out, as one that does not make its columns unique at
+ * every moment.
+ */
+static bool
+guard_has_deferrable_pkey(Relation rel)
+{
+	List	   *indexes = RelationGetIndexList(rel);
+	ListCell   *lc;
+	bool		found = false;
+
+	foreach(lc, indexes)
+	{
+		HeapTuple	tup = SearchSysCache1(INDEXRELID,
+										  ObjectIdGetDatum(lfirst_oid(lc)));
+
+		if (!HeapTupleIsValid(tup))
+			continue;
+		if (((Form_pg_index) GETSTRUCT(tup))->indisprimary)
+			found = true;
+		ReleaseSysCache(tup);
+	}
+	list_free(indexes);
+	return found;
+}
+
 static void
 guard_prepare_key(GuardEntry *entry, Relation rel)
 {
@@ -173,7 +201,15 @@ guard_prepare_key(GuardEntry *entry, Relation rel)
 	if (entry->key_valid)
 		return;
 
+	entry->generation++;
 	pkoid = RelationGetPrimaryKeyIndex(rel);
+	if (!OidIsValid(pkoid) && guard_has_deferrable_pkey(rel))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("primary key of table \"%s\" is deferrable",
+						RelationGetRelationName(rel)),
+				 errdetail("idem_transition() finds one row by its primary key, which may hold duplicates until the transaction commits."),
+				 errhint("Make the primary key NOT DEFERRABLE.")));
 	if (!OidIsValid(pkoid))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -1210,6 +1246,23 @@ idem_transition_keys(PG_FUNCTION_ARGS)
 	return transition_common(fcinfo, &key);
 }
 
+/*
+ * Fail when the entry was read again since generation (see the input of the
+ * key and state in transition_common): what this call read with it, and the
+ * functions it kept, belong to a guard that is no longer the table's.
+ */
+static void
+guard_entry_check_unchanged(GuardEntry *entry, uint64 generation,
+							Relation rel)
+{
+	if (entry->generation != generation)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the guard of table \"%s\" changed during idem_transition()",
+						RelationGetRelationName(rel)),
+				 errdetail("A function that idem_transition() ran to read its arguments (a domain's check) changed the guard or the primary key of the table.")));
+}
+
 static Datum
 transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 {
@@ -1227,6 +1280,8 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 	bool		found;
 	TransitionOutcome outcome;
 	char		tgname[NAMEDATALEN];
+	uint64		generation;
+	int			nkeys;
 
 	if (PG_ARGISNULL(2))
 		ereport(ERROR,
@@ -1320,14 +1375,26 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 				 errhint("Give one value per column of the primary key, in its order.")));
 	check_outcome_privileges(rel, entry);
 
-	/* The key and the state as the column types read them. */
-	for (i = 0; i < entry->key_natts; i++)
+	/*
+	 * The key and the state as the column types read them.  A domain's
+	 * input function runs its CHECK expressions, which may run any SQL: one
+	 * that guards the table anew, or calls idem_transition on it, reads the
+	 * entry again (another state type, another key), and what was read with
+	 * the entry as it was could not be used with it as it is.
+	 */
+	generation = entry->generation;
+	nkeys = entry->key_natts;
+	for (i = 0; i < nkeys; i++)
+	{
 		values[i] = InputFunctionCall(&entry->key_in[i], key->keys[i],
 									  entry->key_ioparams[i],
 									  entry->key_typmods[i]);
-	values[entry->key_natts] = InputFunctionCall(&entry->state_in, to_str,
-												 entry->state_ioparam,
-												 entry->state_typmod);
+		guard_entry_check_unchanged(entry, generation, rel);
+	}
+	values[nkeys] = InputFunctionCall(&entry->state_in, to_str,
+									  entry->state_ioparam,
+									  entry->state_typmod);
+	guard_entry_check_unchanged(entry, generation, rel);
 
 	req.relid = RelationGetRelid(rel);
 	req.partitioned = partitioned;
@@ -1346,6 +1413,7 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 	}
 	req.to_state = OutputFunctionCall(&entry->state_out,
 									  values[entry->key_natts]);
+	guard_entry_check_unchanged(entry, generation, rel);
 	req.has_expected = !PG_ARGISNULL(3);
 	req.expected = req.has_expected ? PG_GETARG_INT64(3) : 0;
 	/* the direct path fires the guard itself; run_request() says deeper */
@@ -1359,6 +1427,8 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 	{
 		bool		usable;
 		Oid			leaf_oid = route_to_leaf(rel, entry, values, &usable);
+
+		guard_entry_check_unchanged(entry, generation, rel);
 
 		if (usable && !OidIsValid(leaf_oid))
 		{

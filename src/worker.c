@@ -484,14 +484,15 @@ worker_log_once(int state)
 	return true;
 }
 
-/* Start a round in the database dbid and wait for its end. */
+/*
+ * Start a round in the database dbid: worker_round_handle is then set, and
+ * the launcher's latch is set when the round ends (bgw_notify_pid).
+ */
 static void
-worker_run_round(Oid dbid)
+worker_start_round(Oid dbid)
 {
 	BackgroundWorker worker;
 	BackgroundWorkerHandle *handle;
-	pid_t		pid;
-	BgwHandleStatus status;
 
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
@@ -514,13 +515,46 @@ worker_run_round(Oid dbid)
 	}
 	worker_shared->launcher_logged = 0;
 	worker_round_handle = handle;
-	status = WaitForBackgroundWorkerStartup(handle, &pid);
-	if (status != BGWH_POSTMASTER_DIED)
-		status = WaitForBackgroundWorkerShutdown(handle);
-	worker_round_handle = NULL;
-	pfree(handle);
-	if (status == BGWH_POSTMASTER_DIED)
-		proc_exit(1);
+}
+
+/* Whether the round started last has ended (its handle is then freed). */
+static bool
+worker_round_ended(void)
+{
+	pid_t		pid;
+
+	if (worker_round_handle == NULL)
+		return true;
+	switch (GetBackgroundWorkerPid(worker_round_handle, &pid))
+	{
+		case BGWH_STOPPED:
+			pfree(worker_round_handle);
+			worker_round_handle = NULL;
+			return true;
+		case BGWH_POSTMASTER_DIED:
+			proc_exit(1);
+			break;
+		default:
+			break;
+	}
+	return false;
+}
+
+/*
+ * What the launcher does at every interval, whether or not a round runs
+ * (one may wait on a lock for long): make room in the statistics for the
+ * dropped databases' entries, and judge the namespaces silent since a
+ * burst of duplicates.
+ */
+static void
+worker_judge(void)
+{
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	(void) GetTransactionSnapshot();
+	(void) idem_stats_forget_dropped();
+	CommitTransactionCommand();
+	idem_stats_judge_idle(worker_database_name);
 }
 
 /*
@@ -532,6 +566,8 @@ void
 idem_maintenance_main(Datum main_arg)
 {
 	TimestampTz next_round = 0;
+	TimestampTz next_judge = 0;
+	bool		running = false;	/* a round was started and has not ended */
 	Oid			dbid = InvalidOid;
 	NameData	dbname;
 
@@ -549,6 +585,7 @@ idem_maintenance_main(Datum main_arg)
 	for (;;)
 	{
 		TimestampTz now;
+		TimestampTz wake;
 
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
@@ -558,15 +595,34 @@ idem_maintenance_main(Datum main_arg)
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
 			/* a new interval counts from the end of the last round */
-			if (worker_interval != old_interval && next_round != 0)
-				next_round = TimestampTzPlusMilliseconds(next_round,
-														 (worker_interval - old_interval) * 1000L);
+			if (worker_interval != old_interval)
+			{
+				if (next_round != 0)
+					next_round = TimestampTzPlusMilliseconds(next_round,
+															 (worker_interval - old_interval) * 1000L);
+				if (next_judge != 0)
+					next_judge = TimestampTzPlusMilliseconds(next_judge,
+															 (worker_interval - old_interval) * 1000L);
+			}
 		}
 		now = GetCurrentTimestamp();
 		/* a clock set back postpones a round by an interval at most */
 		if (next_round > TimestampTzPlusMilliseconds(now, worker_interval * 1000L))
 			next_round = TimestampTzPlusMilliseconds(now, worker_interval * 1000L);
-		if (now >= next_round)
+		if (next_judge > TimestampTzPlusMilliseconds(now, worker_interval * 1000L))
+			next_judge = TimestampTzPlusMilliseconds(now, worker_interval * 1000L);
+
+		/* a round that ended: the next one an interval from now */
+		if (running && worker_round_ended())
+		{
+			running = false;
+			worker_judge();
+			now = GetCurrentTimestamp();
+			next_round = next_judge =
+				TimestampTzPlusMilliseconds(now, worker_interval * 1000L);
+			continue;
+		}
+		if (!running && now >= next_round)
 		{
 			switch (worker_database_state(&dbid, &dbname))
 			{
@@ -574,7 +630,8 @@ idem_maintenance_main(Datum main_arg)
 					/* the database is back: a state of it is logged again */
 					if (worker_shared->launcher_logged != -6)
 						worker_shared->launcher_logged = 0;
-					worker_run_round(dbid);
+					worker_start_round(dbid);
+					running = (worker_round_handle != NULL);
 					break;
 				case WORKER_DB_MISSING:
 					if (worker_log_once(-4))
@@ -591,21 +648,31 @@ idem_maintenance_main(Datum main_arg)
 								 errhint("Allow connections to it, or set idem.database to another database.")));
 					break;
 			}
-			/* the statistics of dropped databases make room */
-			SetCurrentStatementStartTimestamp();
-			StartTransactionCommand();
-			(void) GetTransactionSnapshot();
-			(void) idem_stats_forget_dropped();
-			CommitTransactionCommand();
-			/* namespaces silent since a burst of duplicates: judged now */
-			idem_stats_judge_idle(worker_database_name);
-			next_round = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+			if (running)
+			{
+				/* judged when it ends, or an interval from now */
+				next_judge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														 worker_interval * 1000L);
+				continue;
+			}
+			worker_judge();
+			next_round = next_judge =
+				TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+											worker_interval * 1000L);
+			continue;
+		}
+		/* a round still running after an interval (waiting on a lock, say) */
+		if (running && now >= next_judge)
+		{
+			worker_judge();
+			next_judge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													 worker_interval * 1000L);
 			continue;
 		}
+		wake = running ? next_judge : next_round;
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 TimestampDifferenceMilliseconds(now, next_round),
+						 TimestampDifferenceMilliseconds(now, wake),
 						 PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 	}

@@ -99,6 +99,33 @@ $log = slurp_file($node->logfile, $offset);
 $lines = () = $log =~ /duplicate rate of claim namespace "quiet"/g;
 is($lines, 1, 'and it is logged once');
 
+# a round that waits on a lock (a session holds idem.requests, which the
+# round purges after the claims and tokens): the launcher still judges
+# namespaces silent since a burst at every interval meanwhile, and the round
+# goes on once the lock is gone
+sub poll_stats
+{
+	my ($q, $want) = @_;
+	for (my $i = 0; $i < 10 * $PostgreSQL::Test::Utils::timeout_default; $i++)
+	{
+		return 1 if $node->safe_psql('postgres', $q) eq $want;
+		usleep(100_000);
+	}
+	return 0;
+}
+my $holder = IdemTest::Session->new($node, 'postgres');
+$holder->query("BEGIN; LOCK TABLE idem.requests IN ACCESS EXCLUSIVE MODE; SELECT 1;");
+ok(poll_stats(q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idem maintenance round' AND wait_event_type = 'Lock'}, '1'),
+	'a round waits for a lock on idem.requests');
+$offset = -s $node->logfile;
+$node->safe_psql('postgres', q{SELECT idem_claim('s' || i % 4, 'stuck') FROM generate_series(1, 20) i});
+ok(wait_for_log($node, qr/duplicate rate of claim namespace "stuck" is 0\.8\d* over the last \d+ s/, $offset),
+	'a namespace silent after a burst of duplicates is judged while a round waits on a lock');
+$holder->query("COMMIT;");
+$holder->close;
+ok(poll_stats(q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idem maintenance round' AND wait_event_type = 'Lock'}, '0'),
+	'the round goes on once the lock is gone');
+
 # the namespace limit: new namespaces are counted under "*"
 $node->safe_psql('postgres', q{SELECT idem_stats_reset();
 SELECT idem_claim('m', 'limit-' || i) FROM generate_series(1, 20) i;});
