@@ -4,7 +4,9 @@
 -- request's, which is decided on the row idem_transition's own UPDATE
 -- locks.  The answers are those of the same table without the rule, and the
 -- rule's writes stay (each a version more: an expected version would tell
--- them, as with any write before the UPDATE).  The objects of this file start with "gnr".
+-- them, as with any write before the UPDATE).  A move the guard refuses is
+-- judged on the locked row before the UPDATE, which then does not run: nor
+-- does the rule's action.  The objects of this file start with "gnr".
 \set VERBOSITY terse
 
 SELECT idem_allow('gnr', 'new', 'paid'), idem_allow('gnr', 'paid', 'shipped'),
@@ -38,7 +40,8 @@ END $$;
 SELECT * FROM gnr_requests('gnr_plain');
 SELECT * FROM gnr_requests('gnr_ruled');
 SELECT * FROM gnr_plain ORDER BY id;
--- every row the rule's action touched (one more version each time)
+-- every row the rule's action touched (one more version each time): those
+-- of the moves made
 SELECT * FROM gnr_ruled ORDER BY id;
 
 -- the rule's action updates a partition of the partitioned table the

@@ -131,6 +131,7 @@ INSERT INTO outcomes (t, request, outcome) SELECT 't_generated', * FROM scenario
 -- the direct path
 SELECT request, outcome FROM outcomes WHERE t = 't_direct' ORDER BY n;
 SELECT id, status, version, customer, note FROM t_direct ORDER BY id;
+-- (the triggers of the moves made: a refused move runs none)
 SELECT what, old_state, new_state, old_version, new_version
   FROM seen WHERE tbl = 't_direct' ORDER BY n;
 
@@ -160,8 +161,10 @@ SELECT row_triggers('t_alone') =
        (SELECT array_agg(x ORDER BY i) FROM unnest(row_triggers('t_direct')) WITH ORDINALITY u(x, i)
          WHERE x LIKE 'AFTER%') AS same_after_triggers;
 -- and what sent them through SPI did its part: the statement trigger fired
--- once per call (that was not rolled back), the rule once per call that
--- found the row, the generated column follows the state
+-- once per call that ran the UPDATE (a move allowed, or no row) and was not
+-- rolled back, the rule once per move allowed (a refused move is judged on
+-- the locked row first, and runs neither), the generated column follows the
+-- state
 SELECT tbl, what, count(*) FROM seen
  WHERE what IN ('AFTER statement', 'rule') GROUP BY 1, 2 ORDER BY 1, 2;
 SELECT id, status, shout FROM t_generated ORDER BY id;

@@ -64,8 +64,9 @@ SELECT err($$SELECT idem_transition('sr_direct', '1', 'paid', 0)$$);
 SELECT err($$SELECT idem_transition('sr_spi', '1', 'paid', 0)$$);
 RESET client_min_messages;
 
--- a request that does not apply writes nothing itself; the trigger's own
--- UPDATE of the row goes through, guarded
+-- a request that does not apply writes nothing: judged on the locked row
+-- first, it runs no trigger (the trigger's own UPDATE of the row would go
+-- through, guarded, as the other triggers' writes would stay)
 SELECT idem_transition('sr_direct', '2', 'new');
 SELECT idem_transition('sr_spi', '2', 'new');
 SELECT idem_transition('sr_direct', '3', 'paid', 5);

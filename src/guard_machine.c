@@ -190,6 +190,8 @@ guard_sweep(Oid keep)
 			SPI_freeplan(entry->update_plan);
 		if (entry->exists_plan != NULL)
 			SPI_freeplan(entry->exists_plan);
+		if (entry->lock_plan != NULL)
+			SPI_freeplan(entry->lock_plan);
 		foreach(lc, entry->retired_plans)
 			SPI_freeplan((SPIPlanPtr) lfirst(lc));
 		list_free(entry->retired_plans);

@@ -319,13 +319,18 @@ guard_free_retired_plans(GuardEntry *entry)
  *
  *	UPDATE ONLY t SET state = $2 WHERE key = $1
  *	SELECT 1 FROM ONLY t WHERE key = $1 FOR KEY SHARE
+ *	SELECT state [, version] FROM ONLY t WHERE key = $1 FOR NO KEY UPDATE
  *
  * with the equality operator of the primary key's operator class.  The
  * second tells, after an UPDATE that found nothing to update, whether a row
  * has the key: in its latest version, as the UPDATE judged it (a row deleted
  * or given another key while the UPDATE waited is no row), and one that a
- * trigger skipped is locked by this transaction already.  Must be called
- * connected to SPI, after guard_prepare_key().
+ * trigger skipped is locked by this transaction already.  The third locks
+ * the row as the UPDATE would, before it, so that a move the guard refuses
+ * runs none of the rules and triggers the UPDATE would (not on a
+ * partitioned table, whose partitions' guards decide).  It reads only the
+ * columns the caller must be allowed to read.  Must be called connected to
+ * SPI, after guard_prepare_key().
  */
 static pg_noinline void
 guard_prepare_plans(GuardEntry *entry, Relation rel)
@@ -339,6 +344,7 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 	StringInfoData sql;
 	SPIPlanPtr	update_plan;
 	SPIPlanPtr	exists_plan;
+	SPIPlanPtr	lock_plan = NULL;
 	int			n = entry->key_natts;
 	int			i;
 
@@ -389,6 +395,22 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 	if (exists_plan == NULL)
 		elog(ERROR, "SPI_prepare of \"%s\" failed: %s", sql.data,
 			 SPI_result_code_string(SPI_result));
+	if (rel->rd_rel->relkind != RELKIND_PARTITIONED_TABLE)
+	{
+		resetStringInfo(&sql);
+		appendStringInfo(&sql, "SELECT %s", statecol);
+		if (entry->version_attnum != InvalidAttrNumber)
+			appendStringInfo(&sql, ", %s",
+							 quote_identifier(NameStr(TupleDescAttr(desc,
+																	entry->version_attnum - 1)->attname)));
+		appendStringInfo(&sql, " FROM ONLY %s WHERE %s FOR NO KEY UPDATE",
+						 relname, cond.data);
+		lock_plan = SPI_prepare(sql.data, n, argtypes);
+		if (lock_plan == NULL)
+			elog(ERROR, "SPI_prepare of \"%s\" failed: %s", sql.data,
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(lock_plan);
+	}
 	SPI_keepplan(update_plan);
 	SPI_keepplan(exists_plan);
 
@@ -403,6 +425,8 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 			SPI_freeplan(entry->update_plan);
 		if (entry->exists_plan != NULL)
 			SPI_freeplan(entry->exists_plan);
+		if (entry->lock_plan != NULL)
+			SPI_freeplan(entry->lock_plan);
 	}
 	else
 	{
@@ -414,10 +438,14 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 		if (entry->exists_plan != NULL)
 			entry->retired_plans = lappend(entry->retired_plans,
 										   entry->exists_plan);
+		if (entry->lock_plan != NULL)
+			entry->retired_plans = lappend(entry->retired_plans,
+										   entry->lock_plan);
 		MemoryContextSwitchTo(oldcxt);
 	}
 	entry->update_plan = update_plan;
 	entry->exists_plan = exists_plan;
+	entry->lock_plan = lock_plan;
 	entry->plans_valid = true;
 }
 
@@ -504,10 +532,13 @@ run_request(SPIPlanPtr plan, Datum *values, TransitionRequest *req)
 	return processed;
 }
 
+static bool guard_fires(TriggerDesc *td, Oid tgoid);
+
 /*
- * The transition through SPI: its UPDATE, then, when that moved no row and
- * the guard did not fire, a look for the row.  Both plans stay allocated
- * until both have run: a policy, trigger or rule of the table may call
+ * The transition through SPI: the row locked and judged first (on a table
+ * that is not partitioned), its UPDATE when the move is allowed, then, when
+ * that moved no row and the guard did not fire, a look for the row.  The
+ * plans stay allocated until they have run: a policy, trigger or rule of the table may call
  * idem_transition on it again after an invalidation, and that call
  * prepares new plans (see guard_prepare_plans).  Returns the number of
  * rows updated, and in *found whether the row is there.
@@ -518,6 +549,7 @@ run_request_spi(GuardEntry *entry, Relation rel, Datum *values,
 {
 	SPIPlanPtr	update_plan;
 	SPIPlanPtr	exists_plan;
+	SPIPlanPtr	lock_plan;
 	volatile uint64 processed = 0;
 	volatile bool exists = false;
 
@@ -526,11 +558,59 @@ run_request_spi(GuardEntry *entry, Relation rel, Datum *values,
 	guard_prepare_plans(entry, rel);
 	update_plan = entry->update_plan;
 	exists_plan = entry->exists_plan;
+	lock_plan = entry->lock_plan;
 	entry->busy++;
 	PG_TRY();
 	{
-		processed = run_request(update_plan, values, req);
-		exists = (processed > 0 || req->fired);
+		TransitionOutcome pre = OUTCOME_APPLIED;
+
+		/*
+		 * The row locked first, as the UPDATE would lock it, and judged as
+		 * the guard would judge it (on the row as it is, not on what the
+		 * triggers before it make of the new one): a refused move leaves
+		 * the UPDATE unrun, and with it the actions of the table's DO ALSO
+		 * rules and the triggers that fire before the guard, which the
+		 * UPDATE it stands for, failing, would have undone.
+		 */
+		if (lock_plan != NULL && guard_fires(rel->trigdesc, entry->tgoid))
+		{
+			int			rc = SPI_execute_snapshot(lock_plan, values, NULL,
+												  statement_snapshot(),
+												  InvalidSnapshot, false,
+												  true, 1);
+
+			if (rc != SPI_OK_SELECT)
+				elog(ERROR, "SPI_execute_plan of the lock failed: %s",
+					 SPI_result_code_string(rc));
+			if (SPI_processed > 0)
+			{
+				TupleDesc	desc = RelationGetDescr(rel);
+				Datum	   *vals = palloc0(desc->natts * sizeof(Datum));
+				bool	   *nulls = palloc(desc->natts * sizeof(bool));
+				HeapTuple	row;
+
+				memset(nulls, true, desc->natts * sizeof(bool));
+				vals[entry->state_attnum - 1] =
+					SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+								  1, &nulls[entry->state_attnum - 1]);
+				if (entry->version_attnum != InvalidAttrNumber)
+					vals[entry->version_attnum - 1] =
+						SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 2,
+									  &nulls[entry->version_attnum - 1]);
+				row = heap_form_tuple(desc, vals, nulls);
+				pre = guard_decide(entry, req, row, desc);
+			}
+		}
+		if (pre != OUTCOME_APPLIED)
+		{
+			req->fired = true;
+			req->outcome = pre;
+			exists = true;
+		}
+		else
+			processed = run_request(update_plan, values, req);
+		exists = (exists || processed > 0 || req->fired);
 		if (!exists)
 		{
 			int			rc = SPI_execute_snapshot(exists_plan, values, NULL,
@@ -581,6 +661,29 @@ direct_path_ok(Relation rel)
 		check_enable_rls(RelationGetRelid(rel), InvalidOid, false) == RLS_ENABLED)
 		return false;
 	return true;
+}
+
+/* Whether the trigger tgoid of td fires in this session. */
+static bool
+guard_fires(TriggerDesc *td, Oid tgoid)
+{
+	int			i;
+
+	if (td == NULL)
+		return false;
+	for (i = 0; i < td->numtriggers; i++)
+	{
+		Trigger    *t = &td->triggers[i];
+
+		if (t->tgoid != tgoid)
+			continue;
+		if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA)
+			return (t->tgenabled == TRIGGER_FIRES_ON_REPLICA ||
+					t->tgenabled == TRIGGER_FIRES_ALWAYS);
+		return (t->tgenabled == TRIGGER_FIRES_ON_ORIGIN ||
+				t->tgenabled == TRIGGER_FIRES_ALWAYS);
+	}
+	return false;
 }
 
 /*
@@ -742,6 +845,21 @@ apply_unlocked(Relation rel, GuardEntry *entry, ResultRelInfo *rri,
 	return true;
 }
 
+/* guard_decide on the row in slot, a version of rel's. */
+static TransitionOutcome
+guard_decide_slot(GuardEntry *entry, TransitionRequest *req,
+				  TupleTableSlot *slot, Relation rel)
+{
+	bool		should_free;
+	HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+	TransitionOutcome outcome = guard_decide(entry, req, tuple,
+											 RelationGetDescr(rel));
+
+	if (should_free)
+		heap_freetuple(tuple);
+	return outcome;
+}
+
 /*
  * The privileges of "UPDATE t SET state = $2 WHERE key = $1" on a
  * partitioned table, which its partitions' own do not change: SELECT on the
@@ -802,6 +920,7 @@ run_request_direct(Relation rel, GuardEntry *entry, const KeyLookup *key,
 	ItemPointerData tid;
 	volatile bool found = false;
 	bool		applied_unlocked = false;
+	TransitionOutcome pre;
 	int			i;
 
 	*updated = false;
@@ -926,6 +1045,18 @@ run_request_direct(Relation rel, GuardEntry *entry, const KeyLookup *key,
 	if (applied_unlocked)
 	{
 		*updated = true;
+		AfterTriggerEndQuery(estate);
+	}
+	else if (found && guard_fires(rri->ri_TrigDesc, entry->tgoid) &&
+			 (pre = guard_decide_slot(entry, req, slot, rel)) != OUTCOME_APPLIED)
+	{
+		/*
+		 * The guard judges the row as locked, whatever the triggers before
+		 * it do to the new one: a refused move runs none of them, as the
+		 * UPDATE it stands for, failing, would leave nothing of them.
+		 */
+		req->fired = true;
+		req->outcome = pre;
 		AfterTriggerEndQuery(estate);
 	}
 	else if (found)

@@ -1,0 +1,57 @@
+-- A move the guard refuses (already, stale, illegal) writes nothing: not the
+-- row, and not what the table's DO ALSO rules and the triggers that fire
+-- before the guard would write.  The UPDATE idem_transition stands for
+-- fails on such a move, and leaves nothing of them; they used to run, and
+-- an audit table recorded moves that never happened.
+SELECT idem_allow('rw', 'new', 'paid'), idem_allow('rw', 'paid', 'shipped'),
+       idem_allow('rw', 'new', 'cancelled');
+
+-- a DO ALSO rule: the UPDATE runs through SPI
+CREATE TABLE rw_rule (id int PRIMARY KEY, status text NOT NULL, version int NOT NULL DEFAULT 0);
+SELECT idem_guard('rw_rule', 'rw', 'status', 'version');
+CREATE TABLE rw_rule_audit (id int, old_status text, new_status text);
+CREATE RULE rw_rule_audit AS ON UPDATE TO rw_rule
+    DO ALSO INSERT INTO rw_rule_audit VALUES (OLD.id, OLD.status, NEW.status);
+INSERT INTO rw_rule VALUES (1, 'new'), (2, 'new');
+SELECT idem_transition('rw_rule', '1', 'paid', 0);     -- applied
+SELECT idem_transition('rw_rule', '1', 'paid', 0);     -- already
+SELECT idem_transition('rw_rule', '1', 'new');         -- stale
+SELECT idem_transition('rw_rule', '1', 'cancelled');   -- illegal
+SELECT idem_transition('rw_rule', '2', 'shipped');     -- illegal
+SELECT idem_transition('rw_rule', '3', 'paid');        -- not_found
+SELECT * FROM rw_rule_audit ORDER BY id;
+SELECT * FROM rw_rule ORDER BY id;
+
+-- a BEFORE UPDATE trigger sorted before the guard: the direct path
+CREATE TABLE rw_trig (id int PRIMARY KEY, status text NOT NULL, version int NOT NULL DEFAULT 0);
+SELECT idem_guard('rw_trig', 'rw', 'status', 'version');
+CREATE TABLE rw_trig_audit (id int, old_status text, new_status text);
+CREATE FUNCTION rw_log() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO rw_trig_audit VALUES (OLD.id, OLD.status, NEW.status);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER a_log BEFORE UPDATE ON rw_trig FOR EACH ROW EXECUTE FUNCTION rw_log();
+INSERT INTO rw_trig VALUES (1, 'new'), (2, 'new');
+SET client_min_messages = debug1;
+SELECT idem_transition('rw_trig', '1', 'paid', 0);     -- applied
+RESET client_min_messages;
+SELECT idem_transition('rw_trig', '1', 'paid', 0);     -- already
+SELECT idem_transition('rw_trig', '1', 'new');         -- stale
+SELECT idem_transition('rw_trig', '1', 'cancelled');   -- illegal
+SELECT idem_transition('rw_trig', '2', 'shipped');     -- illegal
+SELECT * FROM rw_trig_audit ORDER BY id;
+SELECT * FROM rw_trig ORDER BY id;
+
+-- the row stays locked after a refused move, as before
+BEGIN;
+SELECT idem_transition('rw_rule', '2', 'shipped');
+SELECT idem_transition('rw_trig', '2', 'shipped');
+SELECT (SELECT xmax FROM rw_rule WHERE id = 2) = txid_current()::text::xid AS rule_row_locked,
+       (SELECT xmax FROM rw_trig WHERE id = 2) = txid_current()::text::xid AS trig_row_locked;
+ROLLBACK;
+
+DROP TABLE rw_rule, rw_rule_audit, rw_trig, rw_trig_audit;
+DROP FUNCTION rw_log();
+SELECT idem_disallow('rw', 'new', 'paid'), idem_disallow('rw', 'paid', 'shipped'),
+       idem_disallow('rw', 'new', 'cancelled');
