@@ -55,3 +55,35 @@ SELECT count(*) < 150 AS bounded
 DROP TABLE pg_temp.t;
 DROP OWNED BY idem_gcc_nobody;
 DROP ROLE idem_gcc_nobody;
+
+-- the same through a row-level security policy, which the SPI path's look
+-- at the row (before its UPDATE) runs: the call fails as well
+CREATE ROLE idem_gcc_rls;
+SET ROLE idem_gcc_rls;
+CREATE FUNCTION pg_temp.swap2(i int) RETURNS bool LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('idem_gcc.go', true) = 'on' THEN
+        SET idem_gcc.go = 'off';
+        EXECUTE 'DROP TRIGGER idem_guard ON r';
+        EXECUTE 'CREATE TRIGGER idem_guard BEFORE INSERT OR UPDATE ON r
+                 FOR EACH ROW EXECUTE FUNCTION idem_guard_trigger(''m2'', ''s2'')';
+        EXECUTE 'UPDATE r SET s2 = s2 WHERE id = 2';
+    END IF;
+    RETURN true;
+END $$;
+SET idem_gcc.go = 'off';
+CREATE TEMP TABLE r (id int PRIMARY KEY, s int NOT NULL, s2 text);
+INSERT INTO r VALUES (1, 1, 'x'), (2, 1, 'y');
+CREATE TRIGGER idem_guard BEFORE INSERT OR UPDATE ON r
+    FOR EACH ROW EXECUTE FUNCTION idem_guard_trigger('m1', 's');
+ALTER TABLE r ENABLE ROW LEVEL SECURITY;
+ALTER TABLE r FORCE ROW LEVEL SECURITY;
+CREATE POLICY p ON r USING (pg_temp.swap2(id)) WITH CHECK (true);
+SET idem_gcc.go = 'on';
+SELECT idem_transition('r', '1', '2');
+SET idem_gcc.go = 'off';
+SELECT idem_transition('r', '1', '2');
+DROP TABLE r;
+RESET ROLE;
+DROP OWNED BY idem_gcc_rls;
+DROP ROLE idem_gcc_rls;

@@ -55,3 +55,35 @@ DROP TABLE rw_rule, rw_rule_audit, rw_trig, rw_trig_audit;
 DROP FUNCTION rw_log();
 SELECT idem_disallow('rw', 'new', 'paid'), idem_disallow('rw', 'paid', 'shipped'),
        idem_disallow('rw', 'new', 'cancelled');
+
+-- the SPI path judges the row first under the UPDATE's own privileges
+-- (UPDATE on the state column, not on any column as the lock alone needs),
+-- and locks it as that UPDATE would (FOR UPDATE when the state is in a
+-- unique index, as here)
+SELECT idem_allow('rw', 'new', 'paid');
+CREATE TABLE rw_priv (id int PRIMARY KEY, status text NOT NULL, version int NOT NULL DEFAULT 0,
+                      note text, UNIQUE (id, status));
+SELECT idem_guard('rw_priv', 'rw', 'status', 'version');
+CREATE FUNCTION rw_stmt() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+CREATE TRIGGER rw_stmt AFTER UPDATE ON rw_priv FOR EACH STATEMENT EXECUTE FUNCTION rw_stmt();
+INSERT INTO rw_priv VALUES (1, 'new'), (2, 'paid');
+CREATE ROLE idem_rw_clerk;
+GRANT SELECT ON rw_priv TO idem_rw_clerk;
+GRANT UPDATE (note) ON rw_priv TO idem_rw_clerk;
+SET ROLE idem_rw_clerk;
+\set VERBOSITY terse
+SELECT idem_transition('rw_priv', '1', 'paid');
+SELECT idem_transition('rw_priv', '2', 'paid');
+SELECT idem_transition('rw_priv', '2', 'new');
+\set VERBOSITY default
+RESET ROLE;
+CREATE EXTENSION pgrowlocks;
+BEGIN;
+SELECT idem_transition('rw_priv', '2', 'paid');
+SELECT modes FROM pgrowlocks('rw_priv');
+ROLLBACK;
+DROP EXTENSION pgrowlocks;
+DROP TABLE rw_priv;
+DROP FUNCTION rw_stmt();
+DROP ROLE idem_rw_clerk;
+SELECT idem_disallow('rw', 'new', 'paid');

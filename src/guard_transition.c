@@ -319,7 +319,7 @@ guard_free_retired_plans(GuardEntry *entry)
  *
  *	UPDATE ONLY t SET state = $2 WHERE key = $1
  *	SELECT 1 FROM ONLY t WHERE key = $1 FOR KEY SHARE
- *	SELECT state [, version] FROM ONLY t WHERE key = $1 FOR NO KEY UPDATE
+ *	SELECT state [, version] FROM ONLY t WHERE key = $1 FOR [NO KEY] UPDATE
  *
  * with the equality operator of the primary key's operator class.  The
  * second tells, after an UPDATE that found nothing to update, whether a row
@@ -403,8 +403,14 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 			appendStringInfo(&sql, ", %s",
 							 quote_identifier(NameStr(TupleDescAttr(desc,
 																	entry->version_attnum - 1)->attname)));
-		appendStringInfo(&sql, " FROM ONLY %s WHERE %s FOR NO KEY UPDATE",
-						 relname, cond.data);
+		/* the lock the UPDATE of the state takes (ExecUpdateLockMode) */
+		appendStringInfo(&sql, " FROM ONLY %s WHERE %s FOR %s",
+						 relname, cond.data,
+						 bms_is_member(entry->state_attnum -
+									   FirstLowInvalidHeapAttributeNumber,
+									   RelationGetIndexAttrBitmap(rel,
+																  INDEX_ATTR_BITMAP_KEY)) ?
+						 "UPDATE" : "NO KEY UPDATE");
 		lock_plan = SPI_prepare(sql.data, n, argtypes);
 		if (lock_plan == NULL)
 			elog(ERROR, "SPI_prepare of \"%s\" failed: %s", sql.data,
@@ -533,6 +539,9 @@ run_request(SPIPlanPtr plan, Datum *values, TransitionRequest *req)
 }
 
 static bool guard_fires(TriggerDesc *td, Oid tgoid);
+static void check_parent_privileges(Relation rel, GuardEntry *entry);
+static void guard_entry_check_unchanged(GuardEntry *entry, uint64 generation,
+										Relation rel);
 
 /*
  * The transition through SPI: the row locked and judged first (on a table
@@ -545,7 +554,7 @@ static bool guard_fires(TriggerDesc *td, Oid tgoid);
  */
 static pg_noinline uint64
 run_request_spi(GuardEntry *entry, Relation rel, Datum *values,
-				TransitionRequest *req, bool *found)
+				TransitionRequest *req, uint64 generation, bool *found)
 {
 	SPIPlanPtr	update_plan;
 	SPIPlanPtr	exists_plan;
@@ -574,14 +583,18 @@ run_request_spi(GuardEntry *entry, Relation rel, Datum *values,
 		 */
 		if (lock_plan != NULL && guard_fires(rel->trigdesc, entry->tgoid))
 		{
-			int			rc = SPI_execute_snapshot(lock_plan, values, NULL,
-												  statement_snapshot(),
-												  InvalidSnapshot, false,
-												  true, 1);
+			int			rc;
 
+			/* the UPDATE's privileges, which the lock alone does not need */
+			check_parent_privileges(rel, entry);
+			rc = SPI_execute_snapshot(lock_plan, values, NULL,
+									  statement_snapshot(), InvalidSnapshot,
+									  false, true, 1);
 			if (rc != SPI_OK_SELECT)
 				elog(ERROR, "SPI_execute_plan of the lock failed: %s",
 					 SPI_result_code_string(rc));
+			/* its policies may have run any SQL, the guard read again */
+			guard_entry_check_unchanged(entry, generation, rel);
 			if (SPI_processed > 0)
 			{
 				TupleDesc	desc = RelationGetDescr(rel);
@@ -861,9 +874,10 @@ guard_decide_slot(GuardEntry *entry, TransitionRequest *req,
 }
 
 /*
- * The privileges of "UPDATE t SET state = $2 WHERE key = $1" on a
- * partitioned table, which its partitions' own do not change: SELECT on the
- * key's columns and UPDATE on the state column (and the hooks' say).
+ * The privileges of "UPDATE t SET state = $2 WHERE key = $1": SELECT on the
+ * key's columns and UPDATE on the state column (and the hooks' say).  For a
+ * partitioned table, which its partitions' own do not change, and before
+ * the SPI path's lock, which needs UPDATE on any column only.
  */
 static void
 check_parent_privileges(Relation rel, GuardEntry *entry)
@@ -1638,7 +1652,8 @@ transition_common(FunctionCallInfo fcinfo, KeyArg *key)
 				(errmsg_internal("idem_transition updates a row of \"%s\" through SPI",
 								 RelationGetRelationName(rel))));
 		refuse_instead_rules(rel);
-		processed = run_request_spi(entry, rel, values, &req, &found);
+		processed = run_request_spi(entry, rel, values, &req, generation,
+									&found);
 	}
 
 	if (!req.fired)
