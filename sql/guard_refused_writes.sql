@@ -43,6 +43,27 @@ SELECT idem_transition('rw_trig', '2', 'shipped');     -- illegal
 SELECT * FROM rw_trig_audit ORDER BY id;
 SELECT * FROM rw_trig ORDER BY id;
 
+-- a partitioned table whose partitions have a BEFORE UPDATE trigger sorted
+-- before the guard: through SPI, on the partitioned table
+CREATE TABLE rw_part (id int, region int, status text NOT NULL, version int NOT NULL DEFAULT 0,
+                      PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+CREATE TABLE rw_part_1 PARTITION OF rw_part FOR VALUES IN (1);
+CREATE TABLE rw_part_2 PARTITION OF rw_part FOR VALUES IN (2);
+SELECT idem_guard('rw_part', 'rw', 'status', 'version');
+CREATE TRIGGER a_log BEFORE UPDATE ON rw_part FOR EACH ROW EXECUTE FUNCTION rw_log();
+INSERT INTO rw_part VALUES (1, 1, 'new'), (2, 2, 'new');
+SET client_min_messages = debug1;
+SELECT idem_transition('rw_part', ARRAY['1', '1'], 'paid', 0);   -- applied
+RESET client_min_messages;
+SELECT idem_transition('rw_part', ARRAY['1', '1'], 'paid', 0);   -- already
+SELECT idem_transition('rw_part', ARRAY['1', '1'], 'new');       -- stale
+SELECT idem_transition('rw_part', ARRAY['2', '2'], 'shipped');   -- illegal
+SELECT idem_transition('rw_part', ARRAY['3', '1'], 'paid');      -- not_found
+SELECT * FROM rw_trig_audit WHERE id <> 1 OR new_status <> 'paid' OR old_status <> 'new' ORDER BY id;
+SELECT count(*) AS moves_logged FROM rw_trig_audit;
+SELECT * FROM rw_part ORDER BY id;
+DROP TABLE rw_part;
+
 -- the row stays locked after a refused move, as before
 BEGIN;
 SELECT idem_transition('rw_rule', '2', 'shipped');

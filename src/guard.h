@@ -234,7 +234,7 @@ typedef struct GuardEntry
 	int			busy;			/* idem_transition calls running the plans */
 	SPIPlanPtr	update_plan;
 	SPIPlanPtr	exists_plan;
-	SPIPlanPtr	lock_plan;		/* NULL on a partitioned table */
+	SPIPlanPtr	lock_plan;
 	/* plans replaced while busy, freed once no call runs them (a List) */
 	List	   *retired_plans;
 } GuardEntry;

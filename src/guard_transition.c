@@ -327,9 +327,9 @@ guard_free_retired_plans(GuardEntry *entry)
  * or given another key while the UPDATE waited is no row), and one that a
  * trigger skipped is locked by this transaction already.  The third locks
  * the row as the UPDATE would, before it, so that a move the guard refuses
- * runs none of the rules and triggers the UPDATE would (not on a
- * partitioned table, whose partitions' guards decide).  It reads only the
- * columns the caller must be allowed to read.  Must be called connected to
+ * runs none of the rules and triggers the UPDATE would.  It reads only the
+ * columns the caller must be allowed to read (on a partitioned table, those
+ * of the partitioned table, whose guard its partitions' clone).  Must be called connected to
  * SPI, after guard_prepare_key().
  */
 static pg_noinline void
@@ -344,7 +344,7 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 	StringInfoData sql;
 	SPIPlanPtr	update_plan;
 	SPIPlanPtr	exists_plan;
-	SPIPlanPtr	lock_plan = NULL;
+	SPIPlanPtr	lock_plan;
 	int			n = entry->key_natts;
 	int			i;
 
@@ -395,7 +395,6 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 	if (exists_plan == NULL)
 		elog(ERROR, "SPI_prepare of \"%s\" failed: %s", sql.data,
 			 SPI_result_code_string(SPI_result));
-	if (rel->rd_rel->relkind != RELKIND_PARTITIONED_TABLE)
 	{
 		resetStringInfo(&sql);
 		appendStringInfo(&sql, "SELECT %s", statecol);
@@ -404,8 +403,8 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 							 quote_identifier(NameStr(TupleDescAttr(desc,
 																	entry->version_attnum - 1)->attname)));
 		/* the lock the UPDATE of the state takes (ExecUpdateLockMode) */
-		appendStringInfo(&sql, " FROM ONLY %s WHERE %s FOR %s",
-						 relname, cond.data,
+		appendStringInfo(&sql, " FROM %s%s WHERE %s FOR %s",
+						 only, relname, cond.data,
 						 bms_is_member(entry->state_attnum -
 									   FirstLowInvalidHeapAttributeNumber,
 									   RelationGetIndexAttrBitmap(rel,
@@ -544,8 +543,8 @@ static void guard_entry_check_unchanged(GuardEntry *entry, uint64 generation,
 										Relation rel);
 
 /*
- * The transition through SPI: the row locked and judged first (on a table
- * that is not partitioned), its UPDATE when the move is allowed, then, when
+ * The transition through SPI: the row locked and judged first, its UPDATE
+ * when the move is allowed, then, when
  * that moved no row and the guard did not fire, a look for the row.  The
  * plans stay allocated until they have run: a policy, trigger or rule of the table may call
  * idem_transition on it again after an invalidation, and that call
