@@ -348,7 +348,12 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 	int			n = entry->key_natts;
 	int			i;
 
-	Assert(entry->key_valid);
+	/*
+	 * (The key may have been marked invalid since guard_prepare_key, by an
+	 * invalidation taken in with a lock the arguments' input functions took:
+	 * its fields stay as read until it is read again, which the call's
+	 * generation check would notice.)
+	 */
 	if (entry->plans_valid && entry->update_plan != NULL)
 		return;
 
