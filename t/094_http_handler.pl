@@ -39,7 +39,7 @@ my $handler_py = "$FindBin::RealBin/../examples/http_handler.py";
 my $json = JSON::PP->new->utf8->canonical;
 
 my $tmp = PostgreSQL::Test::Utils::tempdir;
-my $node = idem_node('http_handler');
+my $node = idem_node('http_handler', "shared_preload_libraries = 'idem'", 'idem.maintenance = off');
 
 sub sql { return $node->safe_psql('postgres', $_[0]); }
 
@@ -107,6 +107,9 @@ is(sql('SELECT count(*) FROM payments'), 1, 'and no second payment');
 ($st, $body) = curl('POST', '/payments', '{"amount": 500, "currency": "EUR"}', 'Idempotency-Key: pay-1');
 is($st, 422, 'the same key with another body: 422');
 is(sql('SELECT count(*) FROM payments'), 1, 'nothing written');
+# the handler commits the transactions of a replay and a mismatch: counted
+is(sql(q{SELECT counters->>'replay', counters->>'mismatch' FROM idem_stats WHERE kind = 'request' AND ns = 'payments'}),
+	'1|1', 'the replay and the mismatch are counted in idem_stats');
 
 ($st, $body) = curl('POST', '/payments', '{"amount": 100, "currency": "EUR"}');
 is($st, 400, 'no Idempotency-Key: 400');
@@ -187,6 +190,8 @@ is($st, 409, 'the same token again: 409');
 ($st, $body) = curl('POST', '/orders', $json->encode({ token => 'A' x 51, item => 'book' }));
 is($st, 400, 'a token never issued: 400');
 is(sql('SELECT count(*) FROM orders'), 1, 'one order written');
+is(sql(q{SELECT duplicates FROM idem_stats WHERE kind = 'token' AND ns = 'orders'}), '1',
+	'the second submission is counted as a duplicate in idem_stats');
 
 $handler->signal('TERM');
 $handler->finish;
