@@ -324,6 +324,7 @@ extern TransitionRequest *guard_active_request;
 extern int64 guard_version_value(GuardEntry *entry, Datum d);
 extern Datum guard_version_datum(GuardEntry *entry, int64 v);
 extern int64 guard_version_max(GuardEntry *entry);
+extern void guard_refused_before_firing(void);
 extern TransitionOutcome guard_decide(GuardEntry *entry, TransitionRequest *req,
 									  HeapTuple oldtup, TupleDesc desc);
 extern bool guard_request_matches(TransitionRequest *req, Relation rel,

@@ -624,6 +624,7 @@ run_request_spi(GuardEntry *entry, Relation rel, Datum *values,
 			req->fired = true;
 			req->outcome = pre;
 			exists = true;
+			guard_refused_before_firing();
 		}
 		else
 			processed = run_request(update_plan, values, req);
@@ -1075,6 +1076,7 @@ run_request_direct(Relation rel, GuardEntry *entry, const KeyLookup *key,
 		 */
 		req->fired = true;
 		req->outcome = pre;
+		guard_refused_before_firing();
 		AfterTriggerEndQuery(estate);
 	}
 	else if (found)

@@ -364,6 +364,18 @@ forget_moves(int depth)
 		forget_move_at(d);
 }
 
+/*
+ * idem_transition judged a move refused before the UPDATE that would fire
+ * the guard: what the guard does when it fires for an UPDATE, one trigger
+ * depth below the caller's, is done here (the notes of that depth are
+ * forgotten), so that the rest of the transaction sees what it would have.
+ */
+void
+guard_refused_before_firing(void)
+{
+	forget_moves(guard_trigger_depth() + 1);
+}
+
 /* A transaction forgets all its notes when it ends, however it ends. */
 static void
 moves_xact_callback(XactEvent event, void *arg)
