@@ -957,7 +957,8 @@ report_order_cmp(const void *a, const void *b)
  * ack orders by seq: once in 2^64 pairs of keys).
  */
 static int
-report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
+report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline,
+	   int exiting)
 {
 	StrBuf		ids;
 	StrBuf		errs;
@@ -1044,8 +1045,27 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 						  "was not delivered", m->id, topic, key);
 				continue;
 			case OUTCOME_UNSENT:
+
+				/*
+				 * Released for another relay at once when this one stops (asked
+				 * to, or its sink cannot go on);
+				 * otherwise after the topic's backoff, as a failure: a
+				 * sink that hangs or fails leaves most of each batch unsent,
+				 * and every lease is an attempt, so that released at once
+				 * they died of their attempts within seconds, never sent,
+				 * whatever backoff the topic has for outages.
+				 */
+				w = NULL;
 				if (stop_now)
+				{
 					snprintf(error, sizeof(error), "not published: idem-relay was stopped");
+					w = "0";
+				}
+				else if (exiting)
+				{
+					snprintf(error, sizeof(error), "not published: idem-relay stops, its sink cannot go on");
+					w = "0";
+				}
 				else if (now_ms() >= deadline)
 				{
 					snprintf(error, sizeof(error), "not published: its lease was running out");
@@ -1053,7 +1073,6 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 				}
 				else
 					snprintf(error, sizeof(error), "not published: the sink failed");
-				w = "0";
 				nretried++;
 				relay_log(LOG_DEBUG, "released %s (topic %s, key %s): %s", m->id, topic, key, error);
 				break;
@@ -1069,7 +1088,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline)
 	if (nlate > 0)
 		relay_log(LOG_WARNING, "%d of %d messages were not published: less than the timeout (%ld ms) "
 				  "was left of their lease (%ld ms); they are released for another attempt "
-				  "(lower --batch or --per-key, or raise --lease)",
+				  "after the topic's backoff (lower --batch or --per-key, or raise --lease)",
 				  nlate, n, settings.timeout_ms, settings.lease_ms);
 	sb_putc(&ids, '}');
 	sb_putc(&nids, '}');
@@ -1239,7 +1258,7 @@ lease_and_publish(void)
 	ctl.stop_now = &stop_now;
 	rc = settings.per_key > 1 ? publish_runs(msgs, n, out, &ctl) :
 		publish_batch(msgs, n, out, &ctl);
-	ok = report(msgs, n, out, ctl.deadline_ms);
+	ok = report(msgs, n, out, ctl.deadline_ms, rc != 0);
 	free(msgs);
 	free(out);
 	PQclear(res);

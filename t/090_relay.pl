@@ -902,7 +902,7 @@ ok( wait_for('the cut runs', sub {
 	'the runs cut by their lease are delivered in the end');
 is(stop_relay($r, 'TERM'), 0, 'exit code 0');
 $rerr = slurp_file($r->{err});
-like($rerr, qr/WARNING:  2 of 8 messages were not published: less than the timeout \(2000 ms\) was left of their lease/,
+like($rerr, qr/WARNING:  2 of 8 messages were not published: less than the timeout \(2000 ms\) was left of their lease \(4000 ms\); they are released for another attempt after the topic's backoff/,
 	'the second message of each run was not started: too little of the lease was left');
 $rall = received();
 %rseq = ();
@@ -911,6 +911,23 @@ push @{ $rseq{ $_->{key} } }, "$_->{body}{n}/$_->{attempt}"
 is(join(' ', map { "$_: " . join(' ', @{ $rseq{$_} // [] }) } qw(x y)),
 	'x: 1/1 2/2 3/2 4/2 y: 1/1 2/2 3/2 4/2',
 	'each run goes on after the cut at the second attempt, in order, each message published once');
+
+# A webhook that never answers: the first messages of each lease time out
+# and wait the topic's backoff (an hour), and so does the rest of the batch,
+# never sent: released at once, each lease an attempt, it died of its
+# attempts within seconds without being sent once.
+sql(q{SELECT idem_outbox_configure('hung', 3, '1 hour', '1 hour')});
+send_msg('hung', "h$_", { n => $_, reply => ['200 sleep=30'] }) for 1 .. 8;
+$r = start_relay({}, '--sink', 'webhook', '--webhook-url', "$url/hung", '--batch', '10',
+	'--lease', '3s', '--timeout', '1s', '--poll', '100ms', '--log-interval', '0');
+ok( wait_for('two leases of the hanging topic', sub {
+			sql(q{SELECT count(*) FROM idem.outbox_keys WHERE topic = 'hung' AND attempts > 0}) == 8 }),
+	'every message of the hanging webhook was leased');
+sleep 7;
+is(stop_relay($r, 'TERM'), 0, 'exit code 0');
+is(sql(q{SELECT count(*) FILTER (WHERE dead), max(attempts) FROM idem.outbox_keys WHERE topic = 'hung'}),
+	'0|1', 'none is dead: each was leased once, and waits the topic\'s backoff, sent or not');
+sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'hung'; DELETE FROM idem.outbox_keys WHERE topic = 'hung'});
 
 ########################################################################
 # SIGKILL in the middle of a batch
