@@ -23,3 +23,17 @@ BEGIN;
 ALTER TABLE idem.outbox DROP CONSTRAINT outbox_pkey;
 SELECT pg_temp.err($$SELECT count(*) FROM idem_outbox_lease('relay')$$);
 ROLLBACK;
+
+-- a message whose payload and headers take more than 256 MB as text is
+-- refused (54000), nothing written: its lease would fail for every relay,
+-- past 1 GB, and hold back every key.  The text is measured, not the
+-- jsonb: a number such as 1e131071 takes 14 bytes and prints 131,072 digits
+SELECT pg_temp.err($$SELECT idem_outbox_send('big', 'k',
+    (SELECT jsonb_agg('1e131071'::numeric) FROM generate_series(1, 2100)))$$);
+SELECT count(*) AS big_messages FROM idem.outbox WHERE aggregatetype = 'big';
+-- under the limit (249 MB as text), measured too: sent
+SELECT pg_temp.err($$SELECT idem_outbox_send('big', 'k',
+    (SELECT jsonb_agg('1e131071'::numeric) FROM generate_series(1, 1900)))$$);
+SELECT count(*) AS big_messages FROM idem.outbox WHERE aggregatetype = 'big';
+DELETE FROM idem.outbox WHERE aggregatetype = 'big';
+DELETE FROM idem.outbox_keys WHERE topic = 'big';

@@ -70,6 +70,10 @@
 #define OUTBOX_MAX_RELAY_LEN	255
 #define OUTBOX_MAX_ERROR_LEN	2000
 #define OUTBOX_MAX_LEASE_BATCH	10000
+/* a message's payload and headers as text, together (see outbox_check_size) */
+#define OUTBOX_MAX_MESSAGE_TEXT	(256 * 1024 * 1024)
+/* binary sizes below which their text cannot reach it (see there) */
+#define OUTBOX_SIZE_CHECKED_FROM	(16 * 1024)
 
 /* Without a row in idem.outbox_topics. */
 #define OUTBOX_DEFAULT_MAX_ATTEMPTS	10

@@ -443,6 +443,46 @@ static void outbox_ensure_key(text *topic, text *key, int64 key_hash);
  * once that commits, and never if it rolls back.  Idle relays are notified
  * at commit, once per topic and transaction.
  */
+/*
+ * A leased message reaches the relay as text, in one row of the lease: a
+ * row whose text cannot be made (past 1 GB) fails the whole lease, each
+ * time, holding back every key, and a message a relay could not hold
+ * would do much the same.  So a send refuses a message whose payload and
+ * headers as text take more than OUTBOX_MAX_MESSAGE_TEXT.  The text of a
+ * jsonb can be much longer than the jsonb (a control character is written
+ * as six, a number such as 1e131071 as all its 131,072 digits, from 14
+ * bytes: about 10,000 times at most), so it is measured by making it, for
+ * the messages whose size could get there only (the text of jsonb values of
+ * OUTBOX_SIZE_CHECKED_FROM bytes stays under 256 MB).  A text past 1 GB
+ * fails to be made, with 54000 too.
+ */
+static void
+outbox_check_size(Jsonb *payload, Jsonb *headers)
+{
+	Size		binary = VARSIZE(payload) + (headers ? VARSIZE(headers) : 0);
+	Size		text = 0;
+	char	   *s;
+
+	if (binary < OUTBOX_SIZE_CHECKED_FROM)
+		return;
+	s = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
+	text += strlen(s);
+	pfree(s);
+	if (headers != NULL)
+	{
+		s = JsonbToCString(NULL, &headers->root, VARSIZE(headers));
+		text += strlen(s);
+		pfree(s);
+	}
+	if (text > OUTBOX_MAX_MESSAGE_TEXT)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("outbox message is too large"),
+				 errdetail("Its payload and headers take %zu bytes as text; a message takes at most %d.",
+						   text, OUTBOX_MAX_MESSAGE_TEXT),
+				 errhint("Keep large contents elsewhere, and send a reference to them.")));
+}
+
 PG_FUNCTION_INFO_V1(idem_outbox_send);
 Datum
 idem_outbox_send(PG_FUNCTION_ARGS)
@@ -471,6 +511,7 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 		idem_check_key(type, "type", OUTBOX_MAX_TYPE_LEN);
 	}
 	idem_check_writable("idem_outbox_send()");
+	outbox_check_size(payload, headers);
 	if (GetDatabaseEncoding() != PG_UTF8)
 	{
 		outbox_check_utf8_text("topic", topic);
