@@ -292,6 +292,17 @@ setup_signals(void)
 	signal(SIGPIPE, SIG_IGN);
 }
 
+/*
+ * SIGHUP before setup_signals (the sinks are still starting): the reload is
+ * made once the relay runs, as for one that comes later.  Without it, a
+ * reload right after a start ended the relay (SIGHUP's default action).
+ */
+static void
+on_early_sighup(int signo)
+{
+	reload_requested = 1;
+}
+
 /* Drops the notifications received so far; returns whether there were any. */
 static int
 drain_notifications(void)
@@ -1874,6 +1885,15 @@ main(int argc, char **argv)
 	int			lingered_after = -1;	/* messages of the lease before a wait */
 	int			linger_off = 0;
 
+	{
+		struct sigaction sa;
+
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_handler = on_early_sighup;
+		sigemptyset(&sa.sa_mask);
+		sa.sa_flags = SA_RESTART;
+		sigaction(SIGHUP, &sa, NULL);
+	}
 	open_standard_fds();
 	while ((c = getopt_long(argc, argv, "d:c:n:b:l:p:t:s:vVh", options, NULL)) != -1)
 	{
