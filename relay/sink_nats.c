@@ -121,15 +121,20 @@ static const char *const nats_settings[] = {"url", "subject", "user", "password"
 
 /* ---- Settings ---- */
 
-/* A NATS subject one may publish to: tokens of printable ASCII without
- * spaces, separated by dots, none empty and none a wildcard. */
+/*
+ * A NATS subject one may publish to: tokens of printable ASCII without
+ * spaces, separated by dots, none empty and none a wildcard, and not one of
+ * the server's own ($JS.API, $SYS, $KV...: a message there is a request to
+ * the server, such as deleting a stream, which whoever may send to the
+ * outbox could otherwise make the relay ask with its own credentials).
+ */
 static int
 valid_subject(const char *s)
 {
 	const char *tok = s;
 	const char *p;
 
-	if (*s == '\0')
+	if (*s == '\0' || *s == '$')
 		return 0;
 	for (p = s;; p++)
 	{
@@ -231,7 +236,7 @@ nats_init(const SinkSettings *ss, char *err, size_t errlen)
 	if (subject != NULL && !valid_subject(subject))
 	{
 		snprintf(err, errlen, "nats.subject \"%s\"%s%s%s is not a valid NATS subject to publish to "
-				 "(dot-separated tokens without spaces or wildcards)", subject,
+				 "(dot-separated tokens without spaces or wildcards, not beginning with $)", subject,
 				 ss->topic ? " (topic \"" : "", ss->topic ? ss->topic : "", ss->topic ? "\")" : "");
 		return NULL;
 	}

@@ -411,6 +411,18 @@ like(sql(q{SELECT count(*) || '|' || string_agg(k.attempts || '|' || k.dead || '
 	'a message larger than the stream takes: dead at its first attempt, with the stream\'s reason') or diag $serr;
 is(js_count('SMALL'), 1, 'the stream holds the small one');
 
+# A topic that names one of the server's own subjects ($JS.API...) is no
+# subject to publish to: whoever may send to the outbox would otherwise have
+# the relay ask the server, with its credentials, to delete a stream
+sql(q{SELECT idem_outbox_send('$JS.API.STREAM.DELETE.SMALL', 'd1', '{}')});
+IPC::Run::run([ $relay, '--sink', 'nats', '--nats-url', "nats://$nats_url", '--once', '--log-interval', '0' ],
+	'>', \my $dout, '2>', \my $derr, init => env_init(PGUSER => 'relay_b'), IPC::Run::timeout(60));
+like(sql(q{SELECT k.attempts || '|' || k.dead || '|' || k.last_error FROM idem.outbox_keys k
+            WHERE k.topic = '$JS.API.STREAM.DELETE.SMALL'}),
+	qr/^1\|true\|permanent: nats: topic "\$JS\.API\.STREAM\.DELETE\.SMALL" is not a valid NATS subject/,
+	'a topic naming a subject of the server is refused for good, not published') or diag $derr;
+is(js_count('SMALL'), 1, 'and the stream it named is still there');
+
 ########################################################################
 # What a message carries
 ########################################################################
