@@ -549,9 +549,9 @@ static void guard_entry_check_unchanged(GuardEntry *entry, uint64 generation,
 
 /*
  * The transition through SPI: the row locked and judged first, its UPDATE
- * when the move is allowed, then, when
- * that moved no row and the guard did not fire, a look for the row.  The
- * plans stay allocated until they have run: a policy, trigger or rule of the table may call
+ * when the move is allowed, then, when that moved no row and the guard did
+ * not fire, a look for the row.  The plans stay allocated until they have
+ * run: a policy, trigger or rule of the table may call
  * idem_transition on it again after an invalidation, and that call
  * prepares new plans (see guard_prepare_plans).  Returns the number of
  * rows updated, and in *found whether the row is there.
@@ -1411,7 +1411,7 @@ guard_entry_check_unchanged(GuardEntry *entry, uint64 generation,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("the guard of table \"%s\" changed during idem_transition()",
 						RelationGetRelationName(rel)),
-				 errdetail("A function that idem_transition() ran to read its arguments (a domain's check) changed the guard or the primary key of the table.")));
+				 errdetail("A function that idem_transition() ran (a domain's check, to read its arguments, or a row-level security policy) changed the guard of the table.")));
 }
 
 static Datum
