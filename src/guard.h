@@ -336,6 +336,9 @@ extern HeapTuple guard_update(Relation rel, GuardEntry *entry,
 extern Relation guard_open_table_arg(FunctionCallInfo fcinfo, LOCKMODE lockmode);
 extern void guard_check_privilege(Oid relid, AclMode mode);
 
+/* guard_transition.c: idem_transition */
+extern void guard_free_plans(GuardEntry *entry);
+
 /* why a generated column can be neither the state nor the version */
 #define GUARD_GENERATED_DETAIL \
 	"PostgreSQL computes a stored generated column after the BEFORE triggers of the row, so the guard would judge the old value, or none."

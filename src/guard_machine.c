@@ -171,7 +171,6 @@ guard_sweep(Oid keep)
 {
 	HASH_SEQ_STATUS status;
 	GuardEntry *entry;
-	ListCell   *lc;
 
 	if (hash_get_num_entries(guard_htab) < guard_sweep_at)
 		return;
@@ -186,15 +185,7 @@ guard_sweep(Oid keep)
 		if (entry->relid == keep || entry->valid || entry->busy > 0 ||
 			SearchSysCacheExists1(RELOID, ObjectIdGetDatum(entry->relid)))
 			continue;
-		if (entry->update_plan != NULL)
-			SPI_freeplan(entry->update_plan);
-		if (entry->exists_plan != NULL)
-			SPI_freeplan(entry->exists_plan);
-		if (entry->lock_plan != NULL)
-			SPI_freeplan(entry->lock_plan);
-		foreach(lc, entry->retired_plans)
-			SPI_freeplan((SPIPlanPtr) lfirst(lc));
-		list_free(entry->retired_plans);
+		guard_free_plans(entry);
 		/* what it points to may still be in use until the transaction ends */
 		if (entry->fn_cxt != NULL)
 			MemoryContextSetParent(entry->fn_cxt, TopTransactionContext);

@@ -313,6 +313,22 @@ guard_free_retired_plans(GuardEntry *entry)
 	entry->retired_plans = NIL;
 }
 
+/* Free the plans of the entry, retired or current: no call runs them. */
+void
+guard_free_plans(GuardEntry *entry)
+{
+	guard_free_retired_plans(entry);
+	if (entry->update_plan != NULL)
+		SPI_freeplan(entry->update_plan);
+	if (entry->exists_plan != NULL)
+		SPI_freeplan(entry->exists_plan);
+	if (entry->lock_plan != NULL)
+		SPI_freeplan(entry->lock_plan);
+	entry->update_plan = NULL;
+	entry->exists_plan = NULL;
+	entry->lock_plan = NULL;
+}
+
 /*
  * Prepare and keep the plans of the SPI path of a guarded table (once per
  * table and backend, again after the table changed):
@@ -429,15 +445,7 @@ guard_prepare_plans(GuardEntry *entry, Relation rel)
 	 * done (see run_request_spi).
 	 */
 	if (entry->busy == 0)
-	{
-		guard_free_retired_plans(entry);
-		if (entry->update_plan != NULL)
-			SPI_freeplan(entry->update_plan);
-		if (entry->exists_plan != NULL)
-			SPI_freeplan(entry->exists_plan);
-		if (entry->lock_plan != NULL)
-			SPI_freeplan(entry->lock_plan);
-	}
+		guard_free_plans(entry);
 	else
 	{
 		MemoryContext oldcxt = MemoryContextSwitchTo(CacheMemoryContext);
