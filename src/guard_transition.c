@@ -689,6 +689,17 @@ direct_path_ok(Relation rel)
 	return true;
 }
 
+/* Whether trigger t fires in this session (session_replication_role). */
+static bool
+trigger_fires_here(Trigger *t)
+{
+	if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA)
+		return (t->tgenabled == TRIGGER_FIRES_ON_REPLICA ||
+				t->tgenabled == TRIGGER_FIRES_ALWAYS);
+	return (t->tgenabled == TRIGGER_FIRES_ON_ORIGIN ||
+			t->tgenabled == TRIGGER_FIRES_ALWAYS);
+}
+
 /* Whether the trigger tgoid of td fires in this session. */
 static bool
 guard_fires(TriggerDesc *td, Oid tgoid)
@@ -698,17 +709,8 @@ guard_fires(TriggerDesc *td, Oid tgoid)
 	if (td == NULL)
 		return false;
 	for (i = 0; i < td->numtriggers; i++)
-	{
-		Trigger    *t = &td->triggers[i];
-
-		if (t->tgoid != tgoid)
-			continue;
-		if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA)
-			return (t->tgenabled == TRIGGER_FIRES_ON_REPLICA ||
-					t->tgenabled == TRIGGER_FIRES_ALWAYS);
-		return (t->tgenabled == TRIGGER_FIRES_ON_ORIGIN ||
-				t->tgenabled == TRIGGER_FIRES_ALWAYS);
-	}
+		if (td->triggers[i].tgoid == tgoid)
+			return trigger_fires_here(&td->triggers[i]);
 	return false;
 }
 
@@ -733,12 +735,7 @@ guard_alone(TriggerDesc *td, GuardEntry *entry)
 		if (!TRIGGER_TYPE_MATCHES(t->tgtype, TRIGGER_TYPE_ROW,
 								  TRIGGER_TYPE_BEFORE, TRIGGER_TYPE_UPDATE))
 			continue;
-		if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA)
-			fires = (t->tgenabled == TRIGGER_FIRES_ON_REPLICA ||
-					 t->tgenabled == TRIGGER_FIRES_ALWAYS);
-		else
-			fires = (t->tgenabled == TRIGGER_FIRES_ON_ORIGIN ||
-					 t->tgenabled == TRIGGER_FIRES_ALWAYS);
+		fires = trigger_fires_here(t);
 		if (t->tgoid == entry->tgoid && t->tgqual == NULL && t->tgnattr == 0)
 			guard_fires = fires;
 		else if (t->tgenabled != TRIGGER_DISABLED)
