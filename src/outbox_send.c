@@ -437,13 +437,6 @@ outbox_check_seq(void)
 static void outbox_ensure_key(text *topic, text *key, int64 key_hash);
 
 /*
- * idem_outbox_send(topic, key, payload, headers, type) returns uuid
- *
- * The message is a row written in the caller's transaction: relays see it
- * once that commits, and never if it rolls back.  Idle relays are notified
- * at commit, once per topic and transaction.
- */
-/*
  * A leased message reaches the relay as text, in one row of the lease: a
  * row whose text cannot be made (past 1 GB) fails the whole lease, each
  * time, holding back every key, and a message a relay could not hold
@@ -483,6 +476,13 @@ outbox_check_size(Jsonb *payload, Jsonb *headers)
 				 errhint("Keep large contents elsewhere, and send a reference to them.")));
 }
 
+/*
+ * idem_outbox_send(topic, key, payload, headers, type) returns uuid
+ *
+ * The message is a row written in the caller's transaction: relays see it
+ * once that commits, and never if it rolls back.  Idle relays are notified
+ * at commit, once per topic and transaction.
+ */
 PG_FUNCTION_INFO_V1(idem_outbox_send);
 Datum
 idem_outbox_send(PG_FUNCTION_ARGS)
