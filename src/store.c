@@ -1945,7 +1945,10 @@ store_index_fetch(IdemStore *store, Snapshot snap, ScanKey skeys,
  * a snapshot sees are kept while that snapshot is held (they are not dead to
  * it), so the chain is followed to its end; a chain that breaks anyway, or a
  * version whose change is still in progress or rolled back, is not taken
- * for gone.
+ * for gone.  A transaction is asked whether it is in progress before
+ * whether it committed, as HeapTupleSatisfiesSelf asks: its commit is in
+ * the commit log a moment before it leaves the array of running
+ * transactions, and the deletion is not done for snapshots meanwhile.
  */
 static bool
 store_version_deleted(IdemStore *store, TupleTableSlot *slot)
@@ -1981,7 +1984,8 @@ store_version_deleted(IdemStore *store, TupleTableSlot *slot)
 				!(htup->t_infomask & HEAP_XMAX_INVALID) &&
 				!HEAP_XMAX_IS_LOCKED_ONLY(htup->t_infomask) &&
 				!HeapTupleHeaderIndicatesMovedPartitions(htup) &&
-				TransactionIdDidCommit(xmax = HeapTupleHeaderGetUpdateXid(htup)))
+				!TransactionIdIsInProgress(xmax = HeapTupleHeaderGetUpdateXid(htup)) &&
+				TransactionIdDidCommit(xmax))
 			{
 				if (ItemPointerEquals(&tid, &htup->t_ctid))
 					deleted = true;
