@@ -229,6 +229,27 @@ SELECT idem_request_finish('t1', 201);
 SELECT finished_at > now() AS finished_at_the_call, expires_at - finished_at AS retention
   FROM idem.requests WHERE key = 't1';
 COMMIT;
+
+-- a lease of a day is 24 hours, also when daylight saving time begins
+-- within it in the session's time zone (here: at the next midnight, UTC)
+DO $$
+BEGIN
+    EXECUTE format('SET TimeZone = %L', format('XST0XDT,%s/0,%s/0',
+        extract(doy FROM (clock_timestamp() AT TIME ZONE 'UTC')::date + 1)::int - 1,
+        (extract(doy FROM (clock_timestamp() AT TIME ZONE 'UTC')::date + 1)::int + 99) % 365));
+END $$;
+SELECT extract(epoch FROM (c + interval '1 day') - c) / 3600 AS calendar_day_hours
+  FROM (SELECT clock_timestamp() AS c) AS t;
+SELECT extract(epoch FROM clock_timestamp()) AS t0 \gset
+SELECT status FROM idem_request_begin('dst', 'fp', lease => '1 day');
+SELECT extract(epoch FROM lease_until) - :t0 BETWEEN 86400 AND 86460 AS lease_of_24_hours
+  FROM idem.requests WHERE key = 'dst';
+SELECT extract(epoch FROM clock_timestamp()) AS t0 \gset
+SELECT idem_request_checkpoint('dst', 'step-1');
+SELECT extract(epoch FROM lease_until) - :t0 BETWEEN 86400 AND 86460 AS renewed_for_24_hours
+  FROM idem.requests WHERE key = 'dst';
+SELECT idem_request_finish('dst', 200);
+RESET TimeZone;
 SELECT idem_request_set_retention('brief', '1 second');
 BEGIN;
 SELECT status FROM idem_request_begin('t2', 'fp', 'brief');

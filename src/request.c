@@ -46,6 +46,7 @@
 #include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
+#include "common/int.h"
 #include "common/sha2.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -227,6 +228,29 @@ plus_interval(TimestampTz t, Interval *span)
 }
 
 /*
+ * When a lease from t runs out: a lease is a span of time, and its days are
+ * 24 hours each, where adding it as an interval would make a day 23 or 25
+ * hours across a change of daylight saving time in the session's time zone.
+ * A lease written by hand with months, or fields of both signs, is added as
+ * an interval.
+ */
+static TimestampTz
+plus_lease(TimestampTz t, Interval *lease)
+{
+	int64		span;
+	TimestampTz until;
+
+	if (lease->month != 0 || lease->day < 0 || lease->time < 0 ||
+		TIMESTAMP_NOT_FINITE(t) ||
+		pg_mul_s64_overflow((int64) lease->day, USECS_PER_DAY, &span) ||
+		pg_add_s64_overflow(span, lease->time, &span) ||
+		pg_add_s64_overflow(t, span, &until) ||
+		!IS_VALID_TIMESTAMP(until))
+		return plus_interval(t, lease);
+	return until;
+}
+
+/*
  * The client session a call works for: this backend on one server; on a
  * Citus node, the session Citus works for (session.c), since the backend
  * that runs a call there may be a connection Citus made for it.
@@ -347,7 +371,7 @@ begin_take(BeginState *st, Datum *values, bool *isnull)
 	isnull[RQ_OWNER_NODE] = (st->me.node < 0);
 	values[RQ_LEASE] = IntervalPGetDatum(st->lease);
 	isnull[RQ_LEASE] = false;
-	values[RQ_LEASE_UNTIL] = TimestampTzGetDatum(plus_interval(st->clock, st->lease));
+	values[RQ_LEASE_UNTIL] = TimestampTzGetDatum(plus_lease(st->clock, st->lease));
 	isnull[RQ_LEASE_UNTIL] = false;
 }
 
@@ -619,8 +643,8 @@ owner_change(TupleDesc tupdesc, Datum *values, bool *isnull, void *arg)
 		if (!isnull[RQ_LEASE])
 		{
 			values[RQ_LEASE_UNTIL] =
-				TimestampTzGetDatum(plus_interval(ch->now,
-												  DatumGetIntervalP(values[RQ_LEASE])));
+				TimestampTzGetDatum(plus_lease(ch->now,
+											   DatumGetIntervalP(values[RQ_LEASE])));
 			isnull[RQ_LEASE_UNTIL] = false;
 		}
 		return true;
