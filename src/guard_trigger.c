@@ -22,6 +22,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/indexing.h"
 #include "catalog/namespace.h"
 #include "catalog/objectaddress.h"
 #include "catalog/pg_am.h"
@@ -1291,6 +1292,31 @@ check_guards_after_ddl(Relation rel, Oid fn, bool created, bool new_table,
 }
 
 /*
+ * Whether the relation has a trigger that executes fn, read from the catalog
+ * without a lock on the relation.
+ */
+static bool
+relation_has_trigger_of(Oid relid, Oid fn)
+{
+	Relation	tgrel;
+	ScanKeyData skey;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	bool		found = false;
+
+	tgrel = table_open(TriggerRelationId, AccessShareLock);
+	ScanKeyInit(&skey, Anum_pg_trigger_tgrelid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(relid));
+	scan = systable_beginscan(tgrel, TriggerRelidNameIndexId, true, NULL,
+							  1, &skey);
+	while (!found && HeapTupleIsValid(tup = systable_getnext(scan)))
+		found = ((Form_pg_trigger) GETSTRUCT(tup))->tgfoid == fn;
+	systable_endscan(scan);
+	table_close(tgrel, AccessShareLock);
+	return found;
+}
+
+/*
  * idem._guard_ddl(): event trigger at the end of ALTER TABLE, CREATE INDEX,
  * CREATE TABLE (a new partition of a guarded table, with its own keys) and
  * CREATE TRIGGER.  A guard names its columns in its trigger's arguments
@@ -1399,11 +1425,24 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 			continue;
 		if (!OidIsValid(fn))
 			fn = guard_lookup_func(fcinfo->flinfo->fn_oid);
-		rels = find_all_inheritors(relids[i], AccessShareLock, NULL);
+
+		/*
+		 * Only the relations of the tree that have a guard trigger are
+		 * locked and checked.  Locking every partition after a command on
+		 * its parent, which holds its lock on the parent, inverts the order
+		 * of locks other sessions take (a COPY into a partition locks the
+		 * parent after the partition): a parallel pg_restore, which loads
+		 * partitions while it adds the parent's keys, deadlocked on any
+		 * partitioned table.
+		 */
+		rels = find_all_inheritors(relids[i], NoLock, NULL);
 		foreach(lc, rels)
 		{
-			Relation	rel = try_relation_open(lfirst_oid(lc), AccessShareLock);
+			Relation	rel;
 
+			if (!relation_has_trigger_of(lfirst_oid(lc), fn))
+				continue;
+			rel = try_relation_open(lfirst_oid(lc), AccessShareLock);
 			if (rel == NULL)
 				continue;
 			check_guards_after_ddl(rel, fn, created[i], new_table[i],
