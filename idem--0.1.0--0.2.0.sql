@@ -342,7 +342,12 @@ BEGIN
                   DETAIL = pg_catalog.format('The retention given was %s.', retention),
                   HINT = 'Give the dedup horizon as a positive interval, such as ''7 days''.';
     END IF;
-    IF retention OPERATOR(pg_catalog.>) '100 years'::pg_catalog.interval THEN
+    -- an interval compares its months as 30 days: 100 years are 1,200
+    -- months, or 36,525 days
+    IF retention OPERATOR(pg_catalog.>) '36525 days'::pg_catalog.interval
+       OR (pg_catalog.date_part('year', retention) OPERATOR(pg_catalog.<>) 0
+           OR pg_catalog.date_part('month', retention) OPERATOR(pg_catalog.<>) 0)
+          AND retention OPERATOR(pg_catalog.>) '100 years'::pg_catalog.interval THEN
         out_of_range := true;
     ELSE
         -- fields of opposite signs may cancel out in the comparison
@@ -366,6 +371,28 @@ END;
 $$;
 COMMENT ON FUNCTION idem_set_retention(pg_catalog.text, pg_catalog.interval) IS
     'set how long claims of a namespace are kept (its dedup horizon, at most 100 years)';
+
+-- 0.1.0 took retentions with fields of both signs; the purge keeps the
+-- claims of their namespaces (see idem._purge_claims) until they are set
+-- again.
+DO $$
+DECLARE
+    r   record;
+BEGIN
+    FOR r IN SELECT n.ns, n.retention FROM idem.namespaces n
+              WHERE pg_catalog.date_part('year', n.retention) OPERATOR(pg_catalog.<) 0
+                 OR pg_catalog.date_part('month', n.retention) OPERATOR(pg_catalog.<) 0
+                 OR pg_catalog.date_part('day', n.retention) OPERATOR(pg_catalog.<) 0
+                 OR pg_catalog.date_part('hour', n.retention) OPERATOR(pg_catalog.<) 0
+                 OR pg_catalog.date_part('minute', n.retention) OPERATOR(pg_catalog.<) 0
+                 OR pg_catalog.date_part('second', n.retention) OPERATOR(pg_catalog.<) 0
+              ORDER BY n.ns LOOP
+        RAISE WARNING 'the retention % of namespace "%" mixes positive and negative fields: its claims are not purged',
+            r.retention, r.ns
+            USING HINT = 'Set it again with idem_set_retention().';
+    END LOOP;
+END;
+$$;
 
 -- The relations a purge deletes from on this node: the table, or, when
 -- Citus distributes it, the shards of it that this node holds (a purge on a
@@ -470,6 +497,7 @@ AS $$
 DECLARE
     rel     pg_catalog.regclass;
     space   pg_catalog.text;
+    span    pg_catalog.interval;
     cutoff  pg_catalog.timestamptz;
     budget  pg_catalog.int8;
     n       pg_catalog.int8;
@@ -511,8 +539,24 @@ BEGIN
             -- younger than its namespace's retention is never deleted.  A
             -- retention that reaches before the first timestamp (stored
             -- before retentions were bounded) has nothing older than it.
+            span := idem.retention_of(space);
+            -- A retention with fields of both signs (0.1.0 took them, and
+            -- its CHECK still does) is a span that depends on the date: one
+            -- month less 31 days is nothing in December, and would purge
+            -- claims made a moment ago.  Its claims are kept.
+            IF pg_catalog.date_part('year', span) OPERATOR(pg_catalog.<) 0
+               OR pg_catalog.date_part('month', span) OPERATOR(pg_catalog.<) 0
+               OR pg_catalog.date_part('day', span) OPERATOR(pg_catalog.<) 0
+               OR pg_catalog.date_part('hour', span) OPERATOR(pg_catalog.<) 0
+               OR pg_catalog.date_part('minute', span) OPERATOR(pg_catalog.<) 0
+               OR pg_catalog.date_part('second', span) OPERATOR(pg_catalog.<) 0 THEN
+                RAISE WARNING 'the claims of namespace "%" are not purged: its retention % mixes positive and negative fields',
+                    space, span
+                    USING HINT = 'Set it again with idem_set_retention().';
+                CONTINUE;
+            END IF;
             BEGIN
-                cutoff := pg_catalog.now() OPERATOR(pg_catalog.-) idem.retention_of(space);
+                cutoff := pg_catalog.now() OPERATOR(pg_catalog.-) span;
             EXCEPTION WHEN datetime_field_overflow THEN
                 CONTINUE;
             END;

@@ -172,6 +172,14 @@ SELECT pg_temp.err($$SELECT idem_set_retention('ret_huge', '-333333 years 120029
 SELECT ns FROM idem.namespaces WHERE ns = 'ret_huge';
 SELECT idem_set_retention('ret_huge', '100 years');
 SELECT ns, retention FROM idem.namespaces WHERE ns = 'ret_huge';
+-- 100 years are 1,200 months or 36,525 days (an interval compares a month
+-- as 30 days: 36,001 days are not more than 100 years)
+SELECT idem_set_retention('ret_days', '36001 days'), idem_set_retention('ret_days', '36525 days'),
+       idem_set_retention('ret_days', '1200 mons');
+SELECT pg_temp.err($$SELECT idem_set_retention('ret_days', '36526 days')$$);
+SELECT pg_temp.err($$SELECT idem_set_retention('ret_days', '1201 mons')$$);
+SELECT ns, retention FROM idem.namespaces WHERE ns = 'ret_days';
+DELETE FROM idem.namespaces WHERE ns = 'ret_days';
 -- a retention stored before the bound (by 0.1.0, or by hand) that no
 -- timestamp can be taken back by leaves purge working: nothing in its
 -- namespace is that old, and every other namespace is purged as before
@@ -187,6 +195,16 @@ SELECT idem_purge() AS every_namespace;
 SELECT ns, msg_id FROM idem.claims WHERE msg_id = 'h1' ORDER BY ns;
 DELETE FROM idem.namespaces WHERE ns IN ('ret_stored', 'ret_stored2', 'ret_huge');
 DELETE FROM idem.claims WHERE ns IN ('ret_stored', 'ret_stored2');
+-- a retention with fields of both signs (0.1.0 took them) is a span that
+-- depends on the date (one month less 33 days is 2 to 5 days back): the
+-- purge keeps its claims, with a warning, even one older than any span it
+-- can mean
+INSERT INTO idem.namespaces VALUES ('ret_mixed', '-1 mon +33 days');
+SELECT idem_claim('m1', 'ret_mixed'), pg_temp.age_claims('ret_mixed', 'm1', '6 days') AS mixed_aged;
+SELECT idem_purge('ret_mixed') AS mixed, idem_purge() AS every_namespace;
+SELECT ns, msg_id FROM idem.claims WHERE ns = 'ret_mixed';
+DELETE FROM idem.namespaces WHERE ns = 'ret_mixed';
+DELETE FROM idem.claims WHERE ns = 'ret_mixed';
 -- the smallest retention there is
 SELECT idem_set_retention('ret_tiny', '1 microsecond');
 SELECT idem_claim('t1', 'ret_tiny');
