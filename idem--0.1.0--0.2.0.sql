@@ -1677,6 +1677,16 @@ COMMENT ON VIEW idem_machines IS
 REVOKE ALL ON idem_machines FROM PUBLIC;
 GRANT SELECT ON idem_machines TO pg_monitor;
 
+-- Why a guard fails where it fires, NULL if it works: the update below
+-- warns of the guards it keeps that this version refuses.
+CREATE OR REPLACE FUNCTION idem._guard_problem(tgoid pg_catalog.oid)
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_guard_problem'
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idem._guard_problem(pg_catalog.oid) IS
+    'why the guard of a trigger fails where it fires, or NULL (internal)';
+REVOKE ALL ON FUNCTION idem._guard_problem(pg_catalog.oid) FROM PUBLIC;
+
 -- Guards made by 0.1.0 are BEFORE UPDATE triggers: they would check no
 -- INSERT once their machine has initial states.  Each becomes what
 -- idem_guard makes now, with its name, arguments, and whether it is enabled
@@ -1684,7 +1694,10 @@ GRANT SELECT ON idem_machines TO pg_monitor;
 -- on partitions); a second run finds none left.  The check of guard DDL lets
 -- idem's scripts remake them even where it would refuse a new guard.  One
 -- made by hand with a WHEN condition or for some columns only is left as it
--- is (it cannot be an INSERT trigger, and idem refuses it where it fires).
+-- is (it cannot be an INSERT trigger, and idem refuses it where it fires),
+-- and so is one on a temporary table of another session, which no session
+-- but its own can alter (it goes with that session).  Then it warns of the
+-- guards it keeps that this version refuses where they fire.
 DO $$
 DECLARE
     g record;
@@ -1694,30 +1707,27 @@ BEGIN
     -- that a restore of a dump refuses (as CREATE TRIGGER refuses them now)
     FOR g IN
         SELECT t.tgname, t.tgrelid::pg_catalog.regclass AS tbl,
-               t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.<>) 19    -- BEFORE UPDATE FOR EACH ROW
-               OR t.tgqual IS NOT NULL
-               OR pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) OPERATOR(pg_catalog.>) 0 AS shape,
-               EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
-                        WHERE a.attrelid OPERATOR(pg_catalog.=) t.tgrelid
-                          AND t.tgnargs OPERATOR(pg_catalog.>=) 3
-                          AND pg_catalog.encode(pg_catalog.convert_to(a.attname::pg_catalog.text,
-                                                                      pg_catalog.getdatabaseencoding()), 'escape')
-                              OPERATOR(pg_catalog.=)
-                              pg_catalog.split_part(pg_catalog.encode(t.tgargs, 'escape'), '\000', 3)
-                          AND NOT a.attnotnull) AS nullable
+               c.relpersistence OPERATOR(pg_catalog.=) 't'
+               AND c.relnamespace OPERATOR(pg_catalog.<>) pg_catalog.pg_my_temp_schema() AS other_session
           FROM pg_catalog.pg_trigger t
+          JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.tgrelid
          WHERE t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_guard_trigger()'::pg_catalog.regprocedure
            AND t.tgparentid OPERATOR(pg_catalog.=) 0
            AND (t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.&) 4) OPERATOR(pg_catalog.=) 0
+           AND (t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.<>) 19    -- BEFORE UPDATE FOR EACH ROW
+                OR t.tgqual IS NOT NULL
+                OR pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) OPERATOR(pg_catalog.>) 0
+                OR c.relpersistence OPERATOR(pg_catalog.=) 't'
+                   AND c.relnamespace OPERATOR(pg_catalog.<>) pg_catalog.pg_my_temp_schema())
+         ORDER BY t.tgrelid, t.tgname
     LOOP
-        IF g.shape THEN
+        IF g.other_session THEN
+            RAISE WARNING 'guard "%" of table % is left as it is', g.tgname, g.tbl
+                USING DETAIL = 'It guards a temporary table of another session, which only that session can alter; the table goes with its session, and until then its guard checks its UPDATEs only, as before.';
+        ELSE
             RAISE WARNING 'guard "%" of table % is left as it is', g.tgname, g.tbl
                 USING DETAIL = 'It is not BEFORE UPDATE FOR EACH ROW, or has a WHEN condition or a column list: it fails where it fires (39P01), and a restore of a dump refuses it.',
                       HINT = 'Drop it and guard the table with idem_guard().';
-        ELSIF g.nullable THEN
-            RAISE WARNING 'the version column of guard "%" of table % is nullable', g.tgname, g.tbl
-                USING DETAIL = 'Every UPDATE of the table fails (55000) while the guard is enabled, and a restore of a dump refuses the guard.',
-                      HINT = 'Make the column NOT NULL.';
         END IF;
     END LOOP;
     FOR g IN
@@ -1734,12 +1744,15 @@ BEGIN
                   JOIN pg_catalog.pg_trigger k ON k.tgrelid OPERATOR(pg_catalog.=) p.relid
                                               AND k.tgname OPERATOR(pg_catalog.=) t.tgname) AS states
           FROM pg_catalog.pg_trigger t
+          JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.tgrelid
          WHERE t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_guard_trigger()'::pg_catalog.regprocedure
            AND (t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.&) 4) OPERATOR(pg_catalog.=) 0
            AND t.tgparentid OPERATOR(pg_catalog.=) 0
            AND t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.=) 19
            AND t.tgqual IS NULL
            AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) OPERATOR(pg_catalog.=) 0
+           AND NOT (c.relpersistence OPERATOR(pg_catalog.=) 't'
+                    AND c.relnamespace OPERATOR(pg_catalog.<>) pg_catalog.pg_my_temp_schema())
     LOOP
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', g.tgname, g.tbl);
         EXECUTE pg_catalog.regexp_replace(g.def,
@@ -1759,6 +1772,27 @@ BEGIN
                 EXECUTE pg_catalog.format('COMMENT ON TRIGGER %I ON %s IS %L', g.tgname, s.rel, s.note);
             END IF;
         END LOOP;
+    END LOOP;
+    -- guards of the shape idem makes that this version refuses where they
+    -- fire (0.1.0 checked no DDL: a version column that lost its NOT NULL,
+    -- or that is in a key; a generated column), also on a partition
+    FOR g IN
+        SELECT t.tgname, t.tgrelid::pg_catalog.regclass AS tbl, idem._guard_problem(t.oid) AS problem
+          FROM pg_catalog.pg_trigger t
+          JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.tgrelid
+         WHERE t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_guard_trigger()'::pg_catalog.regprocedure
+           AND t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.=) 23    -- BEFORE INSERT OR UPDATE FOR EACH ROW
+           AND t.tgqual IS NULL
+           AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) OPERATOR(pg_catalog.=) 0
+           AND NOT (c.relpersistence OPERATOR(pg_catalog.=) 't'
+                    AND c.relnamespace OPERATOR(pg_catalog.<>) pg_catalog.pg_my_temp_schema())
+         ORDER BY t.tgrelid, t.tgname
+    LOOP
+        IF g.problem IS NOT NULL THEN
+            RAISE WARNING 'guard "%" of table % fails where it fires: %', g.tgname, g.tbl, g.problem
+                USING DETAIL = 'Every UPDATE of the table fails while the guard is enabled (its error is the one above), and a restore of a dump refuses the guard.',
+                      HINT = 'Change the table as the error says, or remove the guard with idem_unguard().';
+        END IF;
     END LOOP;
 END;
 $$;

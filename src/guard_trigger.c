@@ -1292,6 +1292,55 @@ check_guards_after_ddl(Relation rel, Oid fn, bool created, bool new_table,
 }
 
 /*
+ * idem._guard_problem(trigger oid) returns text: why the guard of that
+ * trigger fails where it fires (what its firing would say), or NULL when it
+ * works, or when the trigger is gone.  The update from 0.1.0 warns of the
+ * guards it keeps that this library refuses.
+ */
+PG_FUNCTION_INFO_V1(idem_guard_problem);
+Datum
+idem_guard_problem(PG_FUNCTION_ARGS)
+{
+	Oid			tgoid = PG_GETARG_OID(0);
+	Relation	tgrel;
+	ScanKeyData skey;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	Oid			relid = InvalidOid;
+	Relation	rel;
+	char	   *why = NULL;
+	int			i;
+
+	tgrel = table_open(TriggerRelationId, AccessShareLock);
+	ScanKeyInit(&skey, Anum_pg_trigger_oid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(tgoid));
+	scan = systable_beginscan(tgrel, TriggerOidIndexId, true, NULL, 1, &skey);
+	if (HeapTupleIsValid(tup = systable_getnext(scan)))
+		relid = ((Form_pg_trigger) GETSTRUCT(tup))->tgrelid;
+	systable_endscan(scan);
+	table_close(tgrel, AccessShareLock);
+	if (!OidIsValid(relid) ||
+		(rel = try_relation_open(relid, AccessShareLock)) == NULL)
+		PG_RETURN_NULL();
+	for (i = 0; rel->trigdesc != NULL && i < rel->trigdesc->numtriggers; i++)
+	{
+		Trigger    *trigger = &rel->trigdesc->triggers[i];
+		GuardDef	def;
+		GuardProblem problem;
+
+		if (trigger->tgoid != tgoid)
+			continue;
+		if (!guard_definition(rel, trigger, &def, &problem))
+			why = problem.message;
+		break;
+	}
+	relation_close(rel, AccessShareLock);
+	if (why == NULL)
+		PG_RETURN_NULL();
+	PG_RETURN_TEXT_P(cstring_to_text(why));
+}
+
+/*
  * Whether the relation has a trigger that executes fn, read from the catalog
  * without a lock on the relation.
  */

@@ -100,7 +100,23 @@ COMMENT ON TRIGGER pguard ON plegacy_1 IS 'the partition''s own';
 -- was interrupted (it stays invalid)
 CREATE INDEX claims_ns_claimed_at_idx ON idem.claims (ns, claimed_at);
 UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'idem.claims_ns_claimed_at_idx'::regclass;
+-- a guard whose version column is in a unique index (0.1.0 checked no key)
+CREATE TABLE ukeyed (id int PRIMARY KEY, status text NOT NULL, v bigint NOT NULL DEFAULT 0, UNIQUE (id, v));
+CREATE TRIGGER ukeyed_g BEFORE UPDATE ON ukeyed FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'v');
 });
+# a guard of 0.1.0 on a temporary table of a session that stays connected
+# through the update: no other session can alter that table
+my %temp = (out => '', err => '');
+$temp{h} = IPC::Run::start(
+	[ 'psql', '-XAtq', '-d', $node->connstr('up'),
+	  '-c', q{CREATE TEMP TABLE tguard (id int PRIMARY KEY, status text NOT NULL, v bigint NOT NULL DEFAULT 0);
+	          CREATE TRIGGER tguard_g BEFORE UPDATE ON tguard FOR EACH ROW
+	              EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'v')},
+	  '-c', 'SELECT pg_sleep(600)' ],
+	'>', \$temp{out}, '2>', \$temp{err});
+$node->poll_query_until('up', q{SELECT count(*) = 1 FROM pg_trigger WHERE tgname = 'tguard_g'})
+  or die 'the temporary table was not made';
 # 0.1.0 made the token key from two UUIDs: 12 of its bits are fixed
 my $uuid_shaped = q{
 SELECT octet_length(key) = 32 AND get_byte(key, 6) >> 4 = 4 AND get_byte(key, 8) >> 6 = 2
@@ -120,8 +136,15 @@ like($up_err, qr/WARNING:  guard "colguard_g" of table colguard is left as it is
 	'and of one of some columns');
 like($up_err, qr/WARNING:  guard "aftguard_g" of table aftguard is left as it is/,
 	'and of one that is not BEFORE UPDATE');
-like($up_err, qr/WARNING:  the version column of guard "legacy_guard" of table legacy is nullable/,
+like($up_err, qr/WARNING:  guard "legacy_guard" of table legacy fails where it fires: version column "v" must be NOT NULL/,
 	'and of one whose version column lost its NOT NULL');
+like($up_err, qr/WARNING:  guard "ukeyed_g" of table ukeyed fails where it fires: version column "v" of table "ukeyed" must not be part of a key/,
+	'and of one whose version column is in a key');
+like($up_err, qr/WARNING:  guard "tguard_g" of table pg_temp_\d+\.tguard is left as it is/,
+	"and of one on another session's temporary table, which it leaves");
+$node->safe_psql('up', q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                          WHERE query = 'SELECT pg_sleep(600)' AND datname = 'up'});
+$temp{h}->finish;
 is($node->safe_psql('up', "SELECT extversion FROM pg_extension WHERE extname = 'idem'"),
 	$default, "ALTER EXTENSION idem UPDATE reaches $default");
 
@@ -149,7 +172,7 @@ like($dump, qr/GRANT ALL ON FUNCTION public\.idem_purge\([^)]*\) TO upgrade_ops;
 $node->safe_psql('up', 'ALTER TABLE legacy ALTER COLUMN v SET NOT NULL');
 $node->safe_psql('postgres', 'CREATE DATABASE restored');
 $node->command_ok([ 'pg_dump', '-Fc', '-f', "$PostgreSQL::Test::Utils::tmp_check/up.dump",
-		'-T', 'whenguard', '-T', 'colguard', '-T', 'aftguard', '-d', $node->connstr('up') ],
+		'-T', 'whenguard', '-T', 'colguard', '-T', 'aftguard', '-T', 'ukeyed', '-d', $node->connstr('up') ],
 	'the updated database is dumped');
 $node->command_ok([ 'pg_restore', '--exit-on-error', '-d', $node->connstr('restored'),
 		"$PostgreSQL::Test::Utils::tmp_check/up.dump" ], 'and restores');
