@@ -25,11 +25,47 @@ WITH ext AS (
            ' cost ' || p.procost || ' rows ' || p.prorows
       FROM pg_proc p JOIN member m ON m.classid = 'pg_proc'::regclass AND m.objid = p.oid
     UNION ALL
-    -- tables: persistence, options, privileges and comment
+    -- tables: persistence, options, privileges, row security, replica
+    -- identity and comment
     SELECT 'relation ' || r.oid::regclass || ' kind ' || r.relkind::text || ' persistence ' || r.relpersistence::text ||
            ' options ' || coalesce(r.reloptions::text, '') || ' acl ' || coalesce(r.relacl::text, 'default') ||
+           ' rls ' || r.relrowsecurity || '/' || r.relforcerowsecurity || ' replident ' || r.relreplident::text ||
            ' comment ' || coalesce(obj_description(r.oid, 'pg_class'), '')
       FROM rel r
+    UNION ALL
+    -- views: their query
+    SELECT 'view ' || r.oid::regclass || ' ' || pg_get_viewdef(r.oid)
+      FROM rel r WHERE r.relkind IN ('v', 'm')
+    UNION ALL
+    -- sequences: their parameters
+    SELECT 'sequence ' || r.oid::regclass || ' ' || s.seqtypid::regtype || ' start ' || s.seqstart ||
+           ' increment ' || s.seqincrement || ' min ' || s.seqmin || ' max ' || s.seqmax ||
+           ' cache ' || s.seqcache || ' cycle ' || s.seqcycle
+      FROM rel r JOIN pg_sequence s ON s.seqrelid = r.oid
+    UNION ALL
+    -- comments on the columns of idem's relations, and on their indexes,
+    -- constraints and triggers
+    SELECT 'column comment ' || r.oid::regclass || '.' || a.attname || ' ' || d.description
+      FROM rel r JOIN pg_attribute a ON a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped
+      JOIN pg_description d ON d.classoid = 'pg_class'::regclass AND d.objoid = r.oid AND d.objsubid = a.attnum
+    UNION ALL
+    SELECT 'index comment ' || i.indexrelid::regclass || ' ' || d.description
+      FROM rel r JOIN pg_index i ON i.indrelid = r.oid
+      JOIN pg_description d ON d.classoid = 'pg_class'::regclass AND d.objoid = i.indexrelid AND d.objsubid = 0
+    UNION ALL
+    SELECT 'constraint comment ' || r.oid::regclass || ' ' || c.conname || ' ' || d.description
+      FROM rel r JOIN pg_constraint c ON c.conrelid = r.oid
+      JOIN pg_description d ON d.classoid = 'pg_constraint'::regclass AND d.objoid = c.oid
+    UNION ALL
+    SELECT 'trigger comment ' || r.oid::regclass || ' ' || t.tgname || ' ' || d.description
+      FROM rel r JOIN pg_trigger t ON t.tgrelid = r.oid
+      JOIN pg_description d ON d.classoid = 'pg_trigger'::regclass AND d.objoid = t.oid
+    UNION ALL
+    -- the privileges pg_dump takes as the extension's own (what it does not
+    -- dump as grants)
+    SELECT 'initial privileges ' || pg_describe_object(ip.classoid, ip.objoid, ip.objsubid) || ' ' ||
+           ip.privtype::text || ' ' || ip.initprivs::text
+      FROM member m JOIN pg_init_privs ip ON ip.classoid = m.classid AND ip.objoid = m.objid
     UNION ALL
     -- columns
     SELECT 'column ' || r.oid::regclass || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) ||
@@ -50,9 +86,16 @@ WITH ext AS (
     SELECT 'trigger ' || pg_get_triggerdef(t.oid) || ' enabled ' || t.tgenabled::text
       FROM rel r JOIN pg_trigger t ON t.tgrelid = r.oid AND NOT t.tgisinternal
     UNION ALL
-    -- types: enum labels in their order
+    -- types: enum labels in their order, a composite type's attributes
     SELECT 'type ' || t.oid::regtype || ' ' ||
-           coalesce((SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid), '')
+           coalesce((SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid), '') ||
+           coalesce((SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) ||
+                                       coalesce(' collate ' || (SELECT collname FROM pg_collation
+                                                                 WHERE oid = a.attcollation AND a.attcollation <> 0), ''),
+                                       ', ' ORDER BY a.attnum)
+                       FROM pg_attribute a
+                      WHERE a.attrelid = t.typrelid AND t.typrelid <> 0 AND a.attnum > 0 AND NOT a.attisdropped), '') ||
+           ' acl ' || coalesce(t.typacl::text, 'default')
       FROM pg_type t JOIN member m ON m.classid = 'pg_type'::regclass AND m.objid = t.oid
     UNION ALL
     -- schemas: privileges and comment
