@@ -1107,7 +1107,16 @@ store_probe(IdemStore *store, const Datum *keys, IdemStoreWait wait,
 		if (!TransactionIdIsValid(xwait))
 			return PROBE_EXISTS;
 
-		if (!dirty->speculativeToken && wait == IDEM_NOWAIT)
+		/*
+		 * A speculative insertion ends within its statement, and is waited
+		 * for even without waiting, as the executor's checks of unique
+		 * indexes do; but not on a standby, where no lock of the primary's
+		 * is held to wait on: a read there would go round until the
+		 * insertion's end is replayed (or, after a crash of the primary,
+		 * until its transaction is known to be gone).
+		 */
+		if (wait == IDEM_NOWAIT &&
+			(!dirty->speculativeToken || RecoveryInProgress()))
 		{
 			if (!inserting)
 				return PROBE_IN_FLIGHT_DELETE;	/* row left in the slot */
