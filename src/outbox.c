@@ -64,6 +64,7 @@
 #include "catalog/pg_trigger.h"
 #include "commands/defrem.h"
 #include "commands/trigger.h"
+#include "common/hashfn.h"
 #include "common/pg_prng.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -496,12 +497,50 @@ outbox_topic_span(Datum d)
 	return Min(span->day, 1) * USECS_PER_DAY + Min(span->time, USECS_PER_DAY);
 }
 
+/* topics a cache searches in a list before it makes a hash table */
+#define OUTBOX_TOPIC_LIST_MAX	8
+
+/* An entry of a cache's hash table: its key is the topic of t. */
+typedef struct OutboxTopicEntry
+{
+	text	   *topic;
+	OutboxTopic *t;
+} OutboxTopicEntry;
+
+static uint32
+outbox_topic_hash(const void *key, Size keysize)
+{
+	text	   *topic = *(text *const *) key;
+
+	return hash_bytes((const unsigned char *) VARDATA_ANY(topic),
+					  VARSIZE_ANY_EXHDR(topic));
+}
+
+static int
+outbox_topic_match(const void *a, const void *b, Size keysize)
+{
+	return outbox_text_eq(*(text *const *) a, *(text *const *) b) ? 0 : 1;
+}
+
+static void
+outbox_topic_enter(HTAB *hash, OutboxTopic *t)
+{
+	OutboxTopicEntry *e = hash_search(hash, &t->topic, HASH_ENTER, NULL);
+
+	e->topic = t->topic;
+	e->t = t;
+}
+
 /*
- * The settings of a topic, from idem.outbox_topics or the defaults.  A few
- * topics are remembered for the length of one call in *cache.
+ * The settings of a topic, from idem.outbox_topics or the defaults.  The
+ * topics are remembered for the length of one call in *cache, in the
+ * caller's memory context, with a copy of their name: the name given may
+ * point into a buffer the caller's scan lets go of, and another row's topic
+ * come to lie there.  A call that meets many topics (a redrive of them all,
+ * the statistics) finds each through a hash table.
  */
 OutboxTopic *
-outbox_topic(List **cache, text *topic)
+outbox_topic(OutboxTopicCache *cache, text *topic)
 {
 	ListCell   *lc;
 	OutboxTopic *t;
@@ -520,17 +559,26 @@ outbox_topic(List **cache, text *topic)
 		{"backoff_max", INTERVALOID, true, InvalidOid},
 	};
 
-	foreach(lc, *cache)
+	if (cache->hash != NULL)
 	{
-		t = lfirst(lc);
-		if (VARSIZE_ANY_EXHDR(t->topic) == VARSIZE_ANY_EXHDR(topic) &&
-			memcmp(VARDATA_ANY(t->topic), VARDATA_ANY(topic),
-				   VARSIZE_ANY_EXHDR(topic)) == 0)
-			return t;
+		OutboxTopicEntry *e = hash_search(cache->hash, &topic, HASH_FIND,
+										  NULL);
+
+		if (e != NULL)
+			return e->t;
+	}
+	else
+	{
+		foreach(lc, cache->list)
+		{
+			t = lfirst(lc);
+			if (outbox_text_eq(t->topic, topic))
+				return t;
+		}
 	}
 
 	t = palloc(sizeof(OutboxTopic));
-	t->topic = topic;
+	t->topic = (text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(topic));
 	t->max_attempts = OUTBOX_DEFAULT_MAX_ATTEMPTS;
 	t->backoff_base = OUTBOX_DEFAULT_BACKOFF_BASE;
 	t->backoff_max = OUTBOX_DEFAULT_BACKOFF_MAX;
@@ -577,7 +625,7 @@ outbox_topic(List **cache, text *topic)
 		snap = RegisterSnapshot(GetLatestSnapshot());
 		slot = table_slot_create(rel, NULL);
 		ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_TEXTEQ,
-					PointerGetDatum(topic));
+					PointerGetDatum(t->topic));
 		skey.sk_collation = C_COLLATION_OID;
 		scan = index_beginscan(rel, index, snap, 1, 0);
 		index_rescan(scan, &skey, 1, NULL, 0);
@@ -603,7 +651,27 @@ outbox_topic(List **cache, text *topic)
 	relation_close(index, NoLock);
 	relation_close(rel, NoLock);
 
-	*cache = lappend(*cache, t);
+	if (cache->hash != NULL)
+		outbox_topic_enter(cache->hash, t);
+	else
+	{
+		cache->list = lappend(cache->list, t);
+		if (list_length(cache->list) > OUTBOX_TOPIC_LIST_MAX)
+		{
+			HASHCTL		ctl;
+
+			ctl.keysize = sizeof(text *);
+			ctl.entrysize = sizeof(OutboxTopicEntry);
+			ctl.hash = outbox_topic_hash;
+			ctl.match = outbox_topic_match;
+			ctl.hcxt = CurrentMemoryContext;
+			cache->hash = hash_create("idem outbox topics", 64, &ctl,
+									  HASH_ELEM | HASH_FUNCTION |
+									  HASH_COMPARE | HASH_CONTEXT);
+			foreach(lc, cache->list)
+				outbox_topic_enter(cache->hash, lfirst(lc));
+		}
+	}
 	return t;
 }
 

@@ -16,6 +16,7 @@
 #include "storage/lockdefs.h"
 #include "utils/rel.h"
 #include "nodes/execnodes.h"
+#include "utils/hsearch.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
@@ -101,11 +102,22 @@ typedef struct OutboxRels
 
 typedef struct OutboxTopic
 {
-	text	   *topic;
+	text	   *topic;			/* a copy */
 	int32		max_attempts;
 	int64		backoff_base;	/* microseconds */
 	int64		backoff_max;
 } OutboxTopic;
+
+/*
+ * The topics one call has looked up (see outbox_topic): a list while they
+ * are few, then a hash table of them all.
+ */
+typedef struct OutboxTopicCache
+{
+	List	   *list;
+	HTAB	   *hash;
+} OutboxTopicCache;
+#define OUTBOX_TOPIC_CACHE_INIT {NIL, NULL}
 
 /*
  * The layout of an id (see outbox_make_id).  It is part of what is stored:
@@ -151,7 +163,7 @@ extern void outbox_check_utf8_text(const char *what, text *t);
 extern void outbox_check_utf8_json(const char *what, Jsonb *jb);
 extern int64 outbox_span(Interval *span, const char *what, bool zero_ok,
 						 const char *hint);
-extern OutboxTopic *outbox_topic(List **cache, text *topic);
+extern OutboxTopic *outbox_topic(OutboxTopicCache *cache, text *topic);
 extern int64 outbox_backoff(OutboxTopic *t, int32 attempts);
 extern int64 outbox_key_hash(text *topic, text *key);
 extern void outbox_make_id(pg_uuid_t *uuid, int64 key_hash, int64 seq,

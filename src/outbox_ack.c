@@ -647,7 +647,7 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 	IdemStore  *store;
 	OutboxRels	r;
 	AckArg		arg;
-	List	   *topics = NIL;
+	OutboxTopicCache topics = OUTBOX_TOPIC_CACHE_INIT;
 	text	   *topic;
 	text	   *key;
 	bool		done = false;

@@ -1314,7 +1314,7 @@ lease_present_hashes(OutboxRels *r, int *n)
  */
 static int
 lease_try(IdemStore *store, TupleTableSlot *kslot, ItemPointer tid,
-		  ReturnSetInfo *rsinfo, LeaseArg *arg, List **topics, int budget)
+		  ReturnSetInfo *rsinfo, LeaseArg *arg, OutboxTopicCache *topics, int budget)
 {
 	IdemStoreUpdateResult res;
 	text	   *topic;
@@ -1808,7 +1808,7 @@ lease_candidates_by_messages(IdemStore *store, OutboxRels *r,
 
 static int
 lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
-		   LeaseArg *arg, int max_messages, List **topics)
+		   LeaseArg *arg, int max_messages, OutboxTopicCache *topics)
 {
 	Relation	keys_rel;
 	Snapshot	snap;
@@ -1941,7 +1941,7 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	IdemStore  *store;
 	OutboxRels	r;
 	int			nleased = 0;
-	List	   *topics = NIL;
+	OutboxTopicCache topics = OUTBOX_TOPIC_CACHE_INIT;
 	LeaseArg	arg;
 	MemoryContext callcxt;
 	MemoryContext oldcxt;
@@ -2097,7 +2097,7 @@ dead_heads_key_cmp(const void *a, const void *b)
  */
 static DeadHeadsKey *
 dead_heads_keys(IdemStore *store, LOCKMODE lockmode, text *topic, text *key,
-				bool redrive, List **topics, int *nkeys)
+				bool redrive, OutboxTopicCache *topics, int *nkeys)
 {
 	DeadHeadsKey *keys;
 	int			n = 0;
@@ -2188,7 +2188,7 @@ idem_outbox_dead_heads(PG_FUNCTION_ARGS)
 	IdemStore  *store;
 	OutboxRels	r;
 	LeaseArg   *arg;
-	List	   *topics = NIL;
+	OutboxTopicCache topics = OUTBOX_TOPIC_CACHE_INIT;
 	DeadHeadsKey *keys;
 	int			nkeys;
 	int			i;
@@ -2360,7 +2360,7 @@ idem_outbox_redrive_keys(PG_FUNCTION_ARGS)
 	IdemStore  *store;
 	OutboxRels	r;
 	RedriveArg	arg;
-	List	   *topics = NIL;
+	OutboxTopicCache topics = OUTBOX_TOPIC_CACHE_INIT;
 	DeadHeadsKey *keys;
 	int			nkeys;
 	int			i;
