@@ -36,6 +36,7 @@
 #include "catalog/pg_inherits.h"
 #include "catalog/partition.h"
 #include "storage/bufmgr.h"
+#include "storage/lock.h"
 #include "storage/proc.h"
 #include "commands/event_trigger.h"
 #include "commands/extension.h"
@@ -1340,6 +1341,20 @@ idem_guard_problem(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text(why));
 }
 
+/* Whether this transaction holds a lock of any mode on the relation. */
+static bool
+relation_locked_by_me(Oid relid)
+{
+	LOCKTAG		tag;
+	LOCKMODE	mode;
+
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
+	for (mode = AccessShareLock; mode <= AccessExclusiveLock; mode++)
+		if (LockHeldByMe(&tag, mode))
+			return true;
+	return false;
+}
+
 /*
  * Whether the relation has a trigger that executes fn, read from the catalog
  * without a lock on the relation.
@@ -1476,20 +1491,24 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 			fn = guard_lookup_func(fcinfo->flinfo->fn_oid);
 
 		/*
-		 * Only the relations of the tree that have a guard trigger are
-		 * locked and checked.  Locking every partition after a command on
+		 * Only the relations of the tree that this transaction has locked
+		 * (the command locks what it changes: the relation it names, and the
+		 * partitions and children it recurses to) and that have a guard
+		 * trigger are checked.  Locking every partition after a command on
 		 * its parent, which holds its lock on the parent, inverts the order
 		 * of locks other sessions take (a COPY into a partition locks the
 		 * parent after the partition): a parallel pg_restore, which loads
-		 * partitions while it adds the parent's keys, deadlocked on any
-		 * partitioned table.
+		 * partitions while it adds the parent's keys (ALTER TABLE ONLY),
+		 * deadlocked on any partitioned table.
 		 */
 		rels = find_all_inheritors(relids[i], NoLock, NULL);
 		foreach(lc, rels)
 		{
 			Relation	rel;
 
-			if (!relation_has_trigger_of(lfirst_oid(lc), fn))
+			if ((lfirst_oid(lc) != relids[i] &&
+				 !relation_locked_by_me(lfirst_oid(lc))) ||
+				!relation_has_trigger_of(lfirst_oid(lc), fn))
 				continue;
 			rel = try_relation_open(lfirst_oid(lc), AccessShareLock);
 			if (rel == NULL)
