@@ -1773,24 +1773,24 @@ BEGIN
             END IF;
         END LOOP;
     END LOOP;
-    -- guards of the shape idem makes that this version refuses where they
-    -- fire (0.1.0 checked no DDL: a version column that lost its NOT NULL,
-    -- or that is in a key; a generated column), also on a partition
+    -- the other guards this version refuses where they fire (0.1.0 checked
+    -- no DDL: a version column that lost its NOT NULL, or that is in a key;
+    -- a generated column; a guard made by hand for INSERT too but of another
+    -- shape), also on a partition: every guard with INSERT among its events,
+    -- the guards without it having been remade or warned of above
     FOR g IN
         SELECT t.tgname, t.tgrelid::pg_catalog.regclass AS tbl, idem._guard_problem(t.oid) AS problem
           FROM pg_catalog.pg_trigger t
           JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.tgrelid
          WHERE t.tgfoid OPERATOR(pg_catalog.=) '@extschema@.idem_guard_trigger()'::pg_catalog.regprocedure
-           AND t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.=) 23    -- BEFORE INSERT OR UPDATE FOR EACH ROW
-           AND t.tgqual IS NULL
-           AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) OPERATOR(pg_catalog.=) 0
+           AND (t.tgtype::pg_catalog.int4 OPERATOR(pg_catalog.&) 4) OPERATOR(pg_catalog.<>) 0
            AND NOT (c.relpersistence OPERATOR(pg_catalog.=) 't'
                     AND c.relnamespace OPERATOR(pg_catalog.<>) pg_catalog.pg_my_temp_schema())
          ORDER BY t.tgrelid, t.tgname
     LOOP
         IF g.problem IS NOT NULL THEN
             RAISE WARNING 'guard "%" of table % fails where it fires: %', g.tgname, g.tbl, g.problem
-                USING DETAIL = 'Every UPDATE of the table fails while the guard is enabled (its error is the one above), and a restore of a dump refuses the guard.',
+                USING DETAIL = 'While it is enabled, every statement it fires for fails with the error above, and a restore of a dump refuses it.',
                       HINT = 'Change the table as the error says, or remove the guard with idem_unguard().';
         END IF;
     END LOOP;

@@ -104,6 +104,10 @@ UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'idem.claims_ns_claime
 CREATE TABLE ukeyed (id int PRIMARY KEY, status text NOT NULL, v bigint NOT NULL DEFAULT 0, UNIQUE (id, v));
 CREATE TRIGGER ukeyed_g BEFORE UPDATE ON ukeyed FOR EACH ROW
     EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'v');
+-- a guard made by hand for INSERT, UPDATE and DELETE
+CREATE TABLE iudguard (id int PRIMARY KEY, status text NOT NULL, v bigint NOT NULL DEFAULT 0);
+CREATE TRIGGER iudguard_g BEFORE INSERT OR UPDATE OR DELETE ON iudguard FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'v');
 });
 # a guard of 0.1.0 on a temporary table of a session that stays connected
 # through the update: no other session can alter that table
@@ -140,6 +144,8 @@ like($up_err, qr/WARNING:  guard "legacy_guard" of table legacy fails where it f
 	'and of one whose version column lost its NOT NULL');
 like($up_err, qr/WARNING:  guard "ukeyed_g" of table ukeyed fails where it fires: version column "v" of table "ukeyed" must not be part of a key/,
 	'and of one whose version column is in a key');
+like($up_err, qr/WARNING:  guard "iudguard_g" of table iudguard fails where it fires: trigger "iudguard_g" of table "iudguard" must be BEFORE INSERT OR UPDATE FOR EACH ROW/,
+	'and of one made by hand for INSERT, UPDATE and DELETE');
 like($up_err, qr/WARNING:  guard "tguard_g" of table pg_temp_\d+\.tguard is left as it is/,
 	"and of one on another session's temporary table, which it leaves");
 $node->safe_psql('up', q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity
@@ -172,7 +178,7 @@ like($dump, qr/GRANT ALL ON FUNCTION public\.idem_purge\([^)]*\) TO upgrade_ops;
 $node->safe_psql('up', 'ALTER TABLE legacy ALTER COLUMN v SET NOT NULL');
 $node->safe_psql('postgres', 'CREATE DATABASE restored');
 $node->command_ok([ 'pg_dump', '-Fc', '-f', "$PostgreSQL::Test::Utils::tmp_check/up.dump",
-		'-T', 'whenguard', '-T', 'colguard', '-T', 'aftguard', '-T', 'ukeyed', '-d', $node->connstr('up') ],
+		'-T', 'whenguard', '-T', 'colguard', '-T', 'aftguard', '-T', 'ukeyed', '-T', 'iudguard', '-d', $node->connstr('up') ],
 	'the updated database is dumped');
 $node->command_ok([ 'pg_restore', '--exit-on-error', '-d', $node->connstr('restored'),
 		"$PostgreSQL::Test::Utils::tmp_check/up.dump" ], 'and restores');
