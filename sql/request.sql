@@ -231,12 +231,14 @@ SELECT finished_at > now() AS finished_at_the_call, expires_at - finished_at AS 
 COMMIT;
 
 -- a lease of a day is 24 hours, also when daylight saving time begins
--- within it in the session's time zone (here: at the next midnight, UTC)
+-- within it in the session's time zone (here: at the hour 12 hours from now)
 DO $$
+DECLARE
+    t timestamp := (clock_timestamp() AT TIME ZONE 'UTC') + interval '12 hours';
 BEGIN
-    EXECUTE format('SET TimeZone = %L', format('XST0XDT,%s/0,%s/0',
-        extract(doy FROM (clock_timestamp() AT TIME ZONE 'UTC')::date + 1)::int - 1,
-        (extract(doy FROM (clock_timestamp() AT TIME ZONE 'UTC')::date + 1)::int + 99) % 365));
+    EXECUTE format('SET TimeZone = %L', format('XST0XDT,%s/%s,%s/0',
+        extract(doy FROM t)::int - 1, extract(hour FROM t)::int,
+        (extract(doy FROM t)::int + 99) % 365));
 END $$;
 SELECT extract(epoch FROM (c + interval '1 day') - c) / 3600 AS calendar_day_hours
   FROM (SELECT clock_timestamp() AS c) AS t;
