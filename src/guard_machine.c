@@ -113,15 +113,14 @@ static Oid	transitions_relid = InvalidOid;
 static Oid	initial_relid = InvalidOid;
 
 static HTAB *guard_htab = NULL;
-static bool callback_registered = false;
 static Oid	guard_func_oid = InvalidOid;
 
 /* ----------------------------------------------------------------
  * Invalidation
  * ----------------------------------------------------------------
  */
-static void
-guard_relcache_callback(Datum arg, Oid relid)
+void
+idem_guard_relcache(Oid relid)
 {
 	if (!OidIsValid(relid) || relid == transitions_relid ||
 		relid == initial_relid)
@@ -199,14 +198,12 @@ guard_init(void)
 {
 	HASHCTL		ctl;
 
-	if (callback_registered)
+	if (guard_htab != NULL)
 		return;
 	ctl.keysize = sizeof(Oid);
 	ctl.entrysize = sizeof(GuardEntry);
 	guard_htab = hash_create("idem guarded tables", 16, &ctl,
 							 HASH_ELEM | HASH_BLOBS);
-	CacheRegisterRelcacheCallback(guard_relcache_callback, (Datum) 0);
-	callback_registered = true;
 }
 /* ----------------------------------------------------------------
  * Loading and reading the machines

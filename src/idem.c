@@ -28,11 +28,20 @@ PG_MODULE_MAGIC;
 
 void		_PG_init(void);
 
+static void
+idem_relcache_callback(Datum arg, Oid relid)
+{
+	idem_store_relcache(relid);
+	idem_token_relcache(relid);
+	idem_guard_relcache(relid);
+	idem_outbox_relcache(relid);
+}
+
 void
 _PG_init(void)
 {
+	CacheRegisterRelcacheCallback(idem_relcache_callback, (Datum) 0);
 	idem_store_init();
-	idem_token_init();
 	idem_guard_init();
 	idem_outbox_init();
 	idem_citus_init();

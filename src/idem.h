@@ -76,9 +76,19 @@ typedef enum IdemStoreResult
 typedef struct IdemStore IdemStore;
 
 extern void idem_store_init(void);
-extern void idem_token_init(void);
 extern void idem_guard_init(void);
 extern void idem_outbox_init(void);
+
+/*
+ * What each part forgets when the relcache says a relation changed (relid,
+ * or InvalidOid for every relation).  idem registers one relcache callback
+ * that calls them all: a backend has room for ten, which Citus and
+ * PostgreSQL's own caches nearly fill.
+ */
+extern void idem_store_relcache(Oid relid);
+extern void idem_token_relcache(Oid relid);
+extern void idem_guard_relcache(Oid relid);
+extern void idem_outbox_relcache(Oid relid);
 
 /* citus.c: planning of idem's calls on a Citus node */
 extern void idem_citus_init(void);

@@ -98,8 +98,8 @@ Oid	outbox_topics_pkey_oid = InvalidOid;
 bool outbox_checked = false;
 bool outbox_keys_checked = false;
 
-static void
-outbox_relcache_callback(Datum arg, Oid relid)
+void
+idem_outbox_relcache(Oid relid)
 {
 	if (relid == InvalidOid || relid == outbox_relid ||
 		relid == outbox_pkey_oid ||
@@ -121,8 +121,6 @@ outbox_relcache_callback(Datum arg, Oid relid)
 void
 idem_outbox_init(void)
 {
-	CacheRegisterRelcacheCallback(outbox_relcache_callback, (Datum) 0);
-
 	outbox_wake_init();
 }
 

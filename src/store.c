@@ -195,8 +195,8 @@ static StoreDistEntry store_dist_cache[STORE_DIST_CACHE_SIZE];
 static int	store_dist_next = 0;
 static uint64 store_dist_invals = 0;	/* invalidations seen */
 
-static void
-store_relcache_callback(Datum arg, Oid relid)
+void
+idem_store_relcache(Oid relid)
 {
 	int			i;
 
@@ -251,7 +251,6 @@ store_xact_callback(XactEvent event, void *arg)
 void
 idem_store_init(void)
 {
-	CacheRegisterRelcacheCallback(store_relcache_callback, (Datum) 0);
 	RegisterXactCallback(store_xact_callback, NULL);
 }
 
@@ -2481,9 +2480,16 @@ store_sql_probe_here(IdemStore *store, const Datum *keys, IdemStoreWait wait,
 		return PROBE_ABSENT;
 	args[0] = ObjectIdGetDatum(RelationGetRelid(store->rel));
 	args[1] = keys[dkey];
-	rc = SPI_execute_plan(store_sql_shard_plan(TupleDescAttr(RelationGetDescr(store->rel),
-															 dkey)->atttypid),
-						  args, NULL, true, 1);
+	/*
+	 * Under a snapshot taken now, as store_sql_catalog_query: the
+	 * transaction's own (REPEATABLE READ) may still show a placement Citus
+	 * has moved away since, whose copy stays until its deferred drop while
+	 * Citus routes the key's statements to the new one.
+	 */
+	rc = SPI_execute_snapshot(store_sql_shard_plan(TupleDescAttr(RelationGetDescr(store->rel),
+																 dkey)->atttypid),
+							  args, NULL, GetLatestSnapshot(), InvalidSnapshot,
+							  true, false, 1);
 	store_sql_check(rc, SPI_OK_SELECT, "the local shard");
 	if (SPI_processed != 1)
 		return PROBE_ABSENT;

@@ -152,17 +152,11 @@ token_sha256(const uint8 *a, size_t alen, const uint8 *b, size_t blen,
 	pg_cryptohash_free(ctx);
 }
 
-static void
-token_key_callback(Datum arg, Oid relid)
+void
+idem_token_relcache(Oid relid)
 {
 	if (relid == InvalidOid || relid == token_key_relid)
 		token_key_loaded = false;
-}
-
-void
-idem_token_init(void)
-{
-	CacheRegisterRelcacheCallback(token_key_callback, (Datum) 0);
 }
 
 /*

@@ -854,6 +854,21 @@ $coord->safe_psql(
 	SELECT idem_allow('ord', 'new', 'paid')});
 is(sqlstate_of($coord, 'postgres', "SELECT idem_guard('orders', 'ord', 'state', 'version')"),
 	'0A000', 'idem_guard on a distributed table: 0A000');
+# a backend has room for ten relcache callbacks, which Citus and PostgreSQL's
+# own caches nearly fill: a fresh session that reads a distributed table,
+# maps a relfilenode and guards a local table (each registers one) stays up
+like( $coord->safe_psql(
+		'postgres', q{
+	SELECT count(*) >= 0 FROM idem.claims;
+	SELECT pg_filenode_relation(0, pg_relation_filenode('pg_class')) = 'pg_class'::regclass;
+	CREATE TABLE lorders (id int PRIMARY KEY, state text NOT NULL, version int8 NOT NULL DEFAULT 0);
+	SELECT idem_guard('lorders', 'ord', 'state', 'version');
+	INSERT INTO lorders VALUES (1, 'new');
+	SELECT idem_transition('lorders', '1', 'paid');
+	DROP TABLE lorders;
+	SELECT 'alive'}),
+	qr/^t\nt\n\napplied\nalive$/,
+	'a session that fills the relcache callbacks of Citus and PostgreSQL also guards a local table');
 is(sqlstate_of($coord, 'postgres', "SELECT idem_transition('orders', '1', 'paid')"),
 	'0A000', 'idem_transition on a distributed table: 0A000');
 is($coord->safe_psql('postgres', 'SELECT state FROM orders'), 'new', 'the row is untouched');
@@ -1025,6 +1040,13 @@ is($coord->safe_psql('postgres', $others_q), $others,
 			"SELECT count(*) >= 2 FROM pg_dist_shard_placement p JOIN pg_dist_shard s USING (shardid)"
 			  . " WHERE s.logicalrelid = 'idem.claims'::regclass AND p.nodeport = $src"),
 		't', 'a worker with two shards of the claims, to move one of them from');
+	# a key of the same shard, and a REPEATABLE READ transaction on the
+	# source worker whose snapshot predates the move
+	my $rk = $coord->safe_psql('postgres',
+		"SELECT 'rr-moved-' || i FROM generate_series(1, 1000) i"
+		  . " WHERE get_shard_id_for_distribution_column('idem.claims', 'rr-moved-' || i)"
+		  . " = get_shard_id_for_distribution_column('idem.claims', '$mk') ORDER BY i LIMIT 1");
+	my $rr = rr_session($from);
 	my $m = IdemTest::Session->new($coord, 'postgres');
 	is( $m->query(
 			"BEGIN; SELECT citus_move_shard_placement(get_shard_id_for_distribution_column('idem.claims', '$mk'), '"
@@ -1041,6 +1063,20 @@ is($coord->safe_psql('postgres', $others_q), $others,
 	is(placement_port('idem.claims', "'$mk'"), $dst, 'the move committed');
 	is($w1->safe_psql('postgres', "SELECT idem_try_claim('$mk'), idem_try_claim('$mk')"),
 		'claimed|duplicate', '... and the key is free to claim, once');
+	# the transaction whose snapshot still shows the shard on its node finds
+	# it where it is now: its release waits for a claim in flight there, and
+	# fails with 40001 once that commits, as without the move
+	my $x = IdemTest::Session->new($coord, 'postgres');
+	is($x->query("BEGIN; SELECT idem_claim('$rk');"), 't', 'a key of the moved shard claimed, not committed');
+	$rr->{in} .= "SELECT idem_release(k) FROM (VALUES ('$rk')) v(k);\n";
+	$rr->{h}->pump_nb;
+	await_lock_wait('a release in REPEATABLE READ on the source worker of the move');
+	$x->query('COMMIT;');
+	is($rr->query("ROLLBACK; SELECT 'done';"), 'done',
+		'... after the claim committed');
+	like($rr->{err}, qr/ERROR:  40001/, '... fails with 40001, as on the shard the move left');
+	$x->close;
+	$rr->close;
 }
 
 # DROP EXTENSION cleans every node (once the shards a move left behind are
