@@ -147,6 +147,25 @@ LANGUAGE C IMMUTABLE CALLED ON NULL INPUT PARALLEL SAFE;
 COMMENT ON FUNCTION idem_request_fingerprint(pg_catalog.jsonb) IS
     'SHA-256 (hex) of a JSON payload: key order, whitespace and the notation of equal numbers do not matter';
 
+-- Whether an interval has fields of both signs (one month less 29 days): a
+-- span that depends on the date it is added to (a day from March 1st, a
+-- negative span from February 1st).  The retentions refuse them.
+CREATE OR REPLACE FUNCTION idem._interval_mixed(span pg_catalog.interval)
+RETURNS pg_catalog.bool
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.date_part('year', span) OPERATOR(pg_catalog.<) 0
+        OR pg_catalog.date_part('month', span) OPERATOR(pg_catalog.<) 0
+        OR pg_catalog.date_part('day', span) OPERATOR(pg_catalog.<) 0
+        OR pg_catalog.date_part('hour', span) OPERATOR(pg_catalog.<) 0
+        OR pg_catalog.date_part('minute', span) OPERATOR(pg_catalog.<) 0
+        OR pg_catalog.date_part('second', span) OPERATOR(pg_catalog.<) 0
+$$;
+COMMENT ON FUNCTION idem._interval_mixed(pg_catalog.interval) IS
+    'whether an interval has fields of both signs (internal)';
+REVOKE ALL ON FUNCTION idem._interval_mixed(pg_catalog.interval) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION idem_request_set_retention(ns pg_catalog.text, retention pg_catalog.interval)
 RETURNS void
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
@@ -173,12 +192,7 @@ BEGIN
     END IF;
     -- a field of the other sign makes the span depend on the date: one month
     -- less 29 days is a day from March 1st and a negative span from February 1st
-    IF pg_catalog.date_part('year', retention) OPERATOR(pg_catalog.<) 0
-       OR pg_catalog.date_part('month', retention) OPERATOR(pg_catalog.<) 0
-       OR pg_catalog.date_part('day', retention) OPERATOR(pg_catalog.<) 0
-       OR pg_catalog.date_part('hour', retention) OPERATOR(pg_catalog.<) 0
-       OR pg_catalog.date_part('minute', retention) OPERATOR(pg_catalog.<) 0
-       OR pg_catalog.date_part('second', retention) OPERATOR(pg_catalog.<) 0 THEN
+    IF idem._interval_mixed(retention) THEN
         RAISE EXCEPTION 'retention must not mix positive and negative fields'
             USING ERRCODE = '22023',
                   DETAIL = pg_catalog.format('The retention given was %s.', retention),
@@ -331,12 +345,7 @@ BEGIN
     END IF;
     -- a field of the other sign makes the span depend on the date: one month
     -- less 29 days is a day from March 1st and a negative span from February 1st
-    IF pg_catalog.date_part('year', retention) OPERATOR(pg_catalog.<) 0
-       OR pg_catalog.date_part('month', retention) OPERATOR(pg_catalog.<) 0
-       OR pg_catalog.date_part('day', retention) OPERATOR(pg_catalog.<) 0
-       OR pg_catalog.date_part('hour', retention) OPERATOR(pg_catalog.<) 0
-       OR pg_catalog.date_part('minute', retention) OPERATOR(pg_catalog.<) 0
-       OR pg_catalog.date_part('second', retention) OPERATOR(pg_catalog.<) 0 THEN
+    IF idem._interval_mixed(retention) THEN
         RAISE EXCEPTION 'retention must not mix positive and negative fields'
             USING ERRCODE = '22023',
                   DETAIL = pg_catalog.format('The retention given was %s.', retention),
@@ -380,12 +389,7 @@ DECLARE
     r   record;
 BEGIN
     FOR r IN SELECT n.ns, n.retention FROM idem.namespaces n
-              WHERE pg_catalog.date_part('year', n.retention) OPERATOR(pg_catalog.<) 0
-                 OR pg_catalog.date_part('month', n.retention) OPERATOR(pg_catalog.<) 0
-                 OR pg_catalog.date_part('day', n.retention) OPERATOR(pg_catalog.<) 0
-                 OR pg_catalog.date_part('hour', n.retention) OPERATOR(pg_catalog.<) 0
-                 OR pg_catalog.date_part('minute', n.retention) OPERATOR(pg_catalog.<) 0
-                 OR pg_catalog.date_part('second', n.retention) OPERATOR(pg_catalog.<) 0
+              WHERE idem._interval_mixed(n.retention)
               ORDER BY n.ns LOOP
         RAISE WARNING 'the retention % of namespace "%" mixes positive and negative fields: its claims are not purged',
             r.retention, r.ns
@@ -544,12 +548,7 @@ BEGIN
             -- its CHECK still does) is a span that depends on the date: one
             -- month less 31 days is nothing in December, and would purge
             -- claims made a moment ago.  Its claims are kept.
-            IF pg_catalog.date_part('year', span) OPERATOR(pg_catalog.<) 0
-               OR pg_catalog.date_part('month', span) OPERATOR(pg_catalog.<) 0
-               OR pg_catalog.date_part('day', span) OPERATOR(pg_catalog.<) 0
-               OR pg_catalog.date_part('hour', span) OPERATOR(pg_catalog.<) 0
-               OR pg_catalog.date_part('minute', span) OPERATOR(pg_catalog.<) 0
-               OR pg_catalog.date_part('second', span) OPERATOR(pg_catalog.<) 0 THEN
+            IF idem._interval_mixed(span) THEN
                 RAISE WARNING 'the claims of namespace "%" are not purged: its retention % mixes positive and negative fields',
                     space, span
                     USING HINT = 'Set it again with idem_set_retention().';
