@@ -256,7 +256,7 @@ BEGIN
            (SELECT x.oid FROM pg_catalog.pg_extension x WHERE x.extname OPERATOR(pg_catalog.=) 'idem');
     IF NOT ('idem_guard_ddl' OPERATOR(pg_catalog.=) ANY (COALESCE(have, '{}'))) THEN
         CREATE EVENT TRIGGER idem_guard_ddl ON ddl_command_end
-            WHEN TAG IN ('ALTER TABLE', 'CREATE INDEX', 'CREATE TABLE', 'CREATE TRIGGER')
+            WHEN TAG IN ('ALTER TABLE', 'ALTER TYPE', 'CREATE INDEX', 'CREATE TABLE', 'CREATE TRIGGER')
             EXECUTE FUNCTION idem._guard_ddl();
     END IF;
     IF NOT ('idem_guard_drop' OPERATOR(pg_catalog.=) ANY (COALESCE(have, '{}'))) THEN

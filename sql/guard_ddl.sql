@@ -198,6 +198,25 @@ DROP TABLE dt, dd, dc;
 DROP DOMAIN dt_dom;
 DROP COLLATION dt_coll;
 
+-- a table of a composite type (CREATE TABLE ... OF): ALTER TYPE ... CASCADE
+-- renames or retypes its columns as ALTER TABLE would
+SELECT idem_allow('gt', 'new', 'paid');
+CREATE TYPE gt_row AS (id integer, st text, v bigint);
+CREATE TABLE gt OF gt_row (PRIMARY KEY (id), st WITH OPTIONS NOT NULL, v WITH OPTIONS NOT NULL DEFAULT 0);
+SELECT idem_guard('gt', 'gt', 'st', 'v');
+INSERT INTO gt VALUES (1, 'new');
+SELECT err('ALTER TYPE gt_row RENAME ATTRIBUTE st TO state CASCADE') AS rename_state;
+SELECT err('ALTER TYPE gt_row ALTER ATTRIBUTE v TYPE numeric CASCADE') AS retype_version;
+SELECT err('ALTER TYPE gt_row RENAME ATTRIBUTE v TO version CASCADE') AS rename_version;
+-- an attribute the guard does not name, and a type of no guarded table
+ALTER TYPE gt_row ADD ATTRIBUTE note text CASCADE;
+CREATE TYPE gt_other AS (a integer);
+ALTER TYPE gt_other RENAME ATTRIBUTE a TO b;
+SELECT idem_transition('gt', '1', 'paid');
+SELECT id, st, v, note FROM gt;
+DROP TABLE gt;
+DROP TYPE gt_row, gt_other;
+
 -- the event trigger belongs to the extension
 SELECT e.evtname, e.evtevent, e.evttags, e.evtfoid::regprocedure,
        d.deptype

@@ -26,6 +26,7 @@
 #include "catalog/namespace.h"
 #include "catalog/objectaddress.h"
 #include "catalog/pg_am.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_enum.h"
 #include "catalog/pg_extension.h"
@@ -1341,6 +1342,29 @@ idem_guard_problem(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text(why));
 }
 
+/* The tables made of a composite type (CREATE TABLE ... OF). */
+static List *
+typed_tables_of(Oid typid)
+{
+	Relation	classrel;
+	ScanKeyData skey;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	List	   *result = NIL;
+
+	if (!OidIsValid(typid))
+		return NIL;
+	classrel = table_open(RelationRelationId, AccessShareLock);
+	ScanKeyInit(&skey, Anum_pg_class_reloftype, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(typid));
+	scan = systable_beginscan(classrel, InvalidOid, false, NULL, 1, &skey);
+	while (HeapTupleIsValid(tup = systable_getnext(scan)))
+		result = lappend_oid(result, ((Form_pg_class) GETSTRUCT(tup))->oid);
+	systable_endscan(scan);
+	table_close(classrel, AccessShareLock);
+	return result;
+}
+
 /* Whether this transaction holds a lock of any mode on the relation. */
 static bool
 relation_locked_by_me(Oid relid)
@@ -1381,8 +1405,9 @@ relation_has_trigger_of(Oid relid, Oid fn)
 }
 
 /*
- * idem._guard_ddl(): event trigger at the end of ALTER TABLE, CREATE INDEX,
- * CREATE TABLE (a new partition of a guarded table, with its own keys) and
+ * idem._guard_ddl(): event trigger at the end of ALTER TABLE, ALTER TYPE,
+ * CREATE INDEX, CREATE TABLE (a new partition of a guarded table, with its
+ * own keys) and
  * CREATE TRIGGER.  A guard names its columns in its trigger's arguments
  * (which is what pg_dump keeps), so a command that renames or drops a
  * guarded column, changes the version column's type, drops its NOT NULL or
@@ -1390,7 +1415,8 @@ relation_has_trigger_of(Oid relid, Oid fn)
  * (or changes its keys): it is refused, with 2BP01.  A guard trigger made by
  * hand that cannot work, or a second one, is refused with the error of the
  * problem.  Inheritance children and partitions, which ALTER TABLE changes
- * with their parent, are checked too.
+ * with their parent, are checked too, and the tables of a composite type,
+ * which ALTER TYPE ... CASCADE changes with it.
  *
  * It is also the event trigger at sql_drop, of any command: a DROP TYPE,
  * DOMAIN or COLLATION ... CASCADE (or DROP SCHEMA ... CASCADE of one) drops
@@ -1477,15 +1503,26 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 	fn = InvalidOid;
 	for (i = 0; i < n; i++)
 	{
-		List	   *rels;
+		List	   *roots;
+		List	   *rels = NIL;
 		ListCell   *lc;
 		char		relkind;
 
 		if (!OidIsValid(relids[i]))
 			continue;
 		relkind = get_rel_relkind(relids[i]);
-		if (relkind != RELKIND_RELATION && relkind != RELKIND_PARTITIONED_TABLE &&
-			relkind != RELKIND_FOREIGN_TABLE)
+
+		/*
+		 * ALTER TYPE ... CASCADE of a composite type changes the tables of
+		 * that type (CREATE TABLE ... OF) as it changes the type.
+		 */
+		if (relkind == RELKIND_COMPOSITE_TYPE)
+			roots = typed_tables_of(get_rel_type_id(relids[i]));
+		else if (relkind == RELKIND_RELATION ||
+				 relkind == RELKIND_PARTITIONED_TABLE ||
+				 relkind == RELKIND_FOREIGN_TABLE)
+			roots = list_make1_oid(relids[i]);
+		else
 			continue;
 		if (!OidIsValid(fn))
 			fn = guard_lookup_func(fcinfo->flinfo->fn_oid);
@@ -1501,7 +1538,9 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 		 * partitions while it adds the parent's keys (ALTER TABLE ONLY),
 		 * deadlocked on any partitioned table.
 		 */
-		rels = find_all_inheritors(relids[i], NoLock, NULL);
+		foreach(lc, roots)
+			rels = list_concat(rels, find_all_inheritors(lfirst_oid(lc), NoLock,
+														 NULL));
 		foreach(lc, rels)
 		{
 			Relation	rel;
@@ -1518,6 +1557,7 @@ idem_guard_ddl(PG_FUNCTION_ARGS)
 			relation_close(rel, AccessShareLock);
 		}
 		list_free(rels);
+		list_free(roots);
 	}
 	PG_RETURN_VOID();
 }
