@@ -22,55 +22,81 @@ suites=("$@")
 install_packages sqlsmith python3-prometheus-client rabbitmq-server python3-pika python3-psycopg2 nats-server curl python3-confluent-kafka
 work=$(copy_tree "$here")
 
-# ensure_citus: Citus in the system's PostgreSQL, built from $CITUS_SOURCE
-# when missing (3 to 6 minutes on 2 cores).  Sets citus_missing to why it
-# could not be had.  A lock keeps two runs from building at once.
+# Citus in the system's PostgreSQL, built from $CITUS_SOURCE when missing
+# (3 to 6 minutes on 2 cores).  The build runs in the background, at the
+# lowest priority, while the other suites run: start_citus_build begins it,
+# citus_ready waits for it, sets citus_missing to why Citus could not be
+# had, and adds Citus to the private copy of PostgreSQL, made meanwhile.  A
+# lock keeps two runs from building at once.
 SYS_PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
 # Without CITUS_SOURCE, the tarball kept beside the repository, if any.
 if [ -z "${CITUS_SOURCE:-}" ]; then
     CITUS_SOURCE=$(ls "$here"/../shared/vendor/citus/citus-*.tar.gz 2>/dev/null | head -n 1)
 fi
 citus_missing=
+citus_pid=
+citus_waited=
 citus_installed() {
     [ -f "$($SYS_PG_CONFIG --pkglibdir)/citus.so" ] &&
         [ -f "$($SYS_PG_CONFIG --sharedir)/extension/citus.control" ]
 }
-ensure_citus() {
-    local src=${CITUS_SOURCE:-} dir log start=$SECONDS p
+# build_citus SRC DIR: the build; the last line it prints says why it
+# failed, if it did.
+build_citus() {
+    local src=$1 dir=$2 log=$2/build.log start=$SECONDS p f
     exec 8>/run/lock/idem-citus-build.lock
-    flock -w 1200 8 || { citus_missing="another run holds /run/lock/idem-citus-build.lock"; return; }
-    if citus_installed; then flock -u 8; return; fi
+    flock -w 1200 8 || { echo "another run holds /run/lock/idem-citus-build.lock"; return 1; }
+    if citus_installed; then return 0; fi
+    tar -xzf "$src" -C "$dir" || { echo "$src could not be unpacked"; return 1; }
+    p=$(ls -d "$dir"/citus-*/ | head -n 1)
+    for f in "$(dirname "$src")"/*.patch; do
+        [ -f "$f" ] || continue
+        patch -d "$p" -p1 -s < "$f" >>"$log" 2>&1 || { echo "patch $f did not apply"; return 1; }
+    done
+    # the extension only: no regression test tools, no libcurl
+    (cd "$p" && ./configure --without-libcurl PG_CONFIG="$SYS_PG_CONFIG" &&
+        make -s -j2 with_llvm=no extension && make -s with_llvm=no install-extension) >>"$log" 2>&1 ||
+        { tail -n 30 "$log"; echo "the build of Citus failed"; return 1; }
+    citus_installed || { echo "Citus built but not installed"; return 1; }
+    echo "-- Citus built and installed in $((SECONDS - start)) s, in the background"
+}
+start_citus_build() {
+    local src=${CITUS_SOURCE:-} dir=$work/citus-build
+    citus_installed && return
     if [ -z "$src" ] || [ ! -f "$src" ]; then
         citus_missing="Citus is not installed and CITUS_SOURCE (${src:-unset}) is not a Citus tarball"
-        flock -u 8; return
+        return
     fi
-    echo "== building Citus from $src"
+    echo "== building Citus from $src, in the background"
     install_packages liblz4-dev libzstd-dev libkrb5-dev libselinux1-dev libpam0g-dev zlib1g-dev \
         libssl-dev libreadline-dev libxslt1-dev libxml2-dev autoconf
-    dir=$work/citus-build
-    log=$dir/build.log
     mkdir -p "$dir"
-    if tar -xzf "$src" -C "$dir"; then
-        dir=$(ls -d "$dir"/citus-* | head -n 1)
-        for p in "$(dirname "$src")"/*.patch; do
-            [ -f "$p" ] || continue
-            patch -d "$dir" -p1 -s < "$p" >>"$log" 2>&1 || citus_missing="patch $p did not apply"
-        done
-        # the extension only: no regression test tools, no libcurl
-        [ -n "$citus_missing" ] ||
-            { (cd "$dir" && ./configure --without-libcurl PG_CONFIG="$SYS_PG_CONFIG" &&
-                  make -s -j2 with_llvm=no extension && make -s with_llvm=no install-extension) \
-                  >>"$log" 2>&1 || citus_missing="the build of Citus failed"; }
-    else
-        citus_missing="$src could not be unpacked"
+    (renice -n 19 -p "$BASHPID" >/dev/null; build_citus "$src" "$dir") > "$dir/result" 2>&1 &
+    citus_pid=$!
+}
+# citus_ready: waits for the build, once, and copies into the private copy
+# of PostgreSQL, if it was made, the files of the system's it lacks.
+citus_ready() {
+    local pg=$work/pg
+    [ -z "$citus_waited" ] || return 0
+    citus_waited=1
+    [ -n "$citus_pid" ] || return 0
+    echo "== waiting for the build of Citus"
+    if ! wait "$citus_pid"; then
+        cat "$work/citus-build/result"
+        citus_missing=$(tail -n 1 "$work/citus-build/result")
+        return
     fi
-    if [ -z "$citus_missing" ] && ! citus_installed; then citus_missing="Citus built but not installed"; fi
-    [ -z "$citus_missing" ] || tail -n 30 "$log" 2>/dev/null
-    [ -n "$citus_missing" ] || echo "-- Citus built and installed in $((SECONDS - start)) s"
-    flock -u 8
+    cat "$work/citus-build/result"
+    if [ -d "$pg" ]; then
+        cp -an "$($SYS_PG_CONFIG --pkglibdir)"/. "$pg/lib/postgresql/$PG_MAJOR/lib"/ &&
+            cp -an "$($SYS_PG_CONFIG --sharedir)"/. "$pg/share/postgresql/$PG_MAJOR"/ &&
+            chown -R postgres:postgres "$pg" ||
+            citus_missing="Citus could not be copied into $pg"
+    fi
 }
 if printf '%s\n' "${suites[@]}" | grep -qx citus; then
-    ensure_citus
+    start_citus_build
 fi
 
 # sanitize_relay DIR (RELAY_SANITIZE_DIR, set by scripts/sanitize.sh): the
@@ -141,13 +167,14 @@ run_regress() {
     tests=$(cd "$work" && ls sql/*.sql 2>/dev/null | xargs -n1 basename 2>/dev/null | sed 's/\.sql$//' | sort)
     [ -n "$tests" ] || return 0
     echo "== regress"
+    local start=$SECONDS
     (cd "$work" && as_pg "$PGXS_DIR/src/test/regress/pg_regress" \
         --inputdir=. --bindir="$PG_BIN" --temp-instance=./tmp_check_regress \
         --temp-config=test/regress.conf --load-extension=idem \
         --dbname=contrib_regression $tests) > "$work/regress.log" 2>&1
     local rc=$?
     cat "$work/regress.log"
-    count_pg_regress "$work/regress.log" regress "$(echo "$tests" | wc -w)"
+    count_pg_regress "$work/regress.log" "regress ($((SECONDS - start)) s)" "$(echo "$tests" | wc -w)"
     if [ $rc != 0 ]; then
         [ -f "$work/regression.diffs" ] && head -c 20000 "$work/regression.diffs"
         grep -qE '\.\.\. (ok|FAILED)' "$work/regress.log" || failed=$((failed + 1))
@@ -159,13 +186,14 @@ run_isolation() {
     tests=$(cd "$work" && ls specs/*.spec 2>/dev/null | xargs -n1 basename 2>/dev/null | sed 's/\.spec$//' | sort)
     [ -n "$tests" ] || return 0
     echo "== isolation"
+    local start=$SECONDS
     (cd "$work" && as_pg "$PGXS_DIR/src/test/isolation/pg_isolation_regress" \
         --inputdir=. --outputdir=output_iso --bindir="$PG_BIN" \
         --temp-instance=./tmp_check_iso --temp-config=test/regress.conf \
         --load-extension=idem --dbname=isolation_regression $tests) > "$work/isolation.log" 2>&1
     local rc=$?
     cat "$work/isolation.log"
-    count_pg_regress "$work/isolation.log" isolation "$(echo "$tests" | wc -w)"
+    count_pg_regress "$work/isolation.log" "isolation ($((SECONDS - start)) s)" "$(echo "$tests" | wc -w)"
     if [ $rc != 0 ]; then
         [ -f "$work/output_iso/regression.diffs" ] && head -c 20000 "$work/output_iso/regression.diffs"
         grep -qE '\.\.\. (ok|FAILED)' "$work/isolation.log" || failed=$((failed + 1))
@@ -173,7 +201,7 @@ run_isolation() {
 }
 
 run_tap() {
-    local files f p fl rc portlock pattern=${1:-t/*.pl} port=${2:-65432}
+    local files f p fl rc portlock start pattern=${1:-t/*.pl} port=${2:-65432}
     files=$(cd "$work" && ls $pattern 2>/dev/null | sort)
     [ -n "$files" ] || return 0
     echo "== tap ($pattern)"
@@ -184,6 +212,7 @@ run_tap() {
     portlock="$(getent passwd postgres | cut -d: -f6)/idem-portlock"
     install -d -o postgres -m 0755 "$portlock"
     for f in $files; do
+        start=$SECONDS
         rm -rf "$work/tmp_check"; as_pg mkdir -p "$work/tmp_check"
         (cd "$work" && as_pg env TESTDIR="$work" PG_REGRESS="$PGXS_DIR/src/test/regress/pg_regress" \
             PGPORT=$port PG_TEST_PORT_DIR="$portlock" prove -v -I "$PGXS_DIR/src/test/perl" -I . "$f") > "$work/tap.log" 2>&1
@@ -198,13 +227,14 @@ run_tap() {
             done
         fi
         passed=$((passed + p)); failed=$((failed + fl))
-        echo "-- $f: $p passed, $fl failed"
+        echo "-- $f: $p passed, $fl failed ($((SECONDS - start)) s)"
     done
 }
 
 # The citus suite: the TAP tests of t/citus/, each with a coordinator and
 # workers that load Citus.  Without Citus it fails, loudly.
 run_citus() {
+    citus_ready
     if [ -n "$citus_missing" ] || ! citus_installed; then
         echo "== citus"
         echo "!!!!!!!! THE CITUS SUITE CANNOT RUN: ${citus_missing:-Citus is not installed} !!!!!!!!"
@@ -274,6 +304,7 @@ package_cleanup() {
 
 run_package() {
     local start=$SECONDS sys_path dir ver debver deb src rc tests f
+    citus_ready
     echo "== package"
     pkg_step=$SECONDS
     sys_path=$(printf '%s' "$PATH" | tr ':' '\n' | grep -v "^$work/" | paste -sd:)
@@ -390,5 +421,6 @@ for s in "${suites[@]}"; do
 done
 
 if [ "$failed" = 0 ] && [ -z "${KEEP:-}" ]; then rm -rf "$work"; else echo "work tree kept in $work"; fi
+echo "-- $SECONDS s in all"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
