@@ -442,9 +442,17 @@ is(sql('SELECT count(*) FROM idem.outbox'), 0, 'every message acknowledged');
 ########################################################################
 
 # A poll interval of an hour: only the notification can wake the relay.
+# (The backend of a relay that stopped may still be there for a moment:
+# each wait for the idle relay first waits until none is.)
+sub relays_gone
+{
+	return wait_for('the backends of earlier relays to exit',
+		sub { sql(q{SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idem-relay'}) == 0 });
+}
 my $idle_sql = q{SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
 	WHERE l.locktype = 'advisory' AND l.objsubid = 3 AND l.mode = 'RowExclusiveLock'
 	  AND a.application_name = 'idem-relay'};
+ok(relays_gone(), 'no relay connected');
 my $r = start_relay({}, '--poll', '1h', '--log-interval', '0');
 ok(wait_for('the relay to go idle', sub { sql($idle_sql) == 1 }), 'the relay is idle');
 my $woken = send_msg('wake', 'w1', { hello => 1 });
@@ -456,6 +464,7 @@ like($rerr, qr/stopping/, 'the relay says it stops');
 is(final_counts($rerr), 'leased 1, delivered 1, retried 0, dead 0, errors 0', 'its final counts');
 
 # A prepared transaction's message: no notification, the poll finds it.
+ok(relays_gone(), 'the first relay is gone');
 $r = start_relay({}, '--poll', '100ms', '--log-interval', '0');
 ok(wait_for('the relay to go idle', sub { sql($idle_sql) == 1 }), 'the second relay is idle');
 my $prepared = sql(q{BEGIN;
@@ -477,6 +486,7 @@ is(stop_relay($r, 'INT'), 0, 'SIGINT: exit code 0');
 sub acks_of_trickle
 {
 	my ($tag, @args) = @_;
+	ok(relays_gone(), "$tag: no relay connected");
 	my $r = start_relay({}, '--poll', '5s', '--log-interval', '0', @args);
 	ok(wait_for('the relay to go idle', sub { sql($idle_sql) == 1 }), "$tag: the relay is idle");
 	sql('SELECT pg_stat_reset()');
@@ -1006,9 +1016,11 @@ is(sql(q{SELECT leased FROM idem_outbox_stats() WHERE topic = 'term'}), 0,
 is(final_counts(slurp_file($r->{err})), 'leased 3, delivered 3, retried 0, dead 0, errors 0',
 	'its final counts');
 
+sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'term'; DELETE FROM idem.outbox_keys WHERE topic = 'term'});
+
 # Two signals: the request in flight is abandoned and the rest released at
-# once (not left to their lease).
-sql(q{SELECT idem_outbox_configure('term2', 10, '1 second', '1 second')});
+# once (not left to their lease, nor to the topic's backoff of an hour).
+sql(q{SELECT idem_outbox_configure('term2', 10, '1 hour', '1 hour')});
 my @term2;
 for my $k (qw(u1 u2 u3))
 {
@@ -1036,7 +1048,7 @@ sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'term2'; DELETE FROM idem.ou
 # The same with a large batch: the nack that releases it after the second
 # signal is not itself cancelled (a statement is cancelled only when it
 # still runs a second after the signal and after it was sent).
-sql(q{SELECT idem_outbox_configure('term3', 10, '1 second', '1 second')});
+sql(q{SELECT idem_outbox_configure('term3', 10, '1 hour', '1 hour')});
 my $hang3 = send_msg('term3', 'v0000', { n => 0, reply => ['200 sleep=60'] });
 sql(q{SELECT count(idem_outbox_send('term3', 'v' || lpad(i::text, 4, '0'), jsonb_build_object('n', i)))
         FROM generate_series(1, 2999) i});
@@ -1051,6 +1063,11 @@ is(stop_relay($r, 'TERM'), 0, 'a second SIGTERM: exit code 0');
 is( sql(q{SELECT count(*), count(*) FILTER (WHERE leased_by IS NULL AND available_at <= now())
 	      FROM idem.outbox_keys WHERE topic = 'term3'}),
 	'3000|3000', 'every message of the large batch is released, available again at once');
+is( sql(q{SELECT count(*) FILTER (WHERE attempts = 1 AND last_error = 'not published: idem-relay was stopped'),
+	             count(*) FILTER (WHERE attempts = 1 AND last_error = 'webhook: interrupted by shutdown'
+	                                AND key = 'v0000')
+	      FROM idem.outbox_keys WHERE topic = 'term3'}),
+	'2999|1', 'each leased once and released by the nacks, the one in flight interrupted');
 unlike(slurp_file($r->{err}), qr/cancelled/, 'the nack that released them was not cancelled');
 sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'term3'; DELETE FROM idem.outbox_keys WHERE topic = 'term3'});
 
@@ -1058,7 +1075,7 @@ sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'term3'; DELETE FROM idem.ou
 # The nack of v2 (not published) and of w1 (interrupted) release their
 # runs; the messages after them are neither acknowledged nor nacked, and
 # follow them in order, at their second attempt.
-sql(q{SELECT idem_outbox_configure('term4', 10, '1 second', '1 second')});
+sql(q{SELECT idem_outbox_configure('term4', 10, '1 hour', '1 hour')});
 my %term4;
 for my $n (1 .. 4)
 {
@@ -1191,6 +1208,27 @@ like(substr(slurp_file($r->{err}), $before), qr/x \(webhook\.url: \S*hup\.conf:2
 my $hup3 = send_msg('hup', 'h', { n => 3 });
 ok(wait_for('the third message', sub { paths_of($hup3) eq '/hup2' }), 'the relay goes on with the one it had');
 is(stop_relay($r, 'TERM'), 0, 'exit code 0 after the reloads');
+
+# A reload that names the relay otherwise: the name it started with stays
+# (its leases are in it).  Named by the file only, as a name on the command
+# line would win over the file's anyway.
+my $nameconf = "$tmp/name.conf";
+write_conf($nameconf, "name = first\nsink = webhook\nwebhook.url = $url/name\npoll = 100ms\nlog_interval = 0\n");
+$r = { out => "$tmp/name.out", err => "$tmp/name.err" };
+$r->{h} = IPC::Run::start([ $relay, '--config', $nameconf ], '>', $r->{out}, '2>', $r->{err},
+	init => relay_env());
+my $name1 = send_msg('named', 'n', { n => 1 });
+ok(wait_for('the first message', sub { paths_of($name1) eq '/name' }), 'a relay named by its file');
+write_conf($nameconf, "name = second\nsink = webhook\nwebhook.url = $url/name\npoll = 100ms\nlog_interval = 0\n");
+$r->{h}->signal('HUP');
+ok(wait_for('the reload', sub { slurp_file($r->{err}) =~ /configuration reloaded/ }), 'reloaded with another name');
+ok( wait_for('the warning', sub { slurp_file($r->{err}) =~ /the name cannot change while the relay runs: still "first"/ }),
+	'the relay says it keeps its name');
+my $name2 = send_msg('named', 'n', { n => 2 });
+ok(wait_for('the second message', sub { paths_of($name2) eq '/name' }), 'the next message is delivered');
+is(sql(q{SELECT leased_by FROM idem.outbox_keys WHERE topic = 'named'}), 'first',
+	'leased in the name the relay started with');
+is(stop_relay($r, 'TERM'), 0, 'exit code 0');
 
 # A reload whose dbname libpq cannot parse, or that sets a sink no topic
 # goes to, is refused like any other error: the connection in force stays.

@@ -601,6 +601,7 @@ sleep(2);
 my $t0 = time;
 $rc30->signal('TERM');
 sleep(1);
+ok($rc30->pumpable, 'the first SIGTERM lets the blocked send go on');
 $rc30->signal('TERM');
 $rc30->finish;
 ok(time - $t0 < 6, 'a second SIGTERM ends its blocked send at once');

@@ -5,8 +5,10 @@
 # speaking the real Kafka protocol inside the relay's process, set with
 # kafka.property.test.mock.num.brokers).  What it shows: the idempotent
 # producer (acks=all) gets a delivery report for every message, the relay
-# acknowledges a message only after its report, and the reports come in the
-# order of each key; a delivery error (brokers that cannot be reached) is
+# acknowledges a message only after its report, and a key's messages are
+# delivered in their order (the relay logs a batch's deliveries once the
+# batch is done, so the order of its lines is that of the leases, not that
+# of librdkafka's reports); a delivery error (brokers that cannot be reached) is
 # retried, with the error kept in the outbox.  Then end to end: a mock
 # cluster in a process of its own (test/relay/kafka_mock.c, built here,
 # listening on loopback), the relay producing to it, and two consumers of
@@ -83,7 +85,7 @@ for my $id (@delivered)
 	$in_order = 0 if defined $last{$k} && $seq_of{$id} != $last{$k} + 1;
 	$last{$k} = $seq_of{$id};
 }
-ok($in_order, 'the reports of each key in the order of its messages');
+ok($in_order, 'the messages of each key delivered in their order');
 
 # Brokers that cannot be reached: every delivery fails within the timeout,
 # and the messages are retried.
@@ -236,8 +238,9 @@ like($err, qr/the kafka sink needs brokers: set kafka\.brokers/, 'and says what 
 like($err, qr/the kafka sink of topic "tk" needs brokers: set topic\.tk\.kafka\.brokers or kafka\.brokers/,
 	'a topic\'s own: the keys that could set them') or diag($err);
 ($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.bootstrap.servers=127.0.0.1:1',
-	'--set', 'kafka.topic=my events');
-like($err, qr/kafka\.topic "my events"/, 'bootstrap.servers as a property is brokers too');
+	'--once', '--timeout', '1s', '--log-interval', '0');
+is($rc, 0, 'bootstrap.servers as a property is brokers too: the relay runs') or diag($err);
+unlike($err, qr/needs brokers/, 'and does not ask for kafka.brokers');
 
 ########################################################################
 # End to end: a mock cluster of its own process, the relay, two consumers
@@ -334,8 +337,7 @@ is(scalar(grep { join(',', @{ $applied_order{$_} // [] }) eq join(',', 1 .. $epe
 	$ekeys, 'the messages of each key were applied in the order they were sent');
 
 # A record the broker refuses (INVALID_RECORD) is refused for good, with the
-# broker's error; it was retried until the message died.  One of another key
-# after it is delivered.
+# broker's error; it was retried until the message died.
 sql(q{SELECT idem_outbox_send('refused', 'x1', '{"n": 1}');});
 $mock_in .= "produce-errors 87 1\n";
 $mock->pump until $mock_out =~ /^pushed$/m || !$mock->pumpable;
@@ -350,7 +352,7 @@ is(sql(q{SELECT dead || ' ' || attempts || ' ' || last_error FROM idem.outbox_ke
 # rest of the batch is delivered.  Once the
 # topic exists, its message is delivered too.
 sql(q{SELECT idem_outbox_configure('missing', 10, '1 second', '1 second')});
-sql(q{SELECT idem_outbox_send('missing', 'm1', '{"n": 1}'), idem_outbox_send('missing', 'm1', '{"n": 2}')});
+sql(q{SELECT idem_outbox_send('missing', 'm1', '{"n": 1}'), idem_outbox_send('missing', 'm2', '{"n": 2}')});
 sql(q{SELECT idem_outbox_send('present', 'p' || k, '{"n": 1}') FROM generate_series(1, 4) k});
 $mock_in .= "topic-error missing 3\n";
 $mock->pump until $mock_out =~ /^set$/m || !$mock->pumpable;
@@ -360,8 +362,9 @@ $mock->pump until $mock_out =~ /^set$/m || !$mock->pumpable;
 is($rc, 0, 'the relay stopped (--once)') or diag($err);
 is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'present'}), '0',
 	'the messages of a topic the cluster has are delivered beside one of a missing topic');
-like(sql(q{SELECT dead || ' ' || attempts || ' ' || last_error FROM idem.outbox_keys WHERE topic = 'missing'}),
-	qr/^false 1 kafka: .*[Uu]nknown topic/, 'the message of a missing topic is retried, with the reason');
+is( sql(q{SELECT count(*) FROM idem.outbox_keys WHERE topic = 'missing' AND NOT dead AND attempts = 1
+	          AND last_error ~ '^kafka: .*[Uu]nknown topic'}),
+	'2', 'the messages of a missing topic are retried, with the reason');
 is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'missing'}), '2',
 	'neither message of the missing topic was acknowledged');
 $mock_in .= "topic-error missing 0\n";
