@@ -168,20 +168,44 @@ trap 'pg_private -m fast -w -t 600 stop >/dev/null 2>&1; rm -rf "$work"' EXIT
 echo "== $mode server: socket $dir, port $port, libdir $libdir"
 export PGHOST=$dir PGPORT=$port PGUSER=postgres
 
-# Reports: ASan and UBSan reports in the server log; valgrind errors whose
-# stack (or the origin of the uninitialised value) goes through a library,
-# told by a regular expression matching its file or its source files.
+# Reports: ASan and UBSan reports in the server log; valgrind errors that
+# are a library's, told by a regular expression matching its file or its
+# source files: its frame is in the error's stack, or in the stack of the
+# allocation the uninitialised value came from, before any frame of a
+# standard_* function of the server.  idem's hooks (ProcessUtility,
+# ExecutorRun, ...) are in the stack of most of the server's work, which
+# they hand to standard_ProcessUtility and the like: an error there (such as
+# the uninitialised padding the server, built without USE_VALGRIND, writes
+# to its WAL at COMMIT PREPARED) is the server's own.
+# valgrind_errors REGEX DIR PRINT: how many; with PRINT 1, each one first.
+valgrind_errors() {
+    perl -e '
+        my ($lib, $dir, $print) = @ARGV; my $n = 0;
+        sub owned {
+            for my $l (split /\n/, $_[0]) {
+                next unless $l =~ /^==\d+==\s+(?:at|by) 0x[0-9A-Fa-f]+: (\S+)/;
+                my $fn = $1;
+                return 1 if $l =~ /$lib/;
+                return 0 if $fn =~ /^standard_\w+$/;
+            }
+            return 0;
+        }
+        for my $f (glob "$dir/*.log") {
+            open my $fh, "<", $f or next; local $/; my $t = <$fh>;
+            for my $e ($t =~ /VALGRINDERROR-BEGIN(.*?)VALGRINDERROR-END/gs) {
+                my ($stack, $origin) = split /created by/, $e, 2;
+                next unless owned($stack) || owned($origin // "");
+                $n++;
+                print "--- $f$e\n" if $print;
+            }
+        }
+        print "$n\n" unless $print;' "$1" "$2" "$3"
+}
 count_reports() {   # REGEX FILE_OR_DIR
     if [ "$mode" = asan ]; then
         grep -cE "$report_re" "$2"
     else
-        perl -e '
-            my ($lib, $dir) = @ARGV; my $n = 0;
-            for my $f (glob "$dir/*.log") {
-                open my $fh, "<", $f or next; local $/; my $t = <$fh>;
-                $n += grep { /$lib/ } $t =~ /VALGRINDERROR-BEGIN(.*?)VALGRINDERROR-END/gs;
-            }
-            print "$n\n";' "$1" "$2"
+        valgrind_errors "$1" "$2" 0
     fi
 }
 where() { if [ "$mode" = asan ]; then echo "$dir/server.log"; else echo "$dir/valgrind"; fi; }
@@ -278,14 +302,7 @@ else
     reports=$(count_reports "$idem_re" "$dir/valgrind")
     all=$(count_reports '==' "$dir/valgrind")
     others=$((all - reports))
-    perl -e '
-        for my $f (glob "$ARGV[0]/*.log") {
-            open my $fh, "<", $f or next; local $/; my $t = <$fh>;
-            for my $e ($t =~ /VALGRINDERROR-BEGIN(.*?)VALGRINDERROR-END/gs) {
-                next unless $e =~ /$ARGV[1]/;
-                print "--- $f$e\n";
-            }
-        }' "$dir/valgrind" "$idem_re" | head -n 400
+    valgrind_errors "$idem_re" "$dir/valgrind" 1 | head -n 400
 fi
 crash=$(grep -cE 'terminated by signal|exited with exit code [2-9]|PANIC|^TRAP:' "$dir/server_after_control.log")
 
