@@ -88,8 +88,9 @@ sub figures
 sub recoveries
 {
 	my ($offset) = @_;
-	my @n = slurp_file($log, $offset) =~
-	  /database system was (?:interrupted|not properly shut down)/g;
+	# one line per recovery ("was interrupted" and "was not properly shut
+	# down" can both be logged by one)
+	my @n = slurp_file($log, $offset) =~ /automatic recovery in progress/g;
 	return scalar @n;
 }
 

@@ -132,7 +132,9 @@ ok(wait_for_log($node, qr/ERROR:.*idem\._purge_expired/, $offset), 'a failing ro
 my $pid = worker_pid();
 isnt($pid, '', 'the worker is still there after a failing round');
 fill();
-usleep(1_500_000);
+# a round that began after the claims were there, and failed
+$offset = -s $node->logfile;
+ok(wait_for_log($node, qr/ERROR:.*idem\._purge_expired/, $offset), 'the next round fails too');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM idem.claims WHERE ns = 'short' AND msg_id LIKE 'old-%'}),
 	'1000', 'nothing was purged while the round failed (it is one transaction)');
 $node->safe_psql('postgres', q{ALTER FUNCTION idem._purge_expired_away(regclass, int) RENAME TO _purge_expired});
@@ -194,14 +196,23 @@ $node->restart;
 ok(poll(q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idem maintenance worker'}, '1'),
 	'the worker runs again after a restart');
 fill();
+# an idle outbox key: only a round at READ COMMITTED removes it
+$node->safe_psql('postgres', q{
+SELECT idem_outbox_send('ser', 'idle', '{}');
+SELECT idem_outbox_ack(array_agg(id)) FROM idem_outbox_lease('ser-relay')});
 ok(poll(q{SELECT count(*) FROM idem.claims WHERE ns = 'short' AND msg_id LIKE 'old-%'}, '0'),
 	'the worker purges in a database whose default isolation is SERIALIZABLE');
+ok(poll(q{SELECT count(*) FROM idem.outbox_keys WHERE topic = 'ser'}, '0'),
+	'idle outbox keys too: its rounds run at READ COMMITTED');
 # by hand at that level: every purge but the outbox's, which says why
-$node->safe_psql('postgres', q{
-INSERT INTO idem.claims SELECT 'short', 'rr-' || i, now() - interval '2 days' FROM generate_series(1, 30) i});
+# (the claims made in its transaction, which the worker cannot purge first)
 my ($rr_ret, $rr_out, $rr_err) = $node->psql('postgres', q{
-SELECT string_agg(kind || '=' || purged, ',' ORDER BY kind) FROM idem_maintenance(1000) WHERE kind IN ('claims', 'outbox_keys')});
+BEGIN;
+INSERT INTO idem.claims SELECT 'short', 'rr-' || i, now() - interval '2 days' FROM generate_series(1, 30) i;
+SELECT string_agg(kind || '=' || purged, ',' ORDER BY kind) FROM idem_maintenance(1000) WHERE kind IN ('claims', 'outbox_keys');
+COMMIT;});
 like($rr_out, qr/^claims=\d+,outbox_keys=0$/, 'idem_maintenance() at SERIALIZABLE purges, but not the idle outbox keys');
+cmp_ok(($rr_out =~ /^claims=(\d+)/)[0] // 0, '>=', 30, 'the claims of its transaction among them');
 like($rr_err, qr/NOTICE:  idle outbox keys are not purged at the SERIALIZABLE isolation level/, 'and says so');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'rr-%'}), '0',
 	'its claims were purged');
