@@ -30,6 +30,17 @@ my ($ret, $out, $err) = $plain->psql('postgres', 'SELECT * FROM idem_stats');
 like($err, qr/shared_preload_libraries/, 'the error says idem must be preloaded');
 $plain->stop;
 
+sub poll_show
+{
+	my ($n, $guc, $want) = @_;
+	for (my $i = 0; $i < 10 * $PostgreSQL::Test::Utils::timeout_default; $i++)
+	{
+		return 1 if $n->safe_psql('postgres', "SHOW $guc") eq $want;
+		usleep(100_000);
+	}
+	return 0;
+}
+
 # ---- preloaded ----
 my $node = idem_node('stats',
 	"shared_preload_libraries = 'idem'",
@@ -81,12 +92,23 @@ cmp_ok($covered // 0, '>=', 3, 'the line gives the time the rate covers: since i
 my $lines = () = $log =~ /duplicate rate of claim namespace "noisy"/g;
 is($lines, 1, 'one line per interval');
 unlike($log, qr/duplicate rate of claim namespace "calm"/, 'a namespace under the warning is not logged');
+# more duplicates within the interval (made an hour, so that no interval can
+# end meanwhile) are not judged again at their commits
+$node->append_conf('postgresql.conf', "idem.duplicate_rate_interval = '1h'");
+$node->reload;
+ok(poll_show($node, 'idem.duplicate_rate_interval', '1h'), 'the interval is an hour');
+$offset = -s $node->logfile;
+$node->safe_psql('postgres', q{SELECT idem_claim('d' || i % 4, 'noisy') FROM generate_series(1, 20) i});
+$node->safe_psql('postgres', q{SELECT idem_claim('d' || i % 4, 'noisy') FROM generate_series(1, 20) i});
+unlike(slurp_file($node->logfile, $offset), qr/duplicate rate of claim namespace "noisy"/,
+	'more duplicates within the interval are not logged again');
 
 # a burst of duplicates followed by silence: judged by the maintenance
 # worker's next round, without another commit of the namespace's work, in
 # one line that names the database
-$node->append_conf('postgresql.conf', "idem.maintenance_interval = '1s'");
+$node->append_conf('postgresql.conf', "idem.maintenance_interval = '1s'\nidem.duplicate_rate_interval = '1s'");
 $node->reload;
+ok(poll_show($node, 'idem.duplicate_rate_interval', '1s'), 'the interval is a second again');
 $offset = -s $node->logfile;
 $node->safe_psql('postgres', q{SELECT idem_claim('q' || i % 4, 'quiet') FROM generate_series(1, 20) i});
 ok(wait_for_log($node, qr/duplicate rate of claim namespace "quiet" is 0\.8\d* over the last \d+ s/, $offset),
@@ -160,6 +182,10 @@ is($drop->safe_psql('postgres', q{SELECT string_agg(ns, ',' ORDER BY ns) FROM id
 $drop->safe_psql('postgres', q{CREATE DATABASE gone2});
 $drop->safe_psql('gone2', q{CREATE EXTENSION idem; SELECT idem_claim('m', 'h' || i) FROM generate_series(1, 9) i});
 $drop->safe_psql('postgres', q{DROP DATABASE gone2});
+# the dropped database's entries still take the room until the next round
+$drop->safe_psql('postgres', q{SELECT idem_claim('m', 'p3')});
+is($drop->safe_psql('postgres', q{SELECT string_agg(ns, ',' ORDER BY ns) FROM idem_stats WHERE kind = 'claim'}),
+	'*,p2', 'until then, a new namespace is counted under "*"');
 $drop->append_conf('postgresql.conf', "idem.maintenance_interval = '1s'");
 $drop->reload;
 my $own = 0;

@@ -360,9 +360,16 @@ unlike(slurp_file($old->logfile, $mb_offset), qr/does not exist/, 'and is not re
 $old->stop;
 
 # off switch
-my $off = idem_node('worker_off', "shared_preload_libraries = 'idem'", 'idem.maintenance = off');
+my $off = idem_node('worker_off', "shared_preload_libraries = 'idem'", 'idem.maintenance = off',
+	"idem.database = 'postgres'", "idem.maintenance_interval = '1s'");
+$off->safe_psql('postgres',
+	q{INSERT INTO idem.claims SELECT 'default', 'off-' || i, now() - interval '30 days' FROM generate_series(1, 20) i});
+# an absence: three intervals in which a worker would have purged them
+sleep(3);
 is($off->safe_psql('postgres',
 	q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idem maintenance worker'}),
 	'0', 'idem.maintenance = off starts no worker');
+is($off->safe_psql('postgres', q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'off-%'}),
+	'20', 'and nothing is purged');
 $off->stop;
 done_testing();
