@@ -260,7 +260,36 @@ INSERT INTO orders (id, status) VALUES (4, 'new');
 DELETE FROM orders WHERE id = 4;
 SELECT idem_disallow_initial('order', 'new')}), 't', 'and accepts one in an initial state');
 
-# (c) every update script's statements, run a second time, change nothing
+# (c) every update script's statements, run a second time, change nothing:
+# not idem's objects, nor any other (a second run outside the extension
+# would make an object it creates again under a new name no member)
+my $every_object = q{
+SELECT string_agg(l, E'\n' ORDER BY l COLLATE "C") FROM (
+    SELECT 'relation ' || n.nspname || '.' || c.relname || ' ' || c.relkind::text
+      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+    UNION ALL
+    SELECT 'function ' || p.oid::regprocedure::text
+      FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+     WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+    UNION ALL
+    SELECT 'type ' || t.oid::regtype::text
+      FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+     WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+    UNION ALL
+    SELECT 'constraint ' || c.conrelid::regclass::text || ' ' || c.conname
+      FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
+     WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+    UNION ALL
+    SELECT 'trigger ' || tgrelid::regclass::text || ' ' || tgname FROM pg_trigger WHERE NOT tgisinternal
+    UNION ALL
+    SELECT 'event trigger ' || evtname FROM pg_event_trigger
+    UNION ALL
+    SELECT 'policy ' || polrelid::regclass::text || ' ' || polname FROM pg_policy
+    UNION ALL
+    SELECT 'schema ' || nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\_%'
+) o(l)};
+my $objects_before = $node->safe_psql('up', $every_object);
 for my $script (@updates)
 {
 	my $sql = slurp_file($script);
@@ -273,6 +302,8 @@ for my $script (@updates)
 	is($rc, 0, "$name runs a second time without an error") or diag $err;
 }
 is(difference(describe('up'), $fresh), '', 'running the update scripts again changed nothing');
+is(difference($node->safe_psql('up', $every_object), $objects_before), '',
+	'and made no object that is not a member');
 # A second run keeps the key, unless chance gave the new one the bits of
 # two UUIDs (one time in 4096): then it replaces it once more.
 ok($node->safe_psql('up', q{SELECT encode(key, 'hex') FROM idem.token_key}) eq $key_after
