@@ -200,6 +200,39 @@ run_isolation() {
     fi
 }
 
+# build_releases: each release of test/upgrade/releases built from the
+# repository's history, with the compiler of today, into a private copy of
+# PostgreSQL of its own, $work/pg-VERSION (its idem.so and scripts only),
+# which the TAP tests find in IDEM_PG_<VERSION with underscores>.  A clone
+# without that history gets a line saying so, and the tests that need the
+# release skip.
+release_env=()
+build_releases() {
+    local ver commit dst src
+    while read -r ver commit; do
+        case "$ver" in ''|'#'*) continue ;; esac
+        dst=$work/pg-$ver src=$work/release-$ver
+        if ! git -C "$here" cat-file -e "$commit^{commit}" 2>/dev/null; then
+            echo "-- release $ver: commit $commit is not in this clone; its upgrade test skips"
+            continue
+        fi
+        rm -rf "$dst" "$src"
+        mkdir -p "$src"
+        git -C "$here" archive "$commit" | tar -x -C "$src" &&
+            cp -a "$work/pg" "$dst" &&
+            rm -rf "$dst/lib/postgresql/$PG_MAJOR/lib/idem.so" "$dst/lib/postgresql/$PG_MAJOR/lib/bitcode/idem" \
+                "$dst/lib/postgresql/$PG_MAJOR/lib/bitcode/idem.index.bc" \
+                "$dst/share/postgresql/$PG_MAJOR/extension"/idem[.-]* &&
+            chown -R postgres:postgres "$src" "$dst" ||
+            die "could not prepare the build of release $ver"
+        runuser -u postgres -- make -C "$src" -s with_llvm=no \
+            PG_CONFIG="$dst/lib/postgresql/$PG_MAJOR/bin/pg_config" install > "$src/build.log" 2>&1 ||
+            { tail -n 30 "$src/build.log"; die "the build of release $ver failed"; }
+        release_env+=("IDEM_PG_${ver//./_}=$dst/lib/postgresql/$PG_MAJOR")
+        echo "-- release $ver built from $commit"
+    done < "$work/test/upgrade/releases"
+}
+
 run_tap() {
     local files f p fl rc portlock start pattern=${1:-t/*.pl} port=${2:-65432}
     files=$(cd "$work" && ls $pattern 2>/dev/null | sort)
@@ -215,7 +248,7 @@ run_tap() {
         start=$SECONDS
         rm -rf "$work/tmp_check"; as_pg mkdir -p "$work/tmp_check"
         (cd "$work" && as_pg env TESTDIR="$work" PG_REGRESS="$PGXS_DIR/src/test/regress/pg_regress" \
-            PGPORT=$port PG_TEST_PORT_DIR="$portlock" prove -v -I "$PGXS_DIR/src/test/perl" -I . "$f") > "$work/tap.log" 2>&1
+            "${release_env[@]}" PGPORT=$port PG_TEST_PORT_DIR="$portlock" prove -v -I "$PGXS_DIR/src/test/perl" -I . "$f") > "$work/tap.log" 2>&1
         rc=$?
         p=$(grep -cE '^ok [0-9]+' "$work/tap.log")
         fl=$(grep -cE '^not ok [0-9]+' "$work/tap.log")
@@ -413,7 +446,7 @@ for s in "${suites[@]}"; do
     case "$s" in
         regress) run_regress ;;
         isolation) run_isolation ;;
-        tap) run_tap "${TAP_TESTS:-t/*.pl}" ;;
+        tap) build_releases; run_tap "${TAP_TESTS:-t/*.pl}" ;;
         citus) run_citus ;;
         package) run_package ;;
         *) die "unknown suite $s" ;;
