@@ -166,6 +166,29 @@ COMMENT ON FUNCTION idem._interval_mixed(pg_catalog.interval) IS
     'whether an interval has fields of both signs (internal)';
 REVOKE ALL ON FUNCTION idem._interval_mixed(pg_catalog.interval) FROM PUBLIC;
 
+-- The length of an interval without fields of both signs, in days, a month
+-- counting as a mean month (30.4375 days): what the retentions' bounds are
+-- judged by, so that 100 years are 1,200 months, 36,525 days, or any mix of
+-- the two that adds up to no more.  (An interval compares a month as 30
+-- days, which takes 1 month and 36,000 days for more than 100 years.)
+CREATE OR REPLACE FUNCTION idem._interval_days(span pg_catalog.interval)
+RETURNS pg_catalog.float8
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- (OPERATOR() gives every operator the same precedence: parenthesized)
+    SELECT (((pg_catalog.date_part('year', span) OPERATOR(pg_catalog.*) 12)
+             OPERATOR(pg_catalog.+) pg_catalog.date_part('month', span)) OPERATOR(pg_catalog.*) 30.4375::pg_catalog.float8)
+           OPERATOR(pg_catalog.+) pg_catalog.date_part('day', span)
+           OPERATOR(pg_catalog.+) (((pg_catalog.date_part('hour', span) OPERATOR(pg_catalog.*) 3600)
+                                    OPERATOR(pg_catalog.+) (pg_catalog.date_part('minute', span) OPERATOR(pg_catalog.*) 60)
+                                    OPERATOR(pg_catalog.+) pg_catalog.date_part('second', span))
+                                   OPERATOR(pg_catalog./) 86400)
+$$;
+COMMENT ON FUNCTION idem._interval_days(pg_catalog.interval) IS
+    'the length of an interval in days, a month as 30.4375 days (internal)';
+REVOKE ALL ON FUNCTION idem._interval_days(pg_catalog.interval) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION idem_request_set_retention(ns pg_catalog.text, retention pg_catalog.interval)
 RETURNS void
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
@@ -178,13 +201,10 @@ BEGIN
             USING ERRCODE = '22004',
                   HINT = 'Give how long finished requests are replayed, such as ''24 hours''.';
     END IF;
-    -- one year is 12 months, or 366 days (an interval compares a month as
-    -- 30 days, so that '365 days' is more than '1 year' to it)
+    -- one year is 12 months, 366 days, or a mix of the two that adds up to
+    -- no more (a month as 30.4375 days)
     IF retention OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval
-       OR retention OPERATOR(pg_catalog.>) '366 days'::pg_catalog.interval
-       OR (pg_catalog.date_part('year', retention) OPERATOR(pg_catalog.<>) 0
-           OR pg_catalog.date_part('month', retention) OPERATOR(pg_catalog.<>) 0)
-          AND retention OPERATOR(pg_catalog.>) '1 year'::pg_catalog.interval THEN
+       OR idem._interval_days(retention) OPERATOR(pg_catalog.>) 366 THEN
         RAISE EXCEPTION 'retention must be positive and at most one year'
             USING ERRCODE = '22023',
                   DETAIL = pg_catalog.format('The retention given was %s.', retention),
@@ -351,12 +371,9 @@ BEGIN
                   DETAIL = pg_catalog.format('The retention given was %s.', retention),
                   HINT = 'Give the dedup horizon as a positive interval, such as ''7 days''.';
     END IF;
-    -- an interval compares its months as 30 days: 100 years are 1,200
-    -- months, or 36,525 days
-    IF retention OPERATOR(pg_catalog.>) '36525 days'::pg_catalog.interval
-       OR (pg_catalog.date_part('year', retention) OPERATOR(pg_catalog.<>) 0
-           OR pg_catalog.date_part('month', retention) OPERATOR(pg_catalog.<>) 0)
-          AND retention OPERATOR(pg_catalog.>) '100 years'::pg_catalog.interval THEN
+    -- 100 years are 1,200 months, 36,525 days, or a mix of the two that
+    -- adds up to no more (a month as 30.4375 days)
+    IF idem._interval_days(retention) OPERATOR(pg_catalog.>) 36525 THEN
         out_of_range := true;
     ELSE
         -- fields of opposite signs may cancel out in the comparison

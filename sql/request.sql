@@ -148,11 +148,14 @@ SELECT idem_request_finish('r1', 200, NULL, 'short');
 SELECT expires_at - finished_at AS retention FROM idem.requests WHERE ns = 'short' AND key = 'r1';
 SELECT pg_temp.err($$SELECT idem_request_set_retention('short', '0')$$);
 SELECT pg_temp.err($$SELECT idem_request_set_retention('short', '2 years')$$);
--- one year is 12 months or 366 days: an interval compares a month as 30 days
+-- one year is 12 months, 366 days, or a mix of the two that adds up to no
+-- more, a month counting as 30.4375 days (an interval compares it as 30)
 SELECT pg_temp.err($$SELECT idem_request_set_retention('year', '1 year')$$) AS one_year,
        pg_temp.err($$SELECT idem_request_set_retention('year', '365 days')$$) AS days_365,
        pg_temp.err($$SELECT idem_request_set_retention('year', '8784 hours')$$) AS hours_8784,
-       pg_temp.err($$SELECT idem_request_set_retention('year', '11 months 5 days')$$) AS months_and_days;
+       pg_temp.err($$SELECT idem_request_set_retention('year', '11 months 5 days')$$) AS months_and_days,
+       pg_temp.err($$SELECT idem_request_set_retention('year', '11 months 31 days')$$) AS months_and_31_days,
+       pg_temp.err($$SELECT idem_request_set_retention('year', '11 months 32 days')$$) AS months_and_32_days;
 SELECT pg_temp.err($$SELECT idem_request_set_retention('year', '367 days')$$);
 SELECT pg_temp.err($$SELECT idem_request_set_retention('year', '1 year 1 day')$$);
 SELECT pg_temp.err($$SELECT idem_request_set_retention('year', '8784:00:01')$$);

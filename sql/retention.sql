@@ -178,6 +178,13 @@ SELECT idem_set_retention('ret_days', '36001 days'), idem_set_retention('ret_day
        idem_set_retention('ret_days', '1200 mons');
 SELECT pg_temp.err($$SELECT idem_set_retention('ret_days', '36526 days')$$);
 SELECT pg_temp.err($$SELECT idem_set_retention('ret_days', '1201 mons')$$);
+-- and any mix of months and days that adds up to no more, a month counting
+-- as 30.4375 days (an interval's comparison, at 30 days, took 1 month and
+-- 36,000 days for more than 1,200 months)
+SELECT idem_set_retention('ret_days', '1 mon 36000 days'), idem_set_retention('ret_days', '1199 mons 30 days'),
+       idem_set_retention('ret_days', '99 years 365 days 6 hours');
+SELECT pg_temp.err($$SELECT idem_set_retention('ret_days', '1 mon 36495 days')$$);
+SELECT pg_temp.err($$SELECT idem_set_retention('ret_days', '99 years 365 days 6 hours 1 second')$$);
 SELECT ns, retention FROM idem.namespaces WHERE ns = 'ret_days';
 DELETE FROM idem.namespaces WHERE ns = 'ret_days';
 -- a retention stored before the bound (by 0.1.0, or by hand) that no
