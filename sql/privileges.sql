@@ -15,20 +15,17 @@
 --
 -- gives an application role idem's user functions with this one statement:
 --
---   GRANT EXECUTE ON FUNCTION
---       idem_claim(text, text), idem_try_claim(text, text),
---       idem_claim_batch(text[], text), idem_claim_info(text, text),
---       idem_token_issue(text, interval), idem_token_consume(text, text),
---       idem_token_status(text, text),
---       idem_request_begin(text, text, text, interval),
---       idem_request_checkpoint(text, text, jsonb, text),
---       idem_request_finish(text, integer, jsonb, text, boolean),
---       idem_request_fingerprint(jsonb),
---       idem_transition(regclass, text, text, bigint),
---       idem_offset_advance(text, text, integer, bigint),
---       idem_offset_get(text, text, integer),
---       idem_seq_accept(text, bigint, integer)
---     TO app;
+--   GRANT EXECUTE ON FUNCTION idem_claim(text, text), idem_try_claim(text, text), idem_claim_batch(text[], text),
+--       idem_claim_info(text, text), idem_token_issue(text, interval),
+--       idem_token_consume(text, text), idem_token_status(text, text),
+--       idem_request_begin(text, text, text, interval), idem_request_checkpoint(text, text, jsonb, text),
+--       idem_request_finish(text, int, jsonb, text, boolean), idem_request_fingerprint(jsonb),
+--       idem_transition(regclass, text, text, bigint), idem_transition(regclass, text[], text, bigint),
+--       idem_outbox_send(text, text, jsonb, jsonb, text),
+--       idem_offset_advance(text, text, int, bigint), idem_offset_get(text, text, int),
+--       idem_seq_accept(text, bigint, int) TO app;
+--
+-- (the README's, run below as it is written)
 --
 -- and an administration role the rest with:
 --
@@ -261,20 +258,26 @@ SELECT stmt, pg_temp.outcome(stmt) FROM (VALUES
     (6, 'SELECT idem_token_issue(''priv'')'),
     (7, 'SELECT idem_token_consume(repeat(''A'', 43), ''priv'')'),
     (8, 'SELECT idem_token_status(repeat(''A'', 43), ''priv'')'),
+    -- ==== request idempotency keys ====
+    (9, 'SELECT idem_request_begin(''s-req'', ''fp'', ''priv'')'),
     -- ==== state-transition guard ====
-    (9, 'SELECT idem_transition(''priv_orders'', ''2'', ''paid'')')
+    (10, 'SELECT idem_transition(''priv_orders'', ''2'', ''paid'')'),
+    -- ==== outbox and streams ====
+    (11, 'SELECT idem_outbox_send(''priv'', ''k'', ''{}'')'),
+    (12, 'SELECT idem_offset_advance(''priv'', ''s'', 0, 1)')
   ) v(n, stmt) ORDER BY n;
 RESET ROLE;
 
--- the one grant
-GRANT EXECUTE ON FUNCTION
-    idem_claim(text, text), idem_try_claim(text, text),
-    idem_claim_batch(text[], text), idem_claim_info(text, text),
-    idem_release(text, text),
-    idem_token_issue(text, interval), idem_token_consume(text, text),
-    idem_token_status(text, text),
-    idem_transition(regclass, text, text, bigint)
-  TO regress_idem_app;
+-- the one grant, the README's
+GRANT EXECUTE ON FUNCTION idem_claim(text, text), idem_try_claim(text, text), idem_claim_batch(text[], text),
+    idem_claim_info(text, text), idem_token_issue(text, interval),
+    idem_token_consume(text, text), idem_token_status(text, text),
+    idem_request_begin(text, text, text, interval), idem_request_checkpoint(text, text, jsonb, text),
+    idem_request_finish(text, int, jsonb, text, boolean), idem_request_fingerprint(jsonb),
+    idem_transition(regclass, text, text, bigint), idem_transition(regclass, text[], text, bigint),
+    idem_outbox_send(text, text, jsonb, jsonb, text),
+    idem_offset_advance(text, text, int, bigint), idem_offset_get(text, text, int),
+    idem_seq_accept(text, bigint, int) TO regress_idem_app;
 
 -- it covers every function of idem in the schema public that PUBLIC may
 -- run by default but a trigger's, and nothing that PUBLIC may not: no row
@@ -293,11 +296,22 @@ SELECT idem_try_claim('s-2', 'priv'), idem_try_claim('s-2', 'priv');
 SELECT idem_claim_batch(ARRAY['s-1', 's-3'], 'priv');
 SELECT idem_claim_info('s-1', 'priv') IS NOT NULL AS claimed,
        idem_claim_info('s-9', 'priv') IS NULL AS unclaimed;
-SELECT idem_release('s-1', 'priv'), idem_claim('s-1', 'priv');
+-- idem_release is an administration function: not in the grant
+SELECT pg_temp.outcome('SELECT idem_release(''s-1'', ''priv'')');
 -- ==== single-use tokens ====
 SELECT idem_token_issue('priv') AS token \gset
 SELECT idem_token_consume(:'token', 'priv'), idem_token_consume(:'token', 'priv'),
        idem_token_status(:'token', 'priv');
+-- ==== request idempotency keys ====
+SELECT status FROM idem_request_begin('s-req', idem_request_fingerprint('{"a": 1}'), 'priv');
+SELECT idem_request_finish('s-req', 200, '{}', 'priv');
+SELECT status, response_code FROM idem_request_begin('s-req', idem_request_fingerprint('{"a": 1}'), 'priv');
+-- ==== outbox and streams ====
+BEGIN;
+SELECT idem_outbox_send('priv', 'k', '{}') IS NOT NULL AS sent;
+ROLLBACK;
+SELECT idem_offset_advance('priv', 's', 0, 1) AS advanced, idem_offset_get('priv', 's', 0) AS stored,
+       idem_seq_accept('priv', 1) AS accepted;
 -- ==== state-transition guard ====
 SELECT idem_transition('priv_orders', '2', 'paid');
 SELECT idem_transition('priv_orders', '2', 'paid');
@@ -342,6 +356,9 @@ SELECT pg_temp.outcome('SELECT idem_distribute()');
 DELETE FROM idem.claims WHERE ns = 'priv';
 DELETE FROM idem.namespaces WHERE ns = 'priv';
 DELETE FROM idem.tokens WHERE scope = 'priv';
+DELETE FROM idem.requests WHERE ns = 'priv';
+DELETE FROM idem.offsets WHERE consumer = 'priv';
+DELETE FROM idem.producer_seqs WHERE producer = 'priv';
 DROP TABLE priv_orders, priv_secret, priv_admin, priv_admin_strict;
 DELETE FROM idem.transitions WHERE machine = 'priv';
 DROP OWNED BY regress_idem_app, regress_idem_admin, regress_idem_usage;
