@@ -269,6 +269,7 @@ INSERT INTO cases (fn, call, expected_sqlstate) VALUES
 ('idem_outbox_configure',   $$SELECT idem_outbox_configure('bi', 3, NULL, '1 minute')$$,      '22004'),
 ('idem_outbox_configure',   $$SELECT idem_outbox_configure('bi', 3, '1 second', NULL)$$,      '22004'),
 ('idem_maintenance',        $$SELECT * FROM idem_maintenance(NULL)$$,                         '22004'),
+('idem_maintenance',        $$SELECT * FROM idem_maintenance(0)$$,                            '22023'),
 ('idem_maintenance',        $$SELECT * FROM idem_maintenance(1000001)$$,                      '22023');
 
 -- Run every case once, in order, and keep what it gave: got is the SQLSTATE

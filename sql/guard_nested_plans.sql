@@ -4,6 +4,18 @@
 -- while the outer call looks for the row, makes the inner call prepare new
 -- plans, and the outer call's look-up goes on with its own.  (The error's
 -- context names the outer look-up, read from its plan.)
+-- the SQLSTATE, message and detail of the error a statement raises
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    detail text;
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+    RETURN SQLSTATE || ': ' || SQLERRM || ' | ' || detail;
+END;
+$$;
 SELECT idem_allow('nested', 'new', 'paid');
 CREATE ROLE regress_idem_nested;
 CREATE SCHEMA nested AUTHORIZATION regress_idem_nested;
@@ -53,7 +65,7 @@ SELECT idem_transition('nested.np', '1', 'paid');
 -- guard did not fire
 SET nested.skip = 'on';
 SET nested.raise = 'off';
-SELECT idem_transition('nested.np', '1', 'paid');
+SELECT pg_temp.err($$SELECT idem_transition('nested.np', '1', 'paid')$$);
 -- the plans the inner calls replaced are freed once the outer call is
 -- done: 50 such calls leave no plans behind
 RESET ROLE;

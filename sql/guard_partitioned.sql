@@ -17,14 +17,20 @@ EXCEPTION WHEN OTHERS THEN
 END;
 $$;
 
-CREATE FUNCTION guards(prefix text) RETURNS TABLE (tbl regclass, cloned boolean, def text)
+-- the guards of every relation of the trees of rels (its partitions, and
+-- the children of an inheritance parent): a relation without one has a row
+-- with nulls
+CREATE FUNCTION guards(VARIADIC rels regclass[]) RETURNS TABLE (tbl regclass, cloned boolean, def text)
 LANGUAGE sql AS $$
-    SELECT t.tgrelid::regclass, t.tgparentid <> 0,
+    SELECT r.relid, t.tgparentid <> 0,
            regexp_replace(pg_get_triggerdef(t.oid), ' ON [^ ]+ ', ' ON _ ')
-      FROM pg_trigger t
-     WHERE t.tgfoid = 'idem_guard_trigger'::regproc
-       AND t.tgrelid::regclass::text LIKE prefix || '%'
-     ORDER BY t.tgrelid::regclass::text
+      FROM (SELECT u AS relid FROM unnest(rels) u
+            UNION
+            SELECT p.relid FROM unnest(rels) u, pg_partition_tree(u) p
+            UNION
+            SELECT i.inhrelid::regclass FROM unnest(rels) u JOIN pg_inherits i ON i.inhparent = u) r
+      LEFT JOIN pg_trigger t ON t.tgrelid = r.relid AND t.tgfoid = 'idem_guard_trigger'::regproc
+     ORDER BY r.relid::text
 $$;
 
 SELECT idem_allow('pay', 'new', 'paid');
@@ -158,13 +164,14 @@ SELECT tableoid::regclass, * FROM pt_payments ORDER BY id;
 -- a partition detached loses the guard (the clone goes with the parent's):
 -- it is a table of its own again
 ALTER TABLE pt_payments DETACH PARTITION payments_jan;
-SELECT * FROM guards('pt_payments');
+SELECT * FROM guards('pt_payments', 'payments_jan');
 INSERT INTO payments_jan VALUES ('2026-01-20', 3, 'new');
 UPDATE payments_jan SET status = 'shipped' WHERE id = 3;
 SELECT * FROM payments_jan;
 -- and one attached again gets it back
 DELETE FROM payments_jan;
 ALTER TABLE pt_payments ATTACH PARTITION payments_jan FOR VALUES FROM ('2026-01-01') TO ('2026-02-01');
+SELECT * FROM guards('pt_payments');
 INSERT INTO pt_payments VALUES ('2026-01-21', 4, 'new');
 SELECT err($$UPDATE pt_payments SET status = 'shipped' WHERE id = 4$$);
 
@@ -325,6 +332,6 @@ DROP TABLE inh_orders CASCADE;
 DROP TABLE pt_orders, pt_single, pt_mixed, mixed_2, pt_payments, cmp_direct, cmp_spi, cmp_part,
     cmp_part_spi, requests, answers;
 DROP FUNCTION nothing();
-DROP FUNCTION guards(text);
+DROP FUNCTION guards(regclass[]);
 DROP FUNCTION err(text);
 DELETE FROM idem.transitions;

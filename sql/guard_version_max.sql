@@ -118,6 +118,24 @@ UPDATE gvm_bigint_alone SET status = 'paid' WHERE id = 2;
 \set VERBOSITY terse
 \set SHOW_CONTEXT errors
 
+-- a row whose version is null (damaged: written while the column's NOT
+-- NULL was off, here by editing the catalog) is refused with 23502 by an
+-- UPDATE and by idem_transition (not read as version 0); the other rows move
+CREATE TABLE gvm_null (id int PRIMARY KEY, status text NOT NULL, version bigint NOT NULL DEFAULT 0);
+INSERT INTO gvm_null VALUES (1, 'new'), (2, 'new');
+UPDATE pg_attribute SET attnotnull = false
+ WHERE attrelid = 'gvm_null'::regclass AND attname = 'version';
+UPDATE gvm_null SET version = NULL WHERE id = 1;
+UPDATE pg_attribute SET attnotnull = true
+ WHERE attrelid = 'gvm_null'::regclass AND attname = 'version';
+SELECT idem_guard('gvm_null', 'gvm', 'status', 'version');
+SELECT gvm_run($$UPDATE gvm_null SET status = 'paid' WHERE id = 1$$) AS "update",
+       gvm_run($$UPDATE gvm_null SET status = 'paid', version = 1 WHERE id = 1$$) AS update_version,
+       gvm_run($$SELECT idem_transition('gvm_null', '1', 'paid')$$) AS transition,
+       gvm_run($$SELECT idem_transition('gvm_null', '2', 'paid')$$) AS other_row;
+SELECT * FROM gvm_null ORDER BY id;
+DROP TABLE gvm_null;
+
 DO $$
 DECLARE
     t text;

@@ -96,10 +96,20 @@ SELECT idem_request_checkpoint('k5', 'step-2', '{"n": 2}');
 UPDATE idem.requests SET owner_pid = 0 WHERE key = 'k5';
 SELECT status, recovery_point, recovery_data, attempts FROM idem_request_begin('k5', 'fp');
 SELECT pg_temp.row('k5');
--- a live owner whose lease ran out: resume too (the postmaster's pid is
--- alive but never a backend, so take this session's own pid with another
--- start time: a reused pid is not the owner)
-UPDATE idem.requests SET owner_started = owner_started - interval '1 hour' WHERE key = 'k5';
+-- a live owner, another session (the autovacuum launcher's pid and start
+-- time): in flight while its lease lasts, resumed once it ran out
+SELECT pid AS live_pid, backend_start AS live_started
+  FROM pg_stat_activity WHERE backend_type = 'autovacuum launcher' \gset
+UPDATE idem.requests SET owner_pid = :live_pid, owner_started = :'live_started',
+                         lease_until = clock_timestamp() + interval '1 hour' WHERE key = 'k5';
+SELECT status, attempts FROM idem_request_begin('k5', 'fp');
+UPDATE idem.requests SET lease_until = clock_timestamp() - interval '1 second' WHERE key = 'k5';
+SELECT status, attempts FROM idem_request_begin('k5', 'fp');
+SELECT owner_pid = pg_backend_pid() AS taken_over FROM idem.requests WHERE key = 'k5';
+-- a reused pid is not the owner: this session's own pid with another start
+-- time is a session that is gone, resumed whatever its lease
+UPDATE idem.requests SET owner_started = owner_started - interval '1 hour',
+                         lease_until = clock_timestamp() + interval '1 hour' WHERE key = 'k5';
 SELECT status, attempts FROM idem_request_begin('k5', 'fp');
 SELECT pg_temp.err($$SELECT idem_request_finish('k5', 200)$$);
 -- checkpoint and finish by a session that is not the owner are refused

@@ -24,6 +24,12 @@ SAVEPOINT t;
 SELECT idem_claim('m8', 'st-claims');
 RELEASE SAVEPOINT t;
 COMMIT;
+-- in flight: a claim held by a prepared transaction
+BEGIN;
+SELECT idem_claim('m10', 'st-claims');
+PREPARE TRANSACTION 'idem_stats_pt';
+SELECT idem_try_claim('m10', 'st-claims');
+ROLLBACK PREPARED 'idem_stats_pt';
 SELECT * FROM pg_temp.stats('claim');
 
 -- many subtransactions of one transaction (a loop of exception blocks): the

@@ -302,28 +302,57 @@ SELECT idem_offset_advance('c', 'prep', 0, 12) AS applied, idem_seq_accept('prep
 SELECT count(*) AS prepared_left FROM pg_prepared_xacts;
 DELETE FROM idem.offsets WHERE stream = 'prep';
 
+-- the SQLSTATE and message of the error a statement raises
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END;
+$$;
 -- idem's tables altered by hand: refused with 55000, never misread
 BEGIN;
 ALTER TABLE idem.producer_seqs RENAME COLUMN seen TO bits;
-SELECT idem_seq_accept('p', 500);
+SELECT pg_temp.err($$SELECT idem_seq_accept('p', 500)$$);
 ROLLBACK;
 BEGIN;
 ALTER TABLE idem.offsets DROP CONSTRAINT offsets_pkey;
 ALTER TABLE idem.offsets ADD PRIMARY KEY (stream, consumer, part);
-SELECT idem_offset_advance('c', 'orders', 0, 5000);
+SELECT pg_temp.err($$SELECT idem_offset_advance('c', 'orders', 0, 5000)$$);
 ROLLBACK;
 BEGIN;
 ALTER TABLE idem.offsets DROP CONSTRAINT offsets_pkey;
 ALTER TABLE idem.offsets ADD PRIMARY KEY (consumer, stream);
-SELECT idem_offset_get('c', 'orders', 0);
+SELECT pg_temp.err($$SELECT idem_offset_get('c', 'orders', 0)$$);
 ROLLBACK;
 SELECT idem_seq_accept('p', 500) AS accepted_after_rollback;
 -- a row written by hand with a negative highest number is malformed (XX001),
--- before a window that differs is reported
+-- before a window that differs is reported; so is one whose window is
+-- outside 1..1024, or whose bitmap is not of its window's length (a window
+-- of 64 has 8 bytes)
+SELECT "window", octet_length(seen) FROM idem.producer_seqs WHERE producer = 'p';
 BEGIN;
 UPDATE idem.producer_seqs SET high = -9223372036854775807 WHERE producer = 'p';
-SELECT idem_seq_accept('p', 5, 32);
+SELECT pg_temp.err($$SELECT idem_seq_accept('p', 5, 32)$$);
 ROLLBACK;
+BEGIN;
+UPDATE idem.producer_seqs SET "window" = 0, seen = '' WHERE producer = 'p';
+SELECT pg_temp.err($$SELECT idem_seq_accept('p', 501)$$) AS window_0;
+ROLLBACK;
+BEGIN;
+UPDATE idem.producer_seqs SET "window" = 1032, seen = decode(repeat('00', 129), 'hex') WHERE producer = 'p';
+SELECT pg_temp.err($$SELECT idem_seq_accept('p', 501)$$) AS window_1032;
+ROLLBACK;
+BEGIN;
+UPDATE idem.producer_seqs SET seen = seen || '\x00'::bytea WHERE producer = 'p';
+SELECT pg_temp.err($$SELECT idem_seq_accept('p', 501)$$) AS bitmap_long;
+ROLLBACK;
+BEGIN;
+UPDATE idem.producer_seqs SET seen = substr(seen, 2) WHERE producer = 'p';
+SELECT pg_temp.err($$SELECT idem_seq_accept('p', 501)$$) AS bitmap_short;
+ROLLBACK;
+SELECT idem_seq_accept('p', 501) AS accepted_after_rollback;
 -- the view idem_offsets is for pg_monitor: a member reads it, another role
 -- is refused (42501)
 CREATE ROLE regress_idem_stream_monitor IN ROLE pg_monitor;
