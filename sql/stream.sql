@@ -363,3 +363,4 @@ SET ROLE regress_idem_stream_other;
 SELECT count(*) FROM idem_offsets;
 RESET ROLE;
 DROP ROLE regress_idem_stream_monitor, regress_idem_stream_other;
+DROP FUNCTION stream_sqlstate(text);
