@@ -31,6 +31,11 @@ ROLLBACK;
 SELECT pg_temp.err($$SELECT idem_outbox_send('big', 'k',
     (SELECT jsonb_agg('1e131071'::numeric) FROM generate_series(1, 2100)))$$);
 SELECT count(*) AS big_messages FROM idem.outbox WHERE aggregatetype = 'big';
+-- the payload and the headers count together: 144 MB of each
+SELECT pg_temp.err($$SELECT idem_outbox_send('big', 'k',
+    (SELECT jsonb_agg('1e131071'::numeric) FROM generate_series(1, 1100)),
+    (SELECT jsonb_build_object('h', jsonb_agg('1e131071'::numeric)) FROM generate_series(1, 1100)))$$);
+SELECT count(*) AS big_messages FROM idem.outbox WHERE aggregatetype = 'big';
 -- under the limit (249 MB as text), measured too: sent
 SELECT pg_temp.err($$SELECT idem_outbox_send('big', 'k',
     (SELECT jsonb_agg('1e131071'::numeric) FROM generate_series(1, 1900)))$$);
