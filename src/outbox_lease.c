@@ -2176,7 +2176,8 @@ dead_heads_arg(OutboxRels *r, LeaseMode mode, MemoryContext cxt)
  * next visits the key, which may be never while every relay is down: this
  * is what idem_outbox_stats counts them by.  The judgement is lease_key's
  * own, on each row's last committed version; nothing is written or locked
- * (the relations are opened with ACCESS SHARE, as a SELECT does).
+ * (the relations are opened with ACCESS SHARE, as a SELECT does), so that
+ * a standby judges as its primary would.
  */
 PG_FUNCTION_INFO_V1(idem_outbox_dead_heads);
 Datum
@@ -2196,10 +2197,6 @@ idem_outbox_dead_heads(PG_FUNCTION_ARGS)
 	MemoryContext oldcxt;
 
 	InitMaterializedSRF(fcinfo, 0);
-	/* a standby leases nothing: its rows say all there is */
-	if (RecoveryInProgress())
-		return (Datum) 0;
-
 	callcxt = AllocSetContextCreate(CurrentMemoryContext, "idem_outbox_dead_heads",
 									ALLOCSET_DEFAULT_SIZES);
 	oldcxt = MemoryContextSwitchTo(callcxt);

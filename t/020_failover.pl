@@ -424,6 +424,85 @@ my @kinds = (
 			],
 		],
 	},
+
+	{
+		name => 'outbox',
+		# Two keys of "fo": a's first message leased, b's delivered; a key of
+		# "fo-dead" (one attempt) whose lease ran out: dead, though no lease
+		# has said so yet.
+		setup => q{
+			SELECT idem_outbox_configure('fo-dead', 1, '1 second', '1 minute') IS NOT NULL;
+			SELECT count(idem_outbox_send(t, k, jsonb_build_object('n', n)))
+			  FROM (VALUES ('fo', 'a', 1), ('fo', 'a', 2), ('fo', 'b', 1), ('fo-dead', 'd', 1)) v(t, k, n);
+			SELECT string_agg(topic || '/' || key, ',' ORDER BY topic, key)
+			  FROM idem_outbox_lease('fo-r', 10, '1 hour');
+			SELECT idem_outbox_ack(ARRAY(SELECT id FROM idem.outbox WHERE aggregateid = 'b'));
+			UPDATE idem.outbox_keys SET available_at = now() - interval '1 second' WHERE topic = 'fo-dead';},
+		setup_out => "t
+4
+fo/a,fo/b,fo-dead/d
+1",
+		check     => q{
+			SELECT id, aggregatetype, aggregateid, payload FROM idem.outbox ORDER BY seq;
+			SELECT topic, key, leased_by, attempts, dead FROM idem.outbox_keys ORDER BY topic, key},
+		standby => [
+			[
+				q{SELECT topic, pending, leased, dead FROM idem_outbox_stats() ORDER BY topic},
+				"fo|1|1|0\nfo-dead|0|0|1",
+				'idem_outbox_stats judges as the primary does: d dead, its lease over'
+			],
+		],
+		writes => [
+			[ q{SELECT idem_outbox_send('fo', 'a', '{}')}, 'idem_outbox_send' ],
+			[ q{SELECT count(*) FROM idem_outbox_lease('fo-s', 10)}, 'idem_outbox_lease' ],
+			[
+				q{SELECT idem_outbox_ack(ARRAY(SELECT id FROM idem.outbox WHERE aggregateid = 'a'))},
+				'idem_outbox_ack'
+			],
+			[
+				q{SELECT idem_outbox_nack(id, 'down') FROM idem.outbox WHERE aggregateid = 'a' LIMIT 1},
+				'idem_outbox_nack'
+			],
+			[ q{SELECT idem_outbox_redrive()}, 'idem_outbox_redrive' ],
+			[ q{SELECT idem_outbox_configure('fo', 3, '1 second', '1 minute')}, 'idem_outbox_configure' ],
+			[ q{SELECT idem_outbox_purge()}, 'idem_outbox_purge' ],
+		],
+		# a message of b, sent in the transaction the failover cuts
+		open      => q{SELECT idem_outbox_send('fo', 'b', '{"n": 2}') IS NOT NULL;},
+		open_out  => 't',
+		open_rows => 1,
+		promoted => [
+			[
+				q{SELECT topic, pending, leased, dead FROM idem_outbox_stats() ORDER BY topic},
+				"fo|1|1|0\nfo-dead|0|0|1",
+				'the promoted standby counts the same'
+			],
+			[
+				q{UPDATE idem.outbox_keys SET available_at = now() - interval '1 second'
+				   WHERE topic = 'fo' AND key = 'a';
+				  SELECT key, payload->>'n', attempt FROM idem_outbox_lease('fo-r2', 10, '1 hour')},
+				'a|1|2',
+				'a message leased on the old primary is leased again when its lease ran out, at its second attempt; none of the open transaction'
+			],
+			[
+				q{SELECT idem_outbox_ack(ARRAY(SELECT id FROM idem.outbox WHERE aggregateid = 'a' AND payload->>'n' = '1'));
+				  SELECT key, payload->>'n', attempt FROM idem_outbox_lease('fo-r2', 10, '1 hour')},
+				"1\na|2|1",
+				'its ack makes the next message of its key leasable, in order'
+			],
+			[
+				q{SELECT idem_outbox_redrive('fo-dead');
+				  SELECT key, payload->>'n', attempt FROM idem_outbox_lease('fo-r2', 10, '1 hour')},
+				"1\nd|1|1",
+				'the dead message is redriven and leased'
+			],
+			[
+				q{SELECT count(*) FROM idem.outbox WHERE aggregateid = 'b'},
+				'0',
+				'the message sent in the open transaction is not there'
+			],
+		],
+	},
 );
 
 my $db = 'postgres';
