@@ -113,6 +113,19 @@ is(sql(q{SELECT string_agg(aggregateid, ',' ORDER BY aggregateid) FROM idem.outb
 like(sql(q{SELECT last_error FROM idem.outbox_keys WHERE topic = 'big' AND key = 'b2' AND dead}),
 	qr/^permanent: kafka: could not produce: .*too large/i, 'the one too large is dead at once, with the error');
 
+# A full producer queue (room for one message here) is waited for within
+# the lease: the batch of 20 goes out as delivery reports make room, each
+# message at its first attempt, none retried.
+sql(q{SELECT idem_outbox_send('qfull', 'q' || k, jsonb_build_object('n', k)) FROM generate_series(1, 20) k});
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', 'kafka.property.test.mock.num.brokers=1',
+	'--set', 'kafka.property.queue.buffering.max.messages=1', '--batch', '20',
+	'--lease', '10s', '--timeout', '5s', '--once', '--log-interval', '0');
+is($rc, 0, 'the relay stopped (--once)') or diag($err);
+like($err, qr/stopped: leased 20, delivered 20, retried 0, dead 0/,
+	'a full producer queue is waited for: the 20 messages delivered at their first attempt')
+  or diag($err);
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'qfull'}), '0', 'and acknowledged');
+
 # Runs (--per-key): the producer has many messages in flight, but a run is
 # given to it one message after the other, and stops at its first message
 # not delivered.  r2's fourth message is too large: refused for good, dead;
