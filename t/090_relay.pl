@@ -5,8 +5,12 @@
 # the README gives a relay, connected through the libpq environment (PGHOST,
 # PGPORT, PGDATABASE, PGUSER) without a connection string:
 #
-# - options, configuration and exit codes 0, 1, 2 and 3;
+# - options, configuration and exit codes 0, 1, 2 and 3; durations of at
+#   most a day; a value in double quotes keeps its spaces;
 # - the stdout sink: every message once, in order per key, with its fields;
+#   a reader that went away ends the relay with exit code 4, not SIGPIPE; a
+#   regular file is synced before the ack, and a sync that fails ends the
+#   relay with exit code 4 (test/relay/fdatasync_shim.c, built here);
 # - waking up: an idle relay is woken by the notification of a send (its
 #   poll interval is an hour), and a prepared transaction's message, which
 #   cannot notify, is found by polling;
@@ -22,6 +26,7 @@
 #   the relay's own headers refused in the configuration;
 # - the counts: an ack or a nack that failed counts nothing;
 # - no message is started with less than the timeout left of its lease;
+#   a nack names its relay: late, it does not end another relay's lease;
 # - a relay killed with SIGKILL in the middle of a batch: a second relay
 #   delivers everything, the killed relay's unacknowledged deliveries again
 #   with the same Idempotency-Key, and nothing out of order per key;
@@ -29,8 +34,11 @@
 # - SIGTERM in the middle of a batch finishes and acknowledges it, a second
 #   signal releases what is not published yet (with runs, from each run's
 #   first message not delivered) and acknowledges what was; exit code 0;
-# - SIGHUP reads the configuration file again (the name excepted); a file
-#   with an error leaves the configuration in force;
+# - SIGHUP reads the configuration file again (the name excepted), the
+#   command line still winning over it; a file with an error leaves the
+#   configuration in force;
+# - with --exit-on-error, a connection lost in the middle of a statement is
+#   made again, not an exit;
 # - a sink whose broker cannot be reached: the relay leases nothing until it
 #   is back, so that no message spends an attempt (or dies) meanwhile.
 
@@ -187,6 +195,8 @@ my @usage_errors = (
 	# under a millisecond: rounded to 0, it turned the counts off
 	[ [ '--log-interval', '0.1ms' ], qr/log_interval must be 0 or at least 1ms .*not "0\.1ms" \(command line\)/ ],
 	[ [ '--lease', '0.0004' ], qr/lease must be at least 1ms .*not "0\.0004" \(command line\)/ ],
+	# a lease, like a nack's wait, is at most a day
+	[ [ '--once', '--exit-on-error', '--lease', '25h' ], qr/lease must be a duration above zero and at most a day, such as 5s or 500ms, not "25h" \(command line\)/ ],
 	[ [ '--sink', 'carrier-pigeon' ], qr/unknown sink "carrier-pigeon"/ ],
 	[ [ '--sink', 'webhook' ], qr/the webhook sink needs a URL/ ],
 	# a URL libcurl cannot use, found at start rather than by every message
@@ -214,6 +224,11 @@ for my $case (@usage_errors)
 	is($rc, 1, "exit code 1 for @{ $case->[0] }");
 	like($err, $case->[1], "message for @{ $case->[0] }");
 }
+
+# a day itself is a duration
+($rc, $out, $err) = run_relay({}, '--once', '--lease', '24h', '--timeout', '12h', '--log-interval', '0');
+is($rc, 0, 'a lease of 24h and a timeout of 12h are accepted') or diag($err);
+like($err, qr/lease 86400000 ms, .*timeout 43200000 ms/, 'and in force');
 
 open(my $bad, '>', "$tmp/bad.conf") or die;
 print $bad "# a comment\nbatch = 10\nthis line has no equals sign\n";
@@ -292,6 +307,19 @@ close($bad);
 is($rc, 1, 'exit code 1 for batch = 0 after a byte order mark');
 like($err, qr/batch must be an integer from 1 to 10000, not "0" \(.*bom\.conf:1\)/,
 	'the first key after a byte order mark is read as the key');
+
+# A value in double quotes keeps the spaces at its ends: they are part of
+# the relay's name in its leases.
+open($bad, '>', "$tmp/quoted.conf") or die;
+print $bad qq{name = " relay x "\nlog_interval = 0\n};
+close($bad);
+send_msg('quoted', 'k', { n => 1 });
+($rc, $out, $err) = run_relay({}, '--once', '--config', "$tmp/quoted.conf");
+is($rc, 0, 'a relay named by a quoted value') or diag($err);
+like($err, qr/starting as " relay x "/, 'its name keeps its spaces');
+is(sql(q{SELECT '[' || leased_by || ']' FROM idem.outbox_keys WHERE topic = 'quoted'}), '[ relay x ]',
+	'and the message was leased in that name');
+sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'quoted'; DELETE FROM idem.outbox_keys WHERE topic = 'quoted'});
 
 # A connection string libpq cannot parse, or a service it cannot find, is a
 # configuration error (exit code 1), not a database that is down (retried,
@@ -770,6 +798,32 @@ push @{ $late_got{ $_->{idempotency_key} } }, $_->{attempt} for grep { $_->{topi
 is(join(' ', map { join(',', @{ $late_got{$_} // [] }) } @late), '1,2 2 2',
 	'the first timed out and was retried; the others were published once, at their second lease');
 
+# A nack names its relay: a relay whose lease ran out while it was stopped
+# in the middle of a request (SIGSTOP), the message leased meanwhile by
+# another relay for an hour, nacks it in vain when it goes on: the other
+# relay's lease stands.
+sql(q{SELECT idem_outbox_configure('stale', 5, '50 milliseconds', '100 milliseconds')});
+my $stale = send_msg('stale', 's', { reply => ['503 sleep=0.9'] });
+$r = start_relay({}, '--sink', 'webhook', '--webhook-url', "$url/stale", '--lease', '2s',
+	'--timeout', '1s', '--poll', '100ms', '--log-interval', '0');
+ok( wait_for('the request', sub { grep { $_->{idempotency_key} eq $stale } @{ received() } }),
+	'the relay is publishing the message');
+$r->{h}->signal('STOP');
+ok( wait_for('the lease to run out', sub {
+			sql(q{SELECT available_at < now() FROM idem.outbox_keys WHERE topic = 'stale'}) eq 't' }),
+	'its lease ran out while it was stopped');
+is(sql(q{SELECT string_agg(topic, ',') FROM idem_outbox_lease('B', 10, '1 hour')}), 'stale',
+	'relay B leased the message for an hour');
+$r->{h}->signal('CONT');
+$r->{h}->signal('TERM');
+is(stop_relay($r), 0, 'the stopped relay went on and stopped with exit code 0');
+is(final_counts(slurp_file($r->{err})), 'leased 1, delivered 0, retried 1, dead 0, errors 0',
+	'it nacked the message');
+is( sql(q{SELECT leased_by, available_at > now() + interval '55 minutes'
+	      FROM idem.outbox_keys WHERE topic = 'stale'}),
+	'B|t', 'the late nack did not end the lease of relay B');
+sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'stale'; DELETE FROM idem.outbox_keys WHERE topic = 'stale'});
+
 ########################################################################
 # Runs (--per-key)
 ########################################################################
@@ -1140,6 +1194,32 @@ like(slurp_file($r->{err}), qr/idem_outbox_lease cancelled: stopping/, 'the leas
 sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'BEGIN; LOCK TABLE idem.outbox_keys%'});
 $locker->finish;
 
+# With --exit-on-error too, a connection lost in the middle of a statement
+# (the backend of a lease that waits for a lock terminated) is not a failed
+# statement: the relay connects again and goes on.
+$locker = IPC::Run::start(
+	[ 'psql', '-X', '-h', $node->host, '-p', $node->port, '-d', 'postgres', '-c',
+		'BEGIN; LOCK TABLE idem.outbox_keys IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(600); COMMIT;' ],
+	'>', "$tmp/locker.out", '2>', "$tmp/locker.err");
+ok(wait_for('the lock', sub { sql(q{SELECT count(*) FROM pg_locks WHERE relation = 'idem.outbox_keys'::regclass
+                                       AND mode = 'AccessExclusiveLock' AND granted}) == 1 }),
+	'another session holds a lock on idem.outbox_keys');
+$r = start_relay({}, '--exit-on-error', '--poll', '100ms', '--log-interval', '0');
+ok( wait_for('the relay waiting', sub { sql(q{SELECT count(*) FROM pg_stat_activity
+                                                WHERE application_name = 'idem-relay' AND wait_event_type = 'Lock'}) == 1 }),
+	'the lease of a relay with --exit-on-error waits for it');
+sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'idem-relay'});
+ok(wait_for('the loss logged', sub { slurp_file($r->{err}) =~ /idem_outbox_lease failed/ }),
+	'its backend terminated: the lease failed');
+sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'BEGIN; LOCK TABLE idem.outbox_keys%'});
+$locker->finish;
+my $lost = send_msg('lost', 'k', { n => 1 });
+ok( wait_for('the message or the exit', sub {
+			!$r->{h}->pumpable || slurp_file($r->{out}) =~ /\Q$lost\E/ }),
+	'the relay is done waiting');
+like(slurp_file($r->{out}), qr/\Q$lost\E/, 'it connected again and delivered the next message');
+is(stop_relay($r, 'TERM'), 0, 'it was still running: SIGTERM, exit code 0');
+
 # A connection lost while the relay waits is logged on one line, although
 # libpq's message has several.
 $r = start_relay({}, '--log-interval', '0', '--poll', '10s');
@@ -1228,6 +1308,22 @@ my $name2 = send_msg('named', 'n', { n => 2 });
 ok(wait_for('the second message', sub { paths_of($name2) eq '/name' }), 'the next message is delivered');
 is(sql(q{SELECT leased_by FROM idem.outbox_keys WHERE topic = 'named'}), 'first',
 	'leased in the name the relay started with');
+is(stop_relay($r, 'TERM'), 0, 'exit code 0');
+
+# The command line still wins over the file read again: its webhook URL
+# stays, the file's batch is taken.
+my $cliconf = "$tmp/cli.conf";
+write_conf($cliconf, "sink = webhook\nwebhook.url = $url/file\npoll = 100ms\nbatch = 5\n");
+$r = start_relay({}, '--config', $cliconf, '--sink', 'webhook', '--webhook-url', "$url/cli",
+	'--log-interval', '0');
+ok(wait_for('the start', sub { slurp_file($r->{err}) =~ /starting as/ }), 'a relay with a URL on its command line');
+write_conf($cliconf, "sink = webhook\nwebhook.url = $url/file\npoll = 100ms\nbatch = 7\n");
+$r->{h}->signal('HUP');
+ok( wait_for('the reload', sub { slurp_file($r->{err}) =~ /configuration reloaded from \S+: batch 7,/ }),
+	'SIGHUP: the file\'s new batch is in force');
+my $cli1 = send_msg('cli', 'c', { n => 1 });
+ok(wait_for('the message', sub { paths_of($cli1) ne '' }), 'the next message is delivered');
+is(paths_of($cli1), '/cli', 'to the command line\'s URL, not the file\'s');
 is(stop_relay($r, 'TERM'), 0, 'exit code 0');
 
 # A reload whose dbname libpq cannot parse, or that sets a sink no topic
@@ -1393,6 +1489,69 @@ is( sql(q{SELECT count(*) > 0, count(*) FILTER (WHERE k.leased_by IS NOT NULL OR
 	        FROM idem.outbox o JOIN idem.outbox_keys k ON k.topic = o.aggregatetype AND k.key = o.aggregateid
 	       WHERE o.aggregatetype = 'slow'}),
 	't|0', 'what the reader did not take is not acknowledged, and is available again at once');
+($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0');
+
+# A reader that went away: the write fails (SIGPIPE is ignored, not the
+# death of the relay), the relay stops with exit code 4, and the message is
+# released.
+send_msg('gone', 'k', { n => 1 });
+{
+	my $gerr = '';
+	pipe(my $rd, my $wr) or die;
+	close($rd);
+	my $env = relay_env();
+	# (with SIGPIPE's default action, whatever the test's is)
+	IPC::Run::run([ $relay, '--once', '--log-interval', '0' ], '>', $wr, '2>', \$gerr,
+		init => sub { $SIG{PIPE} = 'DEFAULT'; $env->() },
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	close($wr);
+	is($? & 127, 0, 'a relay whose reader went away is not killed by SIGPIPE');
+	is($? >> 8, 4, 'it stops with exit code 4');
+	like($gerr, qr/could not write to standard output: Broken pipe/, 'and says why');
+}
+is( sql(q{SELECT count(*), count(*) FILTER (WHERE k.leased_by IS NULL AND k.available_at <= now())
+	        FROM idem.outbox o JOIN idem.outbox_keys k ON k.topic = o.aggregatetype AND k.key = o.aggregateid
+	       WHERE o.aggregatetype = 'gone'}),
+	'1|1', 'the message is not acknowledged, and is available again at once');
+($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0');
+
+# Standard output a regular file: synced (fdatasync) before the ack; a sync
+# that fails stops the relay with exit code 4, the message released.
+# test/relay/fdatasync_shim.c, built here, logs each fdatasync and fails it
+# when asked.
+my $shim = "$tmp/fdatasync_shim.so";
+my ($ccout, $ccerr) = ('', '');
+ok( IPC::Run::run([ 'cc', '-Wall', '-shared', '-fPIC', '-o', $shim,
+			"$FindBin::RealBin/../test/relay/fdatasync_shim.c" ], '>', \$ccout, '2>', \$ccerr),
+	'the fdatasync shim builds') or diag($ccerr);
+for my $fail (0, 1)
+{
+	my $tag = $fail ? 'a sync that fails' : 'a sync';
+	my $synclog = "$tmp/sync$fail.log";
+	my $serr = '';
+	send_msg("synced$fail", 'k', { n => 1 });
+	IPC::Run::run([ $relay, '--once', '--log-interval', '0' ], '>', "$tmp/synced$fail.out", '2>', \$serr,
+		init => relay_env(LD_PRELOAD => $shim, IDEM_SHIM_SYNC_LOG => $synclog,
+			IDEM_SHIM_SYNC_FAIL => $fail ? '1' : undef),
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	like(slurp_file("$tmp/synced$fail.out"), qr/"topic": "synced$fail"/, "$tag: the line is written");
+	like(-e $synclog ? slurp_file($synclog) : '', qr/^fdatasync 1$/m, "$tag: standard output is synced");
+	if ($fail)
+	{
+		is($? >> 8, 4, "$tag: exit code 4");
+		like($serr, qr/could not sync standard output: Input\/output error/, "$tag: the relay says why");
+		is( sql(q{SELECT count(*), count(*) FILTER (WHERE k.leased_by IS NULL AND k.available_at <= now())
+			        FROM idem.outbox o JOIN idem.outbox_keys k ON k.topic = o.aggregatetype AND k.key = o.aggregateid
+			       WHERE o.aggregatetype = 'synced1'}),
+			'1|1', "$tag: the message is not acknowledged, and is available again at once");
+	}
+	else
+	{
+		is($? >> 8, 0, "$tag: exit code 0") or diag($serr);
+		is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'synced0'}), 0,
+			"$tag: the message is acknowledged");
+	}
+}
 ($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0');
 
 # A name longer than idem_outbox_lease takes is a configuration error
