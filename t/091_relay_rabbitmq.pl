@@ -16,7 +16,9 @@
 # - at the end every message was applied exactly once, and in order per key
 #   (checked in the business table);
 # - a connection the broker closes while the relay is idle costs the next
-#   message no attempt.
+#   message no attempt;
+# - an exchange of its own and a routing key {topic}.{type}: the message
+#   reaches the queue bound to that key.
 #
 # A broker that cannot be started fails the test: it is never skipped.
 
@@ -571,6 +573,49 @@ ok(IPC::Run::run([ 'python3', '-c', $idle_py, $amqp ], '>', \$qout, '2>', \$qerr
   or diag($qerr);
 is_deeply(eval { JSON::PP->new->decode($qout) } // $qout, [ [ $i1, '1' ], [ $i2, '1' ] ],
 	'each message is in the queue once, at its first attempt: the closed connection cost no attempt');
+
+########################################################################
+# An exchange of its own and a routing key made from the message
+########################################################################
+
+# A topic exchange whose queue takes the routing keys "typed.order.*":
+# rabbitmq.routing_key {topic}.{type} routes a message of topic "typed" and
+# type "order.paid" there (its topic alone, or the default exchange, would
+# route it nowhere, and it would be retried rather than delivered).
+my $typed_py = <<'PY';
+import pika, sys
+c = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
+ch = c.channel()
+ch.exchange_declare(exchange="idem.events", exchange_type="topic", durable=True)
+ch.queue_declare(queue="typed", durable=True)
+ch.queue_bind(queue="typed", exchange="idem.events", routing_key="typed.order.*")
+c.close()
+PY
+($qout, $qerr) = ('', '');
+ok(IPC::Run::run([ 'python3', '-c', $typed_py, $amqp ], '>', \$qout, '2>', \$qerr),
+	'a topic exchange and a queue bound to it are declared') or diag($qerr);
+sql(q{SELECT idem_outbox_configure('typed', 10, '1 hour', '1 hour')});
+my $typed = sql(q{SELECT idem_outbox_send('typed', 't1', '{"n": 1}', NULL, 'order.paid')});
+IPC::Run::run([ $relay, '--name', 'relay-typed', @relay_args, '--once',
+		'--set', 'rabbitmq.exchange=idem.events', '--set', 'rabbitmq.routing_key={topic}.{type}' ],
+	'>', "$tmp/relay-typed.out", '2>', "$tmp/relay-typed.err",
+	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; },
+	IPC::Run::timeout(120));
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'typed'}), 0,
+	'the message is delivered: confirmed by the broker, routed to a queue')
+  or diag(slurp_file("$tmp/relay-typed.err"));
+my $typed_get = <<'PY';
+import json, pika, sys
+c = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
+method, p, body = c.channel().basic_get(queue="typed", auto_ack=True)
+print(json.dumps(None if method is None else [method.exchange, method.routing_key, p.message_id]))
+c.close()
+PY
+($qout, $qerr) = ('', '');
+ok(IPC::Run::run([ 'python3', '-c', $typed_get, $amqp ], '>', \$qout, '2>', \$qerr), 'the queue is read')
+  or diag($qerr);
+is_deeply(eval { JSON::PP->new->decode($qout) } // $qout, [ 'idem.events', 'typed.order.paid', $typed ],
+	'it is in the bound queue, published to the exchange with the routing key {topic}.{type}');
 
 ########################################################################
 # A broker that stops reading: a memory alarm blocks publishers
