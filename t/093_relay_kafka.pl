@@ -360,6 +360,33 @@ is($rc, 0, 'the relay stopped (--once)') or diag($err);
 is(sql(q{SELECT dead || ' ' || attempts || ' ' || last_error FROM idem.outbox_keys WHERE topic = 'refused'}),
 	'true 1 permanent: kafka: Broker: Broker failed to validate record', 'a record the broker refuses is dead at once');
 
+# A producer that had a fatal error (an idempotent producer with the gapless
+# guarantee, whose produce the broker answers OUT_OF_ORDER_SEQUENCE_NUMBER)
+# refuses every message from then on: the relay makes a new one before its
+# next lease, and the messages are retried and delivered by the same relay.
+sql(q{SELECT idem_outbox_configure('fatal', 10, '100 ms', '100 ms');
+SELECT idem_outbox_send('fatal', 'f' || k, jsonb_build_object('n', k)) FROM generate_series(1, 3) k;});
+$mock_out = '';
+$mock_in .= "produce-errors 45 1\n";
+$mock->pump until $mock_out =~ /^pushed$/m || !$mock->pumpable;
+{
+	my ($fout, $ferr) = ('', '');
+	my $h = IPC::Run::start([ $relay, '--sink', 'kafka', '--set', "kafka.brokers=$bootstrap",
+			'--set', 'kafka.property.enable.gapless.guarantee=true',
+			'--lease', '10s', '--timeout', '5s', '--poll', '50ms', '--log-interval', '0' ],
+		'>', \$fout, '2>', \$ferr,
+		init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; });
+	ok(wait_for('the delivery after a fatal error',
+			sub { sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'fatal'}) == 0 }),
+		'the messages are delivered by the relay whose producer had a fatal error');
+	$h->signal('TERM');
+	$h->finish;
+	like($ferr, qr/the producer had a fatal error \(.*\): making a new one/,
+		'the producer with a fatal error is made again') or diag($ferr);
+	like($ferr, qr/stopped: leased \d+, delivered 3, retried [1-9]/, 'after its messages were retried')
+	  or diag($ferr);
+}
+
 # A topic the cluster does not have (its metadata says UNKNOWN_TOPIC_OR_PART)
 # fails only its own messages, which are retried after their backoff; the
 # rest of the batch is delivered.  Once the
