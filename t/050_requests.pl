@@ -50,9 +50,11 @@ is( $node->safe_psql('postgres',
 	'resumed from its checkpoint as soon as its owner disconnected');
 
 # An owner terminated in the middle of its transaction: that transaction's
-# work is gone, the committed checkpoint is resumed.
+# work is gone, the committed checkpoint is resumed.  Its lease (a
+# millisecond) is over: only the transaction that holds the row keeps the
+# request in flight.
 my $victim = IdemTest::Session->new($node, 'postgres');
-$victim->query(q{SELECT idem_request_begin('pay-2', 'fp');
+$victim->query(q{SELECT idem_request_begin('pay-2', 'fp', lease => '1 millisecond');
                  SELECT idem_request_checkpoint('pay-2', 'step-1');
                  BEGIN;
                  SELECT idem_request_checkpoint('pay-2', 'step-2');});
@@ -72,10 +74,15 @@ is( $node->safe_psql('postgres',
 # Server crash
 ########################################################################
 
-# pay-3: checkpointed by a session alive at the crash; pay-4: finished.
+# pay-3: checkpointed by a session alive at the crash, which has a later
+# checkpoint and the finish in a transaction not committed (written to disk
+# by a CHECKPOINT before the crash); pay-4: finished.
 my $holder = IdemTest::Session->new($node, 'postgres');
 $holder->query(q{SELECT idem_request_begin('pay-3', 'fp', lease => '1 day');
-                 SELECT idem_request_checkpoint('pay-3', 'authorized', '{"auth": 42}');});
+                 SELECT idem_request_checkpoint('pay-3', 'authorized', '{"auth": 42}');
+                 BEGIN;
+                 SELECT idem_request_checkpoint('pay-3', 'captured', '{"capture": 1}');
+                 SELECT idem_request_finish('pay-3', 201, '{"id": 3}');});
 $node->safe_psql('postgres', q{
 	SELECT idem_request_begin('pay-4', 'fp');
 	SELECT idem_request_finish('pay-4', 201, '{"id": 4}');});
@@ -83,15 +90,16 @@ is( $node->safe_psql('postgres',
 		q{SELECT status FROM idem_request_begin('pay-3', 'fp')}),
 	'in_flight', 'in flight before the crash');
 
+$node->safe_psql('postgres', 'CHECKPOINT');
 $node->stop('immediate');
-$holder->lost;
+ok($holder->lost, 'the session holding pay-3 lost its connection in the crash');
 $node->start;
 
 is( $node->safe_psql('postgres',
 		q{SELECT status, recovery_point, recovery_data
 		    FROM idem_request_begin('pay-3', 'fp')}),
 	'resume|authorized|{"auth": 42}',
-	'a checkpointed request is resumed after the crash');
+	'a checkpointed request is resumed after the crash, from its last committed checkpoint');
 is( $node->safe_psql('postgres',
 		q{SELECT status, response_code, response_body
 		    FROM idem_request_begin('pay-4', 'fp')}),

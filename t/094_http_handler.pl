@@ -172,6 +172,9 @@ is($slow_st, 201, 'the first attempt finishes: 201');
 ($st, $body) = curl('POST', '/payments', '{"amount": 7, "currency": "EUR"}', 'Idempotency-Key: pay-3');
 is("$st $body", "201 $slow_body", 'a retry after it: its answer');
 is(sql(q{SELECT count(*) FROM payments WHERE request_key = 'pay-3'}), 1, 'one payment for the key');
+# the handler commits the transactions of its 409s too: counted
+is(sql(q{SELECT counters->>'in_flight' FROM idem_stats WHERE kind = 'request' AND ns = 'payments'}),
+	'2', 'the two retries in flight are counted in idem_stats');
 $holder->close;
 
 ########################################################################
@@ -192,6 +195,8 @@ is($st, 400, 'a token never issued: 400');
 is(sql('SELECT count(*) FROM orders'), 1, 'one order written');
 is(sql(q{SELECT duplicates FROM idem_stats WHERE kind = 'token' AND ns = 'orders'}), '1',
 	'the second submission is counted as a duplicate in idem_stats');
+is(sql(q{SELECT counters->>'rejected_unknown' FROM idem_stats WHERE kind = 'token' AND ns = 'orders'}), '1',
+	'and the token never issued as unknown (the handler commits that refusal too)');
 
 $handler->signal('TERM');
 $handler->finish;
