@@ -21,7 +21,9 @@
 #   message is started once less than the timeout is left of its lease, also
 #   when the connection took that time; such a message is released and comes
 #   at its next lease.  The NATS server is this script, which decides when
-#   each of its answers is sent.
+#   each of its answers is sent;
+# - a server that accepts the connection and never answers: the relay's
+#   default connect_timeout (10 s) ends the attempt.
 
 use strict;
 use warnings;
@@ -509,5 +511,32 @@ is(final_counts($rerr), 'leased 5, delivered 3, retried 2, dead 0, errors 0',
 	'the final counts: y1 retried, x2 released');
 
 $receiver->kill_kill;
+# A server that accepts the connection and never answers (a host behind a
+# firewall that drops, a hung server): over TCP the relay sets
+# connect_timeout=10 unless the connection string or the environment says
+# otherwise, so the attempt fails after 10 s instead of waiting for ever.
+{
+	my $silent = IO::Socket::INET->new(
+		LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 5, ReuseAddr => 1)
+	  or die "cannot listen: $!";
+	my $sport = $silent->sockport;
+	my ($sout, $serr) = ('', '');
+	my $start = time;
+	my $h = IPC::Run::start(
+		[ $relay, '--dbname', "host=127.0.0.1 port=$sport dbname=postgres user=relay",
+		  '--exit-on-error', '--connect-attempts', '1', '--once' ],
+		init => sub { delete $ENV{PGCONNECT_TIMEOUT}; },
+		'>', \$sout, '2>', \$serr, IPC::Run::timeout(60));
+	eval { $h->finish; };
+	my $timed_out = $@ ne '';
+	$h->kill_kill if $timed_out;
+	my $took = time - $start;
+	ok(!$timed_out && $h->result(0) == 2,
+		'a server that never answers: exit code 2 after the connection attempt timed out')
+	  or diag("took $took s: $serr");
+	like($serr, qr/timeout expired/, 'libpq gave up on its connect_timeout') or diag($serr);
+	close($silent);
+}
+
 $node->stop;
 done_testing();
