@@ -7,8 +7,9 @@
 # answer as on one server, through the coordinator and through a worker;
 # a rollback releases; two sessions on different nodes race on one key; a
 # transaction touching keys on two workers aborts; shards move to a third
-# worker while claims stream in, none lost or given twice; purges delete the
-# expired rows of the right nodes and no other; DROP EXTENSION cleans every
+# worker while claims of the same keys stream in through two nodes, none
+# lost or given twice; purges delete the expired rows of the right nodes and
+# no other, by each node's own settings; DROP EXTENSION cleans every
 # node.  Run by "scripts/test.sh citus".
 
 use strict;
@@ -21,6 +22,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use IdemTest;
+use List::Util qw(max min);
 use Time::HiRes qw(usleep);
 
 sub citus_node
@@ -252,6 +254,16 @@ is( $w1->safe_psql('postgres',
 		is($n->safe_psql('postgres', "SELECT status FROM idem_request_begin('q-1', 'other')"),
 			'mismatch', 'still a mismatch for another session through ' . $n->name);
 	}
+	# (those begins read without a lock: only a lock taken here shows one;
+	# Citus sends the SET LOCAL to the shard's node)
+	my ($ret, $out, $err) = $coord->psql(
+		'postgres', q{
+	SET citus.propagate_set_commands = 'local';
+	BEGIN;
+	SET LOCAL lock_timeout = '500ms';
+	SELECT key FROM idem.requests WHERE ns = 'default' AND key = 'q-1' FOR UPDATE;
+	COMMIT});
+	is("$out$err", 'q-1', '... and the row is free to lock, through the coordinator');
 	$s->query('COMMIT;');
 	my $o = IdemTest::Session->new($coord, 'postgres');
 	is($o->query("SELECT status FROM idem_request_begin('q-3', 'fp');"), 'new', 'an attempt begun');
@@ -407,6 +419,33 @@ sub as_citus_connection
 		"a connection of Citus for a session of a node missing from Citus's metadata: 55000");
 	is($coord->safe_psql('postgres', "SELECT count(*) FROM idem.requests WHERE key = '$k'"),
 		'0', '... none of them begun the attempt');
+}
+
+# a begin that meets the attempt of a session whose node cannot be asked
+# (in the metadata but unreachable, or missing from it) takes that node to
+# keep its sessions: in flight while the lease lasts, resumed once it has
+# run out.  The attempt is begun through a worker, and its row then names
+# such a node: the session that began it has left, which no node can say.
+for my $case ('unreachable', 'missing')
+{
+	my $k = "unasked-$case";
+	my $node = $case eq 'unreachable'
+	  ? $coord->safe_psql('postgres', "SELECT citus_add_inactive_node('" . $coord->host . "', 1)")
+	  : 99_999;
+	my $s = IdemTest::Session->new($w1, 'postgres');
+	is($s->query("SELECT status FROM idem_request_begin('$k', 'fp');"),
+		'new', "an attempt begun through worker 1 ($case node)");
+	$s->close;
+	$coord->safe_psql('postgres',
+		"UPDATE idem.requests SET owner_node = $node WHERE ns = 'default' AND key = '$k'");
+	is($w2->safe_psql('postgres', "SELECT status FROM idem_request_begin('$k', 'fp')"),
+		'in_flight', "... of a session of a node that is $case: in flight within its lease");
+	$coord->safe_psql('postgres',
+		"UPDATE idem.requests SET lease_until = now() - interval '1 second' WHERE ns = 'default' AND key = '$k'");
+	is($w2->safe_psql('postgres', "SELECT status FROM idem_request_begin('$k', 'fp')"),
+		'resume', "... resumed once its lease has run out ($case node)");
+	$coord->safe_psql('postgres', "SELECT citus_remove_node('" . $coord->host . "', 1)")
+	  if $case eq 'unreachable';
 }
 
 # the owner of idem's tables asks the session's node for its start time: an
@@ -779,14 +818,26 @@ $sess->close;
 is( $w1->safe_psql('postgres', "SELECT idem_claim('$k1'), idem_claim('$k2')"),
 	'f|f', 'both claims of the committed transaction hold');
 
-# a rebalance onto a third worker while claims stream in
-my $n      = 2000;
-my $dir    = $PostgreSQL::Test::Utils::tmp_check;
+# a rebalance onto a third worker while claims stream in, through the
+# coordinator and, of the same keys in the same order, through worker 1.
+# The streams run until the rebalance has ended (they stop when a file is
+# made then, looked for every 20 claims), and the claims made while shards
+# moved are those whose claimed_at, the start of their transaction, falls
+# within the rebalance.
+my $n    = 100_000;
+my $dir  = $PostgreSQL::Test::Utils::tmp_check;
+my $stop = "$dir/stream.stop";
 append_to_file("$dir/stream.sql",
-	join('', map { "SELECT idem_claim('s-$_');\n" } 1 .. $n));
-my $stream = IPC::Run::start(
-	[ 'psql', '-XAtq', '-f', "$dir/stream.sql", '-d', $coord->connstr('postgres') ],
-	'>', "$dir/stream.out", '2>', "$dir/stream.err");
+	join('', map {
+		"SELECT idem_claim('s-$_');\n"
+		  . ($_ % 20 ? '' : "\\set stop `test -f $stop && echo 1 || echo 0`\n\\if :stop\n\\q\n\\endif\n")
+	} 1 .. $n));
+my %stream = map {
+	my $name = $_->name;
+	($name => IPC::Run::start(
+		[ 'psql', '-XAtq', '-f', "$dir/stream.sql", '-d', $_->connstr('postgres') ],
+		'>', "$dir/stream-$name.out", '2>', "$dir/stream-$name.err"))
+} ($coord, $w1);
 $coord->poll_query_until('postgres',
 	"SELECT count(*) >= 200 FROM idem.claims WHERE msg_id LIKE 's-%'")
   or die 'the stream of claims did not start';
@@ -798,26 +849,43 @@ my $s3 = IdemTest::Session->new($w3, 'postgres');
 my $t3 = $coord->safe_psql('postgres', "SELECT idem_token_issue('w3', '1 hour')");
 is($s3->query("SELECT idem_token_consume('$t3', 'w3');"), 't',
 	'a token consumed on the third worker before it holds shards');
+my $rebalance_start = $coord->safe_psql('postgres', 'SELECT clock_timestamp()');
 $coord->safe_psql('postgres',
 	"SELECT rebalance_table_shards(shard_transfer_mode := 'block_writes')");
-note 'claims of the stream when the rebalance ended: '
-  . $coord->safe_psql('postgres',
-	"SELECT count(*) FROM idem.claims WHERE msg_id LIKE 's-%'") . " of $n";
-$stream->finish;
-is(slurp_file("$dir/stream.err"), '', 'the stream of claims saw no error');
-my @res = split /\n/, slurp_file("$dir/stream.out");
-is(scalar(@res), $n, 'every claim of the stream answered');
-is(scalar(grep { $_ ne 't' } @res), 0, 'every claim of the stream was new');
+my $rebalance_end = $coord->safe_psql('postgres', 'SELECT clock_timestamp()');
+append_to_file($stop, '');
+$_->finish for values %stream;
+my %res;
+for my $name (sort keys %stream)
+{
+	is(slurp_file("$dir/stream-$name.err"), '', "the stream of claims through $name saw no error");
+	$res{$name} = [ split /\n/, slurp_file("$dir/stream-$name.out") ];
+	my $got = scalar @{ $res{$name} };
+	ok($got > 0 && $got < $n && $got % 20 == 0,
+		"the stream through $name ran until it was stopped after the rebalance ($got claims)");
+}
+my $m = max(map { scalar @$_ } values %res);
+my $during = $coord->safe_psql('postgres',
+	"SELECT count(*) FROM idem.claims WHERE msg_id LIKE 's-%'"
+	  . " AND claimed_at BETWEEN '$rebalance_start' AND '$rebalance_end'");
+ok($during > 0, "claims of the streams were made while the shards moved ($during of $m)");
+# each key claimed by both streams, or by the one that got further, was new
+# to exactly one of them
+my @twice = grep {
+	my $i = $_;
+	scalar(grep { ($_->[$i] // 'f') eq 't' } values %res) != 1
+} 0 .. $m - 1;
+is("@twice[0 .. min(9, $#twice)]", '', 'each key of the streams answered new exactly once');
+is( $coord->safe_psql('postgres',
+		"SELECT count(*) FROM idem.claims WHERE msg_id LIKE 's-%'"),
+	$m, 'no claim of the streams lost');
 is( $coord->safe_psql(
 		'postgres', q{
 	SELECT count(*) > 0 FROM pg_dist_shard_placement p JOIN pg_dist_shard s USING (shardid)
 	 WHERE s.logicalrelid = 'idem.claims'::regclass AND p.nodeport = } . $w3->port),
 	't', 'shards of the claims moved to the third worker');
-is( $coord->safe_psql('postgres',
-		"SELECT count(*) FROM idem.claims WHERE msg_id LIKE 's-%'"),
-	$n, 'no claim of the stream lost');
 is( $w3->safe_psql('postgres',
-		"SELECT count(*) FROM generate_series(1, $n) i WHERE idem_claim('s-' || i)"),
+		"SELECT count(*) FROM generate_series(1, $m) i WHERE idem_claim('s-' || i)"),
 	'0', 'none given twice, through the third worker');
 
 # the same session, once the rebalance has moved shards onto its node,
@@ -1012,6 +1080,50 @@ is(rows_text(purge_rows()), rows_text($rows, $expired),
 	'... purges the expired rows of every other node, and no other row');
 is($coord->safe_psql('postgres', $others_q), $others,
 	'the claims and requests of the other namespaces are all kept');
+
+# each worker purges by its own settings, in a transaction of its own:
+# max_rows bounds what each deletes (over all its shards), a retention set
+# otherwise on one of them keeps its claims there, and what the others
+# deleted stays deleted when the coordinator's transaction rolls back
+sub per_node
+{
+	my %c = split /[|\n]/, $coord->safe_psql(
+		'postgres', q{
+	SELECT (SELECT nodeport FROM pg_dist_shard_placement p WHERE p.shardid = x.s), count(*) FROM (
+	  SELECT get_shard_id_for_distribution_column('idem.claims', msg_id)
+	    FROM idem.claims WHERE ns = 'per') x(s)
+	 GROUP BY 1});
+	return join ' ', map { $_->name . ' ' . ($c{ $_->port } // 0) } ($w1, $w2, $w3);
+}
+$coord->safe_psql(
+	'postgres', q{
+	SELECT run_command_on_all_nodes($$SELECT idem_set_retention('per', '1 hour')$$);
+	SELECT count(idem_claim('per-' || g, 'per')) FROM generate_series(1, 80) g;
+	UPDATE idem.claims SET claimed_at = '2000-01-01' WHERE ns = 'per'});
+my %per = split / /, per_node();
+ok(!grep({ $_ <= 5 } values %per), 'each worker holds more than 5 expired claims of a namespace (' . per_node() . ')');
+is( $coord->safe_psql('postgres',
+		"SELECT count(*) >= 2 FROM pg_dist_shard_placement p JOIN pg_dist_shard s USING (shardid)"
+		  . " WHERE s.logicalrelid = 'idem.claims'::regclass GROUP BY nodeport ORDER BY 1 DESC LIMIT 1"),
+	't', '... one of them in two shards');
+is($coord->safe_psql('postgres', "SELECT idem_purge('per', 5)"), '15',
+	'a purge with max_rows 5 on the coordinator deletes 15 claims');
+is(per_node(), join(' ', map { "$_ " . ($per{$_} - 5) } ('w1', 'w2', 'w3')),
+	'... 5 on each worker');
+$w2->safe_psql('postgres', "SELECT idem_set_retention('per', '50 years')");
+$coord->safe_psql(
+	'postgres', q{
+	SELECT count(idem_claim('per-more-' || g, 'per')) FROM generate_series(1, 80) g;
+	UPDATE idem.claims SET claimed_at = '2000-01-01' WHERE ns = 'per'});
+%per = split / /, per_node();
+ok(!grep({ $_ == 0 } values %per), 'each worker holds expired claims again (' . per_node() . ')');
+my ($ret, $out, $err) = $coord->psql('postgres', "BEGIN; SELECT idem_purge('per', 1000); ROLLBACK");
+is("$out$err", $per{w1} + $per{w3},
+	"a purge in a transaction on the coordinator deletes the claims of workers 1 and 3 ...");
+is(per_node(), "w1 0 w2 $per{w2} w3 0", '... which stay deleted though the transaction rolls back');
+is($coord->safe_psql('postgres', "SELECT idem_purge('per', 1000)"), '0',
+	"a purge on the coordinator deletes none of worker 2's ...");
+is(per_node(), "w1 0 w2 $per{w2} w3 0", '... younger than its own retention there');
 
 # a try-claim meeting a shard being moved with block_writes reports the key
 # in flight rather than wait for the move, through every node, sent by
