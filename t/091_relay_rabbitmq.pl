@@ -665,6 +665,36 @@ $rc30->signal('TERM');
 $rc30->finish;
 ok(time - $t0 < 6, 'a second SIGTERM ends its blocked send at once');
 like(slurp_file("$tmp/relay-alarm30.err"), qr/interrupted by shutdown while publishing/, 'and says so');
+# The broker dies while a publish is blocked by the alarm: the publish is
+# cut for sure, not only perhaps.  Nothing of the batch is acknowledged, the
+# batch is given back for its next attempt, and the relay connects again to
+# the broker started again (whose alarm went with the old one) and delivers
+# every message.  (Attempts enough for every failure here.)
+sql(q{SELECT idem_outbox_configure('alarm', 1000, '10 milliseconds', '10 milliseconds')});
+my $rcut = IPC::Run::start([ $relay, '--name', 'relay-cut', @relay_args, '--set', 'rabbitmq.mandatory=false',
+		'--batch', '100', '--timeout', '30s', '--lease', '70s', '--reconnect-max', '1s' ],
+	'>', "$tmp/relay-cut.out", '2>', "$tmp/relay-cut.err",
+	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; },
+	IPC::Run::timeout(180));
+ok(wait_for('a batch leased', sub { sql(q{SELECT count(*) FROM idem.outbox_keys
+                                            WHERE topic = 'alarm' AND leased_by = 'relay-cut'}) > 0 }),
+	'relay-cut leases a batch under the alarm');
+sleep(2);    # its publish blocked: the broker reads nothing
+kill 'KILL', broker_pid();
+$broker->finish;
+ok(wait_for('the batch given back', sub { sql(q{SELECT count(*) FROM idem.outbox_keys
+                                                  WHERE topic = 'alarm' AND leased_by = 'relay-cut'
+                                                    AND available_at > now() + interval '30 seconds'}) == 0 }),
+	'the publish cut by the broker\'s death fails, and the batch is given back long before its lease ends')
+  or diag(slurp_file("$tmp/relay-cut.err"));
+is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'alarm'}), '100',
+	'nothing of it was acknowledged');
+ok(start_broker(), 'rabbitmq-server started again, without the alarm');
+ok(wait_for('the delivery after the cut', sub { sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'alarm'}) == 0 }),
+	'the relay connects again and delivers every message') or diag(slurp_file("$tmp/relay-cut.err"));
+$rcut->signal('TERM');
+$rcut->finish;
+is($rcut->result(0), 0, 'relay-cut stops on SIGTERM');
 ($arc) = rabbitmqctl('set_vm_memory_high_watermark', '0.4');
 is($arc, 0, 'the alarm is cleared');
 my $rb = IPC::Run::run([ $relay, '--name', 'relay-alarm2', @relay_args, '--once', '--set', 'rabbitmq.mandatory=false' ],
