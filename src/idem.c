@@ -216,6 +216,23 @@ idem_check_ns(PG_FUNCTION_ARGS)
 }
 
 /*
+ * A standby has only the init fork of an unlogged table (one of idem's
+ * tables made unlogged by hand, as idem.tokens may be): refuse it as the
+ * planner does (get_relation_info) rather than fail on the missing file.
+ */
+void
+idem_check_readable(Relation rel, const char *relname)
+{
+	if (!RelationIsPermanent(rel) && RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot access temporary or unlogged relations during recovery"),
+				 errdetail("Table \"%s.%s\" is unlogged: a standby holds none of its rows.",
+						   IDEM_SCHEMA, relname),
+				 errhint("Query the primary, or make the table logged with ALTER TABLE ... SET LOGGED.")));
+}
+
+/*
  * Check that one of idem's tables has the columns the C code reads: their
  * number (dropped ones included, since rows are formed by position), names,
  * types, NOT NULL where the code or a key relies on it, and collation where

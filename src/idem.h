@@ -50,6 +50,7 @@ extern void idem_check_columns(TupleDesc desc, const char *relname,
 							   const IdemColumn *cols, int ncols);
 extern void idem_check_index(Relation index, Relation rel, int nkeys,
 							 const AttrNumber *attnums);
+extern void idem_check_readable(Relation rel, const char *relname);
 
 /*
  * store.c: the one interface through which a capability reaches a keyed

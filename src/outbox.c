@@ -615,6 +615,7 @@ outbox_topic(OutboxTopicCache *cache, text *topic)
 				 errmsg("\"%s.%s\" of the idem extension is not an ordinary table with its primary key",
 						IDEM_SCHEMA, OUTBOX_TOPICS_TABLE),
 				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
+	idem_check_readable(rel, OUTBOX_TOPICS_TABLE);
 	idem_check_index(index, rel, 1, topic_cols);
 	/* a table changed otherwise must not make every topic's settings go */
 	idem_check_columns(RelationGetDescr(rel), OUTBOX_TOPICS_TABLE,

@@ -609,18 +609,7 @@ idem_store_open_keys(const char *relname, LOCKMODE lockmode, int nkeys)
 						IDEM_SCHEMA, relname),
 				 errhint("Recreate the extension's objects with DROP EXTENSION idem and CREATE EXTENSION idem.")));
 
-	/*
-	 * A standby has only the init fork of an unlogged table (idem.tokens may
-	 * be made unlogged): refuse it as the planner does (get_relation_info)
-	 * rather than fail on the missing file.
-	 */
-	if (!RelationIsPermanent(rel) && RecoveryInProgress())
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("cannot access temporary or unlogged relations during recovery"),
-				 errdetail("Table \"%s.%s\" is unlogged: a standby holds none of its rows.",
-						   IDEM_SCHEMA, relname),
-				 errhint("Query the primary, or make the table logged with ALTER TABLE ... SET LOGGED.")));
+	idem_check_readable(rel, relname);
 
 	/* with the lock held, the table and its primary key stay as they are */
 	if (e->relid != relid)

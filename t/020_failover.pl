@@ -609,6 +609,15 @@ is(sqlstate_of($standby, 'unlogged', 'SELECT count(*) FROM idem.offsets'),
 	'0A000', 'unlogged offsets: a query of the table fails with the same SQLSTATE');
 is(sqlstate_of($standby, 'unlogged', q{SELECT idem_offset_advance('billing', 'orders', 0, 42)}),
 	'25006', 'unlogged offsets: idem_offset_advance on the standby fails with 25006');
+# idem.outbox_topics made unlogged: idem_outbox_stats, which reads the
+# topics' settings for the keys it judges, fails with 0A000 too
+$primary->safe_psql('unlogged', q{
+ALTER TABLE idem.outbox_topics SET UNLOGGED;
+SELECT idem_outbox_send('u', 'k', '{}');});
+is($standby->safe_psql('unlogged', q{SELECT count(*) FROM idem.outbox}), '1',
+	'unlogged topics: the message reached the standby');
+is(sqlstate_of($standby, 'unlogged', q{SELECT * FROM idem_outbox_stats()}),
+	'0A000', 'unlogged topics: idem_outbox_stats on the standby fails with 0A000');
 
 ########################################################################
 # A transaction left open on the primary
