@@ -510,7 +510,6 @@ idem_request_begin(PG_FUNCTION_ARGS)
 	IdemStore  *store;
 	Datum		values[RQ_NATTS];
 	bool		isnull[RQ_NATTS];
-	int			tries;
 	int			i;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE ||
@@ -539,7 +538,7 @@ idem_request_begin(PG_FUNCTION_ARGS)
 	request_me(store, &st.me);
 	st.citus = idem_store_through_sql(store);
 	st.runas = idem_store_relowner(store);
-	for (tries = 0;; tries++)
+	for (;;)
 	{
 		IdemStoreResult r;
 		IdemStoreUpdateResult u;
@@ -576,8 +575,7 @@ idem_request_begin(PG_FUNCTION_ARGS)
 		if (u != IDEM_UPDATE_ABSENT)
 			break;
 		/* purged between the insertion and the update: insert again */
-		if (tries >= 3)
-			elog(ERROR, "request key kept disappearing");
+		CHECK_FOR_INTERRUPTS();
 	}
 	idem_store_close(store);
 	idem_stat_count_text(IDEM_KIND_REQUEST, ns, st.status, 1);
