@@ -6,19 +6,23 @@
 #
 # - POST /payments with an Idempotency-Key (idem_request_begin and finish,
 #   the business row in the same transaction): a retry with the same key
-#   and body (written otherwise) gets the first answer, status and body byte
-#   for byte, and writes nothing; the same key with another body is 422; a
-#   request without a key is 400; a retry while the first attempt is still
-#   in flight (held on an advisory lock the test owns) is 409, and once the
-#   first one finished, its answer; a business write that fails rolls the
-#   key back with it, and the key can be used again; a body the business
-#   table cannot take as the answer would state it (an amount that is not an
-#   integer or out of range, a currency that is not a string), or that is not
-#   JSON (NaN) or not jsonb (a \u0000), is a 400 that blames the body;
+#   and body (written otherwise, 100.0 for 100 too) gets the first answer,
+#   status and body byte for byte, and writes nothing; the same key with
+#   another body is 422; a request without a key is 400; a retry while the
+#   first attempt is still in flight (held on an advisory lock the test
+#   owns) is 409, and once the first one finished, its answer; a business
+#   write that fails rolls the key back with it, and the key can be used
+#   again; a body the business table cannot take as the answer would state
+#   it (an amount that is not an integer or out of range, a currency that is
+#   not a string), or that is not JSON (NaN) or not jsonb (a \u0000), is a
+#   400 that blames the body; an error the handler does not expect is 500,
+#   and a retry sent at once is not refused as in flight;
 # - POST /orders with a form's single-use token (idem_token_consume in the
 #   business transaction): the first submission is 201, the same token
-#   again 409, a token never issued 400; one order written;
-# - SIGTERM and SIGINT stop the handler.
+#   again 409, a token never issued 400; one order written; an item that is
+#   not a string 400; a database error 500, the token still usable;
+# - a body the handler does not read closes the connection, so that it is
+#   not read as the next request; SIGTERM and SIGINT stop the handler.
 
 use strict;
 use warnings;
@@ -26,6 +30,7 @@ use warnings;
 use FindBin;
 use lib $FindBin::RealBin;
 
+use IO::Socket::INET;
 use IPC::Run;
 use JSON::PP;
 use PostgreSQL::Test::Cluster;
@@ -75,7 +80,8 @@ sub start_handler
 my $handler = start_handler('handler');
 ok(wait_for('the handler', sub { -s "$tmp/handler.port" }), 'the HTTP handler listens')
   or diag(slurp_file("$tmp/handler.err"));
-my $url = 'http://127.0.0.1:' . slurp_file("$tmp/handler.port");
+my $port = slurp_file("$tmp/handler.port");
+my $url = "http://127.0.0.1:$port";
 
 # curl METHOD PATH BODY HEADERS...: (status, body)
 sub curl_args
@@ -101,6 +107,32 @@ sub curl
 	return split_answer($out);
 }
 
+# raw_http REQUEST: the status codes of the answers to REQUEST, sent as is on
+# one connection, which the test then closes for writing
+sub raw_http
+{
+	my ($request) = @_;
+	my $sock = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port, Proto => 'tcp')
+	  or die "cannot connect to the handler: $!";
+	print $sock $request;
+	shutdown($sock, 1);
+	my $all = '';
+	local $SIG{ALRM} = sub { die "the handler did not close the connection\n" };
+	alarm($PostgreSQL::Test::Utils::timeout_default);
+	1 while sysread($sock, $all, 65536, length $all);
+	alarm(0);
+	close($sock);
+	my @codes;
+	while ($all =~ m{\GHTTP/1\.[01] (\d{3})[^\n]*\n(.*?)\r\n\r\n}gcs)
+	{
+		push @codes, $1;
+		my ($length) = $2 =~ /^Content-Length: (\d+)/mi;
+		pos($all) += $length // 0;
+	}
+	push @codes, 'garbage' if (pos($all) // 0) < length $all;
+	return join(' ', @codes);
+}
+
 ########################################################################
 # Request keys
 ########################################################################
@@ -120,6 +152,11 @@ is(sql('SELECT count(*) FROM payments'), 1, 'nothing written');
 # the handler commits the transactions of a replay and a mismatch: counted
 is(sql(q{SELECT counters->>'replay', counters->>'mismatch' FROM idem_stats WHERE kind = 'request' AND ns = 'payments'}),
 	'1|1', 'the replay and the mismatch are counted in idem_stats');
+
+# The body is checked after the begin: 100.0 has the fingerprint of 100, and
+# is a retry of the first payment, not a 400 that a client reads as unpaid.
+($st, $body) = curl('POST', '/payments', '{"amount": 100.0, "currency": "EUR"}', 'Idempotency-Key: pay-1');
+is("$st $body", "201 $first", 'a retry with the amount written 100.0: the first answer, exactly');
 
 ($st, $body) = curl('POST', '/payments', '{"amount": 100, "currency": "EUR"}');
 is($st, 400, 'no Idempotency-Key: 400');
@@ -157,6 +194,36 @@ unlike($body, qr/Idempotency-Key/, 'blaming the body, not the key');
 is($st, 400, 'a Content-Length that is not a number: 400 (there was no answer)');
 is(sql(q{SELECT count(*) FROM payments WHERE request_key LIKE 'bad-%'}), 0, 'no payment written');
 is(sql(q{SELECT count(*) FROM idem.requests WHERE key LIKE 'bad-%'}), 0, 'no request key kept');
+
+# Errors the handler does not expect, after the begin: 500, a retry sent at
+# once is not refused as in flight, and once the cause is gone the retry runs.
+# A database error (a trigger that refuses every payment), which ends the
+# transaction on the server:
+sql(q{CREATE FUNCTION refuse_payment() RETURNS trigger LANGUAGE plpgsql
+        AS $$BEGIN RAISE EXCEPTION 'payments are suspended'; END$$;
+      CREATE TRIGGER refuse BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION refuse_payment();});
+($st, $body) = curl('POST', '/payments', '{"amount": 9, "currency": "EUR"}', 'Idempotency-Key: pay-4');
+is($st, 500, 'a database error: 500') or diag($body);
+($st, $body) = curl('POST', '/payments', '{"amount": 9, "currency": "EUR"}', 'Idempotency-Key: pay-4');
+is($st, 500, 'retried at once: 500 again, not 409');
+sql('DROP TRIGGER refuse ON payments');
+($st, $body) = curl('POST', '/payments', '{"amount": 9, "currency": "EUR"}', 'Idempotency-Key: pay-4');
+is($st, 201, 'the cause gone, the retry with the same key: 201');
+# An exception in the handler itself, its transaction still open (a hold that
+# is not a number): the server has not rolled it back, the handler must, before
+# it answers.  A retry a few milliseconds later does not show it (close() wins
+# that race); the log does, as it has each statement before it runs.
+my $log_offset = -s $node->logfile;
+($st, $body) = curl('POST', '/payments', '{"amount": 10, "currency": "EUR"}', 'Idempotency-Key: pay-5',
+	'X-Test-Hold: none');
+is($st, 500, 'an exception in the handler: 500 (there was no answer)') or diag($body);
+my $log = slurp_file($node->logfile, $log_offset);
+my ($pid) = $log =~ /\[(\d+)\] http_handler LOG:  statement: SELECT status.*'pay-5'/;
+$pid //= 'none';
+like($log, qr/\[$pid\] http_handler LOG:  statement: ROLLBACK/, 'its transaction rolled back before the answer');
+($st, $body) = curl('POST', '/payments', '{"amount": 10, "currency": "EUR"}', 'Idempotency-Key: pay-5');
+is($st, 201, 'retried at once: 201, not 409');
+is(sql(q{SELECT count(*) FROM payments WHERE request_key IN ('pay-4', 'pay-5')}), 2, 'one payment for each key');
 
 # In flight: the first attempt waits for an advisory lock the test holds,
 # inside its transaction, after its begin.
@@ -208,6 +275,45 @@ is(sql(q{SELECT duplicates FROM idem_stats WHERE kind = 'token' AND ns = 'orders
 	'the second submission is counted as a duplicate in idem_stats');
 is(sql(q{SELECT counters->>'rejected_unknown' FROM idem_stats WHERE kind = 'token' AND ns = 'orders'}), '1',
 	'and the token never issued as unknown (the handler commits that refusal too)');
+
+($st, $body) = curl('GET', '/orders/form');
+$token = $json->decode($body)->{token};
+($st, $body) = curl('POST', '/orders', $json->encode({ token => $token, item => { title => 'book' } }));
+is($st, 400, 'an item that is an object: 400 (there was no answer)');
+($st, $body) = curl('POST', '/orders', '{"token": "' . $token . '", "item": "bo\u0000ok"}');
+is($st, 400, 'an item that text cannot hold: 400 (there was no answer)');
+# Database errors: a form that cannot be made, an order that cannot be written
+# (the database refuses connections, a trigger refuses orders): 500, and the
+# token is still good once the cause is gone.
+$node->safe_psql('template1', 'ALTER DATABASE postgres ALLOW_CONNECTIONS false');
+($st, $body) = curl('GET', '/orders/form');
+$node->safe_psql('template1', 'ALTER DATABASE postgres ALLOW_CONNECTIONS true');
+is($st, 500, 'a form while the database refuses connections: 500 (there was no answer)');
+sql(q{CREATE FUNCTION refuse_order() RETURNS trigger LANGUAGE plpgsql
+        AS $$BEGIN RAISE EXCEPTION 'orders are suspended'; END$$;
+      CREATE TRIGGER refuse BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION refuse_order();});
+$order = $json->encode({ token => $token, item => 'pen' });
+($st, $body) = curl('POST', '/orders', $order);
+is($st, 500, 'an order the database refuses: 500 (there was no answer)');
+sql('DROP TRIGGER refuse ON orders');
+($st, $body) = curl('POST', '/orders', $order);
+is($st, 201, 'the cause gone, the same token: 201');
+
+########################################################################
+# Bodies left unread
+########################################################################
+
+# A body the handler does not read would be read as the next request on the
+# connection: the handler closes it instead.  Each request below carries a
+# GET /nothere as its body; had that been read as a request, a 404 follows.
+my $inner = "GET /nothere HTTP/1.1\r\nHost: x\r\n\r\n";
+is(raw_http($inner . $inner), '404 404', 'two requests on one connection: two answers');
+is(raw_http("POST /nothere HTTP/1.1\r\nHost: x\r\nContent-Length: " . length($inner) . "\r\n\r\n$inner"),
+	'404', 'a POST to an unknown path: one answer, the connection closed');
+is(raw_http("POST /payments HTTP/1.1\r\nHost: x\r\nIdempotency-Key: raw-1\r\nContent-Length: many\r\n\r\n$inner"),
+	'400', 'a Content-Length that is not a number: one answer, the connection closed');
+is(raw_http("POST /payments HTTP/1.1\r\nHost: x\r\nIdempotency-Key: raw-2\r\nTransfer-Encoding: chunked\r\n\r\n$inner"),
+	'400', 'a chunked body: one answer, the connection closed');
 
 $handler->signal('TERM');
 $handler->finish;
