@@ -59,6 +59,9 @@
 #define NATS_RECONNECT_MIN_MS 100
 #define NATS_RECONNECT_MAX_MS 5000
 #define NATS_EXCERPT 200
+/* JetStream's err_codes of a message it refuses for what the message is */
+#define NATS_ERR_MSG_TOO_LARGE	10054	/* over the stream's max_msg_size */
+#define NATS_ERR_HDR_TOO_LARGE	10097	/* headers over 64 kB */
 
 typedef struct NatsSink
 {
@@ -860,12 +863,16 @@ read_ack(NatsSink *s, const RelayMessage *m, const char *subject, const NatsOp *
 		json_string(json_value(body, blen, "description"), body + blen, desc, sizeof(desc));
 
 		/*
-		 * 400: the message itself is refused (larger than the stream's
-		 * max_msg_size, say), and would be at every attempt: refused for
-		 * good, as the other sinks refuse such a message.  Anything else (a
-		 * full stream, 503) may pass later: retried.
+		 * The message itself refused (larger than the stream's max_msg_size,
+		 * or its headers than 64 kB), which it would be at every attempt:
+		 * refused for good, as the other sinks refuse such a message.  Told
+		 * by err_code, not by code: 400 is also the answer of a clustered
+		 * JetStream whose account is over its storage limits (10002), which
+		 * may pass later.  Anything else (a full stream, 503) is retried.
 		 */
-		out->kind = status != NULL && atol(status) == 400 ? OUTCOME_PERMANENT : OUTCOME_RETRY;
+		out->kind = status != NULL && atol(status) == 400 && code != NULL &&
+			(atol(code) == NATS_ERR_MSG_TOO_LARGE || atol(code) == NATS_ERR_HDR_TOO_LARGE) ?
+			OUTCOME_PERMANENT : OUTCOME_RETRY;
 		snprintf(out->error, sizeof(out->error), "nats: the stream refused the message: %s (err_code %ld)",
 				 desc, code ? atol(code) : 0L);
 		return;

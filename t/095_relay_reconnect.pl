@@ -510,6 +510,59 @@ like($rerr, qr/WARNING:  1 of 3 messages were not published: less than the timeo
 is(final_counts($rerr), 'leased 5, delivered 3, retried 2, dead 0, errors 0',
 	'the final counts: y1 retried, x2 released');
 
+# The stream's errors: 400 with err_code 10054 (the message over the
+# stream's max_msg_size) is the message's own, dead at once; 400 with
+# 10002 (a clustered JetStream's account over its storage limits) may pass
+# later, and is retried.
+sub nats_error
+{
+	my ($c, $op, $err_code, $desc) = @_;
+	my $body = sprintf('{"error":{"code":400,"err_code":%d,"description":"%s"},"stream":"NR","seq":0}',
+		$err_code, $desc);
+	syswrite($c->{sock}, sprintf("MSG %s 1 %d\r\n%s\r\n", $op->[1], length($body), $body));
+}
+sql(q{SELECT idem_outbox_configure('ne', 5, '50 milliseconds', '100 milliseconds')});
+my %ne = map { ($_ => send_msg('ne', $_, { n => $_ })) } qw(full big);
+%name_of = reverse %ne;
+$r = start_relay('--sink', 'nats', '--nats-url', "nats://127.0.0.1:$nats_port",
+	'--lease', '20s', '--timeout', '5s', '--poll', '100ms', '--log-interval', '0', '--verbose');
+my $c3 = nats_accept();
+ok($c3 && nats_handshake($c3), 'the relay connects to the NATS server again');
+my @ne_seen;
+ok( wait_for('the stream errors answered', sub {
+			while (my $op = nats_op($c3, 0.05))
+			{
+				next unless $op->[0] eq 'HPUB';
+				my ($id, $attempt) = hpub_msg($op);
+				my $name = $name_of{$id} // $id;
+				push @ne_seen, "$name/$attempt";
+				if ($name eq 'big')
+				{
+					nats_error($c3, $op, 10054, 'message size exceeds maximum allowed');
+				}
+				elsif ($attempt == 1)
+				{
+					nats_error($c3, $op, 10002, 'resource limits exceeded for account');
+				}
+				else
+				{
+					nats_ack($c3, $op);
+				}
+			}
+			# both settled: delivered (gone) or dead
+			return sql(q{SELECT count(*) FROM idem_outbox_stats() WHERE topic = 'ne' AND pending + leased = 0})
+			  == 1; }),
+	'both messages settled') or diag(join ' ', @ne_seen);
+is(sql(q{SELECT dead || '|' || (SELECT string_agg(aggregateid, ',') FROM idem.outbox WHERE aggregatetype = 'ne')
+		  FROM idem_outbox_stats() WHERE topic = 'ne'}),
+	'1|big', 'the message over the limit is dead, the other delivered');
+is(join(' ', sort @ne_seen), 'big/1 full/1 full/2',
+	'10054 refused for good at its first attempt; 10002 retried, and published again');
+is(stop_relay($r, 'TERM'), 0, 'exit code 0');
+$rerr = file($r->{err});
+like($rerr, qr/resource limits exceeded for account \(err_code 10002\)/, 'the retried error logged with its code')
+  or diag($rerr);
+
 $receiver->kill_kill;
 # A server that accepts the connection and never answers (a host behind a
 # firewall that drops, a hung server): over TCP the relay sets
