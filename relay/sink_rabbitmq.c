@@ -632,8 +632,15 @@ await_confirms(RabbitSink *s, const RelayMessage *msgs, int n, const uint64_t *t
 					amqp_message_t message;
 					amqp_rpc_reply_t r;
 
-					/* the message follows; its basic.ack comes after it */
+					/*
+					 * The message follows; its basic.ack comes after it.
+					 * librabbitmq reads it without a time limit: the timer
+					 * ends a broker that stops in the middle of it, as it
+					 * ends a send.
+					 */
+					watch_start(amqp_get_sockfd(s->conn), until, ctl->stop_now);
 					r = amqp_read_message(s->conn, frame.channel, &message, 0);
+					watch_end();
 					if (r.reply_type != AMQP_RESPONSE_NORMAL)
 					{
 						char		e[OUTCOME_ERROR_LEN];
