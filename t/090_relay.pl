@@ -1532,7 +1532,11 @@ for my $fail (0, 1)
 	send_msg("synced$fail", 'k', { n => 1 });
 	IPC::Run::run([ $relay, '--once', '--log-interval', '0' ], '>', "$tmp/synced$fail.out", '2>', \$serr,
 		init => relay_env(LD_PRELOAD => $shim, IDEM_SHIM_SYNC_LOG => $synclog,
-			IDEM_SHIM_SYNC_FAIL => $fail ? '1' : undef),
+			IDEM_SHIM_SYNC_FAIL => $fail ? '1' : undef,
+			# a relay built with ASan (scripts/sanitize.sh) refuses a
+			# preloaded library ahead of its runtime
+			ASAN_OPTIONS => defined $ENV{ASAN_OPTIONS}
+			? "$ENV{ASAN_OPTIONS}:verify_asan_link_order=0" : undef),
 		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
 	like(slurp_file("$tmp/synced$fail.out"), qr/"topic": "synced$fail"/, "$tag: the line is written");
 	like(-e $synclog ? slurp_file($synclog) : '', qr/^fdatasync 1$/m, "$tag: standard output is synced");
