@@ -17,8 +17,9 @@
 # - nats-server restarted once during the run: relay B and the consumers
 #   reconnect; while it is down, relay B leases nothing, so that the outage,
 #   longer than the topic's max_attempts leases would take, kills no message;
-# - two consumers sharing a durable pull consumer, one of which dies
-#   between its commit and its ack: JetStream redelivers that message,
+# - two consumers sharing a durable pull consumer, which they create with
+#   their own settings (checked in the server's info of it), one of which
+#   dies between its commit and its ack: JetStream redelivers that message,
 #   idem_claim says it is a duplicate, nothing is applied twice;
 # - in the end every message is stored once in the stream and applied once,
 #   in order per key;
@@ -149,7 +150,6 @@ start_nats();
 my $created = $json->decode(js('stream-create', 'IDEM', 'orders', 120));
 is($created->{config}{duplicate_window}, 120_000_000_000,
 	'stream IDEM on subject "orders" with a duplicate window of two minutes');
-js('consumer-create', 'IDEM', 'workers', 2);
 
 ########################################################################
 # The database: roles, the topic, the business table
@@ -288,10 +288,19 @@ like(substr(file($relay{b}{err}), $b_log_before), qr/nats: connected to nats:\/\
 
 ok(wait_for('the consumers', sub { sql('SELECT count(*) FROM applied') == $total }),
 	"the consumers applied $total messages");
+# They created the durable consumer, with their --ack-wait and the default
+# max_ack_pending of 1 (one message at a time: the stream's order).
+my $durable = $json->decode(js('consumer-info', 'IDEM', 'workers'))->{config};
+is_deeply([ @$durable{qw(durable_name ack_policy ack_wait max_ack_pending deliver_policy max_deliver)} ],
+	[ 'workers', 'explicit', 2_000_000_000, 1, 'all', -1 ],
+	'the consumers made the durable consumer: explicit acks, ack_wait 2 s, max_ack_pending 1, every message, '
+	  . 'no delivery limit')
+  or diag($json->encode($durable));
 $consumer{c1}{h}->finish;
 is($consumer{c1}{h}->result(0), 3, 'consumer c1 died after a commit, before its ack (exit code 3)');
 my ($died) = file($consumer{c1}{out}) =~ /dying after the commit of ([0-9a-f-]+)/;
-ok( wait_for('the redelivery', sub { file($consumer{c2}{out}) =~ /duplicate \Q$died\E/ }),
+ok(defined $died, 'c1 logged the message it died after');
+ok( defined $died && wait_for('the redelivery', sub { file($consumer{c2}{out}) =~ /duplicate \Q$died\E/ }),
 	'JetStream redelivered that message to c2, and idem_claim said it was a duplicate');
 $consumer{c2}{h}->signal('TERM');
 $consumer{c2}{h}->finish;
@@ -335,7 +344,7 @@ for my $row (split /\n/, sql(q{SELECT key, payload->>'seq' FROM applied ORDER BY
 }
 is(scalar(grep { join(',', @{ $applied_order{$_} // [] }) eq join(',', 1 .. $per_key) } @keys), $nkeys,
 	'the messages of each key were applied in the order they were sent');
-is(sql(qq{SELECT count(*) FROM applied WHERE msg_id = '$died'}), 1,
+is(sql(q{SELECT count(*) FROM applied WHERE msg_id = '} . ($died // '') . q{'}), 1,
 	'the message whose consumer died before the ack was applied once');
 is(sql(q{SELECT count(*) FROM idem.outbox_keys WHERE dead}), 0, 'no message dead');
 

@@ -10,7 +10,8 @@
     nats_js.py HOST:PORT stream-info NAME      the stream's state, JSON
     nats_js.py HOST:PORT stream-dump NAME      one JSON line per stored message:
                                                seq, msg_id, headers, payload
-    nats_js.py HOST:PORT consumer-create STREAM DURABLE ACK_WAIT_SECONDS
+    nats_js.py HOST:PORT consumer-info STREAM DURABLE
+                                               the durable consumer's info, JSON
 
 HOST:PORT may be USER:PASSWORD@HOST:PORT or TOKEN@HOST:PORT, for a server
 that requires them.
@@ -22,7 +23,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'examples'))
-from consumer_nats import Nats, ensure_consumer, parse_headers  # noqa: E402
+from consumer_nats import Nats, parse_headers  # noqa: E402
 
 
 def main():
@@ -56,9 +57,8 @@ def main():
             print(json.dumps({'seq': m['seq'], 'subject': m['subject'],
                               'msg_id': headers.get('Nats-Msg-Id'), 'headers': headers,
                               'payload': json.loads(base64.b64decode(m.get('data', '')) or 'null')}))
-    elif cmd == 'consumer-create':
-        stream, durable, ack_wait = args
-        ensure_consumer(nc, stream, durable, float(ack_wait), 1)
+    elif cmd == 'consumer-info':
+        print(json.dumps(nc.js_api('$JS.API.CONSUMER.INFO.%s.%s' % tuple(args), None)))
     else:
         sys.exit('unknown command ' + cmd)
     nc.close()
