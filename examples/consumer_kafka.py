@@ -28,14 +28,34 @@ The business write is apply() below: it inserts the message into a table
 in its place.  It stops on SIGTERM or SIGINT (leaving the group);
 --die-after-commit N (for tests) exits with 3 right after its Nth
 PostgreSQL commit, before the offset commit, without leaving the group.
+
+A lost connection to PostgreSQL (the server restarted, the backend was
+terminated) or any other error of the database is retried: the same message
+again, on a new connection made with a backoff, its offset not committed.  A
+serialization failure or a deadlock (40001, 40P01) is rolled back and tried
+again at once.  A business write that fails the same way every time (an
+error of SQLSTATE class 22, data exception, or 23, integrity constraint
+violation, such as a CHECK the message violates) would stop its partition
+for good: it is rolled back, and a new transaction claims the message and
+records it in "dead_letters" (msg_id text, key text, error text, sqlstate
+text), after which the offset is committed and the partition goes on.
 """
 
 import argparse
 import os
+import random
 import signal
 import sys
+import time
 
+import psycopg2
 from confluent_kafka import Consumer, KafkaError, KafkaException
+
+# SQLSTATE classes of a business write that fails again each time the message
+# comes back: 22 data exception, 23 integrity constraint violation
+DEAD_CLASSES = ('22', '23')
+# a transaction that lost to another one: worth trying again at once
+CONFLICTS = ('40001', '40P01')
 
 
 def apply(cur, msg_id, key, payload, consumer):
@@ -44,8 +64,57 @@ def apply(cur, msg_id, key, payload, consumer):
                 (msg_id, key, payload.decode('utf-8'), consumer))
 
 
+def dead_letter(cur, msg_id, key, error, sqlstate):
+    """A message whose business write failed for good, kept for a person."""
+    cur.execute('INSERT INTO dead_letters (msg_id, key, error, sqlstate) VALUES (%s, %s, %s, %s)',
+                (msg_id, key, error, sqlstate))
+
+
 def log(name, text):
     print('%s %s' % (name, text), flush=True)
+
+
+def backoff(failures):
+    return min(0.1 * 2 ** failures, 5.0) * random.uniform(0.5, 1.0)
+
+
+def process(db, msg_id, key, payload, args):
+    """idem_claim and the business write in one transaction: 'applied', or
+    'duplicate' when the message was claimed before.  A business write that
+    fails for good is rolled back and the message dead-lettered: 'dead'.
+    Other errors are raised."""
+    while True:
+        try:
+            with db.cursor() as cur:
+                cur.execute('SELECT idem_claim(%s, %s)', (msg_id, args.namespace))
+                first = cur.fetchone()[0]
+                if first:
+                    apply(cur, msg_id, key, payload, args.name)
+            db.commit()
+            return 'applied' if first else 'duplicate'
+        except psycopg2.Error as e:
+            if db.closed:
+                raise
+            db.rollback()
+            sqlstate = e.pgcode or ''
+            if sqlstate in CONFLICTS:
+                log(args.name, 'PostgreSQL: %s; trying %s again' % (sqlstate, msg_id))
+                continue
+            if sqlstate[:2] not in DEAD_CLASSES:
+                raise
+            error = e.diag.message_primary or str(e).strip()
+            break
+    # The claim too, in a new transaction: the message, read again, is a
+    # duplicate, not a second dead letter.
+    with db.cursor() as cur:
+        cur.execute('SELECT idem_claim(%s, %s)', (msg_id, args.namespace))
+        first = cur.fetchone()[0]
+        if first:
+            dead_letter(cur, msg_id, key, error, sqlstate)
+    db.commit()
+    if first:
+        log(args.name, 'dead letter %s: %s (SQLSTATE %s)' % (msg_id, error, sqlstate))
+    return 'dead' if first else 'duplicate'
 
 
 def header(msg, name):
@@ -56,8 +125,6 @@ def header(msg, name):
 
 
 def main():
-    import psycopg2
-
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--dsn', default='', help='libpq connection string (default: the PG* environment)')
     ap.add_argument('--brokers', required=True, help='bootstrap.servers')
@@ -74,7 +141,7 @@ def main():
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
-    db = psycopg2.connect(args.dsn)
+    db = None
     consumer = Consumer({
         'bootstrap.servers': args.brokers,
         'group.id': args.group,
@@ -99,28 +166,34 @@ def main():
             continue
         msg_id = header(msg, 'idem-message-id')
         key = msg.key().decode('utf-8') if msg.key() is not None else ''
-        if msg_id is None:
+        if not msg_id:
             # not from idem-relay: nothing to deduplicate it by; skipped here
             log(args.name, 'no idem-message-id at %s[%d]@%d' % (msg.topic(), msg.partition(), msg.offset()))
             consumer.commit(message=msg, asynchronous=False)
             continue
-        while True:
+        result = None
+        failures = 0
+        while result is None and not stopping:
             try:
-                with db:
-                    with db.cursor() as cur:
-                        cur.execute('SELECT idem_claim(%s, %s)', (msg_id, args.namespace))
-                        first = cur.fetchone()[0]
-                        if first:
-                            apply(cur, msg_id, key, msg.value(), args.name)
-                break
-            except psycopg2.OperationalError as e:
-                # the database went away: the same message again, on a new connection
-                log(args.name, 'PostgreSQL: %s; reconnecting' % str(e).strip())
-                db.close()
-                db = psycopg2.connect(args.dsn)
+                if db is None:
+                    db = psycopg2.connect(args.dsn)
+                result = process(db, msg_id, key, msg.value(), args)
+            except psycopg2.Error as e:
+                # the connection lost (the server restarted, the backend was
+                # terminated), or another error: the same message again on a
+                # new connection, after a backoff (a database that is still
+                # down fails the connect), its offset not committed
+                failures += 1
+                log(args.name, 'PostgreSQL: %s; reconnecting' % (' '.join(str(e).split()) or type(e).__name__))
+                if db is not None:
+                    db.close()
+                db = None
+                time.sleep(backoff(failures))
+        if result is None:
+            break       # stopping, the message not done: read again after a restart
         log(args.name, '%s %s (partition %d, offset %d)' % (
-            'applied' if first else 'duplicate', msg_id, msg.partition(), msg.offset()))
-        if first:
+            result, msg_id, msg.partition(), msg.offset()))
+        if result == 'applied':
             applied += 1
             if applied == args.die_after_commit:
                 log(args.name, 'dying after the commit of %s, before its offset commit' % msg_id)
@@ -133,7 +206,8 @@ def main():
             # this message again, and its claim says duplicate
             log(args.name, 'offset commit failed: %s' % e)
     consumer.close()
-    db.close()
+    if db is not None:
+        db.close()
     log(args.name, 'stopped: %d applied' % applied)
     return 0
 

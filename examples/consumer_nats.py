@@ -28,6 +28,20 @@ HMSG, PING/PONG).  No TLS.
 The business write is apply() below: it inserts the message into a table
 "applied" (msg_id text, key text, payload jsonb, consumer text); write yours
 in its place.
+
+A lost connection to PostgreSQL (the server restarted, the backend was
+terminated) or any other error of the database is retried: the same message
+again, on a new connection made with a backoff, not acknowledged meanwhile.
+A serialization failure or a deadlock (40001, 40P01) is rolled back and
+tried again at once.  A business write that fails the same way every time
+(an error of SQLSTATE class 22, data exception, or 23, integrity constraint
+violation, such as a CHECK the message violates) would be redelivered
+forever and, with max_ack_pending 1, hold back every message after it: it is
+rolled back, and a new transaction claims the message and records it in
+"dead_letters" (msg_id text, key text, error text, sqlstate text), after
+which the message is acknowledged.  A message without Nats-Msg-Id (not from
+idem-relay) has nothing to deduplicate it by: it is logged and terminated
+(+TERM), never redelivered.
 """
 
 import argparse
@@ -40,6 +54,14 @@ import socket
 import sys
 import time
 import urllib.parse
+
+import psycopg2
+
+# SQLSTATE classes of a business write that fails again each time the message
+# comes back: 22 data exception, 23 integrity constraint violation
+DEAD_CLASSES = ('22', '23')
+# a transaction that lost to another one: worth trying again at once
+CONFLICTS = ('40001', '40P01')
 
 
 class NatsError(Exception):
@@ -195,13 +217,60 @@ def apply(cur, msg_id, key, payload, consumer):
                 (msg_id, key, payload.decode('utf-8'), consumer))
 
 
+def dead_letter(cur, msg_id, key, error, sqlstate):
+    """A message whose business write failed for good, kept for a person."""
+    cur.execute('INSERT INTO dead_letters (msg_id, key, error, sqlstate) VALUES (%s, %s, %s, %s)',
+                (msg_id, key, error, sqlstate))
+
+
 def log(name, text):
     print('%s %s' % (name, text), flush=True)
 
 
-def main():
-    import psycopg2
+def backoff(failures):
+    return min(0.1 * 2 ** failures, 5.0) * random.uniform(0.5, 1.0)
 
+
+def process(db, msg_id, key, payload, args):
+    """idem_claim and the business write in one transaction: 'applied', or
+    'duplicate' when the message was claimed before.  A business write that
+    fails for good is rolled back and the message dead-lettered: 'dead'.
+    Other errors are raised."""
+    while True:
+        try:
+            with db.cursor() as cur:
+                cur.execute('SELECT idem_claim(%s, %s)', (msg_id, args.namespace))
+                first = cur.fetchone()[0]
+                if first:
+                    apply(cur, msg_id, key, payload, args.name)
+            db.commit()
+            return 'applied' if first else 'duplicate'
+        except psycopg2.Error as e:
+            if db.closed:
+                raise
+            db.rollback()
+            sqlstate = e.pgcode or ''
+            if sqlstate in CONFLICTS:
+                log(args.name, 'PostgreSQL: %s; trying %s again' % (sqlstate, msg_id))
+                continue
+            if sqlstate[:2] not in DEAD_CLASSES:
+                raise
+            error = e.diag.message_primary or str(e).strip()
+            break
+    # The claim too, in a new transaction: the message, delivered again, is a
+    # duplicate, not a second dead letter.
+    with db.cursor() as cur:
+        cur.execute('SELECT idem_claim(%s, %s)', (msg_id, args.namespace))
+        first = cur.fetchone()[0]
+        if first:
+            dead_letter(cur, msg_id, key, error, sqlstate)
+    db.commit()
+    if first:
+        log(args.name, 'dead letter %s: %s (SQLSTATE %s)' % (msg_id, error, sqlstate))
+    return 'dead' if first else 'duplicate'
+
+
+def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--dsn', default='', help='libpq connection string (default: the PG* environment)')
     ap.add_argument('--nats', default='127.0.0.1:4222', help='HOST:PORT of the NATS server')
@@ -218,7 +287,7 @@ def main():
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     host, port = args.nats.rsplit(':', 1)
-    db = psycopg2.connect(args.dsn)
+    db = None
     next_subject = '$JS.API.CONSUMER.MSG.NEXT.%s.%s' % (args.stream, args.durable)
     nc = None
     failures = 0
@@ -236,16 +305,38 @@ def main():
             _, _, reply, status, headers, payload = op
             if status is not None:
                 continue        # 404 no messages, 408 request timeout
-            msg_id = headers['Nats-Msg-Id']
+            msg_id = headers.get('Nats-Msg-Id')
+            if not msg_id:
+                # not from idem-relay: nothing to deduplicate it by.  Left
+                # unacknowledged, it would come back after every ack_wait,
+                # and hold back the messages after it.  (The server handles
+                # the +TERM before this connection's next pull.)
+                log(args.name, 'no Nats-Msg-Id on a message of %s: terminated' % op[1])
+                nc.publish(reply, b'+TERM')
+                continue
             key = urllib.parse.unquote(headers.get('Idem-Key', ''))
-            with db:
-                with db.cursor() as cur:
-                    cur.execute('SELECT idem_claim(%s, %s)', (msg_id, args.namespace))
-                    first = cur.fetchone()[0]
-                    if first:
-                        apply(cur, msg_id, key, payload, args.name)
-            log(args.name, '%s %s' % ('applied' if first else 'duplicate', msg_id))
-            if first:
+            result = None
+            db_failures = 0
+            while result is None and not stopping:
+                try:
+                    if db is None:
+                        db = psycopg2.connect(args.dsn)
+                    result = process(db, msg_id, key, payload, args)
+                except psycopg2.Error as e:
+                    # the connection lost (the server restarted, the backend
+                    # was terminated), or another error: the same message
+                    # again on a new connection, after a backoff (a database
+                    # that is still down fails the connect), not acknowledged
+                    db_failures += 1
+                    log(args.name, 'PostgreSQL: %s; reconnecting' % (' '.join(str(e).split()) or type(e).__name__))
+                    if db is not None:
+                        db.close()
+                    db = None
+                    time.sleep(backoff(db_failures))
+            if result is None:
+                break       # stopping: JetStream delivers it again after ack_wait
+            log(args.name, '%s %s' % (result, msg_id))
+            if result == 'applied':
                 applied += 1
                 if applied == args.die_after_commit:
                     log(args.name, 'dying after the commit of %s, before its ack' % msg_id)
@@ -261,7 +352,8 @@ def main():
             time.sleep(min(0.1 * 2 ** failures, 2.0) * random.uniform(0.5, 1.0))
     if nc is not None:
         nc.close()
-    db.close()
+    if db is not None:
+        db.close()
     log(args.name, 'stopped: %d applied' % applied)
 
 

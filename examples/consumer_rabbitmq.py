@@ -34,10 +34,27 @@ unacknowledged deliveries come back first).
 It reconnects to the broker and to the database when either goes away, and
 stops on SIGTERM or SIGINT.  --die-after-commit N (for tests) kills the
 process with SIGKILL right after its Nth commit, before the ack.
+
+Any other error of the database is retried the same way: the connection to
+the broker is closed, and the unacknowledged deliveries come back.  A
+serialization failure or a deadlock (40001, 40P01) is rolled back and tried
+again at once.  A business write that fails the same way every time (an error
+of SQLSTATE class 22, data exception, or 23, integrity constraint violation,
+such as a CHECK the message violates) would come back forever and hold the
+queue up: it is rolled back, and a new transaction claims the message and
+records it in dead_letters, after which the delivery is acknowledged:
+
+    CREATE TABLE dead_letters (
+        message_id text NOT NULL,          -- text: a bad id is kept too
+        key        text NOT NULL,
+        error      text NOT NULL,
+        sqlstate   text NOT NULL
+    );
 """
 
 import argparse
 import os
+import random
 import signal
 import sys
 import time
@@ -46,6 +63,12 @@ import pika
 import psycopg2
 
 stopping = False
+
+# SQLSTATE classes of a business write that fails again each time the message
+# comes back: 22 data exception, 23 integrity constraint violation
+DEAD_CLASSES = ("22", "23")
+# a transaction that lost to another one: worth trying again at once
+CONFLICTS = ("40001", "40P01")
 
 
 def on_signal(signo, frame):
@@ -57,9 +80,65 @@ def log(name, msg):
     print(f"{name}: {msg}", flush=True)
 
 
+def backoff(failures):
+    return min(0.1 * 2 ** failures, 5.0) * random.uniform(0.5, 1.0)
+
+
 def declare(channel, queue):
     channel.queue_declare(queue=queue, durable=True,
                           arguments={"x-single-active-consumer": True})
+
+
+def apply(cur, msg_id, key, body, consumer):
+    """The business write, in the transaction of the claim."""
+    cur.execute("INSERT INTO order_events (message_id, key, payload, consumer) "
+                "VALUES (%s, %s, %s, %s)",
+                (msg_id, key, body.decode("utf-8"), consumer))
+
+
+def dead_letter(cur, msg_id, key, error, sqlstate):
+    """A message whose business write failed for good, kept for a person."""
+    cur.execute("INSERT INTO dead_letters (message_id, key, error, sqlstate) "
+                "VALUES (%s, %s, %s, %s)", (msg_id, key, error, sqlstate))
+
+
+def process(db, msg_id, key, body, args):
+    """idem_claim and the business write in one transaction: "applied", or
+    "duplicate" when the message was claimed before.  A business write that
+    fails for good is rolled back and the message dead-lettered: "dead".
+    Other errors are raised."""
+    while True:
+        try:
+            with db.cursor() as cur:
+                cur.execute("SELECT idem_claim(%s, %s)", (msg_id, args.namespace))
+                first = cur.fetchone()[0]
+                if first:
+                    apply(cur, msg_id, key, body, args.name)
+            db.commit()
+            return "applied" if first else "duplicate"
+        except psycopg2.Error as e:
+            if db.closed:
+                raise
+            db.rollback()
+            sqlstate = e.pgcode or ""
+            if sqlstate in CONFLICTS:
+                log(args.name, f"database: {sqlstate}; trying {msg_id} again")
+                continue
+            if sqlstate[:2] not in DEAD_CLASSES:
+                raise
+            error = e.diag.message_primary or str(e).strip()
+            break
+    # The claim too, in a new transaction: the message, delivered again, is a
+    # duplicate, not a second dead letter.
+    with db.cursor() as cur:
+        cur.execute("SELECT idem_claim(%s, %s)", (msg_id, args.namespace))
+        first = cur.fetchone()[0]
+        if first:
+            dead_letter(cur, msg_id, key, error, sqlstate)
+    db.commit()
+    if first:
+        log(args.name, f"dead letter {msg_id}: {error} (SQLSTATE {sqlstate})")
+    return "dead" if first else "duplicate"
 
 
 def connect_db(dsn):
@@ -87,6 +166,7 @@ def main():
     params.heartbeat = 10
     params.blocked_connection_timeout = 10
     db = None
+    db_failures = 0
     commits = 0
 
     if args.declare_only:
@@ -114,21 +194,14 @@ def main():
                     continue
                 msg_id = props.message_id
                 key = (props.headers or {}).get("x-idem-key")
-                if msg_id is None or key is None:
+                if not msg_id or key is None:
                     # not from idem-relay: refuse it for good
                     channel.basic_reject(method.delivery_tag, requeue=False)
                     continue
-                with db.cursor() as cur:
-                    cur.execute("SELECT idem_claim(%s, %s)", (msg_id, args.namespace))
-                    first = cur.fetchone()[0]
-                    if first:
-                        cur.execute("INSERT INTO order_events (message_id, key, payload, consumer) "
-                                    "VALUES (%s, %s, %s, %s)",
-                                    (msg_id, key, body.decode("utf-8"), args.name))
-                db.commit()
+                result = process(db, msg_id, key, body, args)
+                db_failures = 0
                 commits += 1
-                log(args.name, f"{'applied' if first else 'duplicate'} {msg_id} key {key} "
-                               f"redelivered {method.redelivered}")
+                log(args.name, f"{result} {msg_id} key {key} redelivered {method.redelivered}")
                 if args.die_after_commit and commits >= args.die_after_commit:
                     log(args.name, "dying between commit and ack")
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -137,15 +210,17 @@ def main():
             log(args.name, f"broker: {type(e).__name__} {e}; reconnecting")
             time.sleep(0.5)
         except psycopg2.Error as e:
-            # the transaction is gone with the connection: the delivery
-            # was not acked and comes back
-            log(args.name, f"database: {e}; reconnecting")
+            # the connection lost, or another error: the delivery was not
+            # acked and comes back (the channel is closed below), to be
+            # tried again on a new connection after a backoff
+            db_failures += 1
+            log(args.name, f"database: {' '.join(str(e).split())}; reconnecting")
             try:
                 db.close()
             except Exception:
                 pass
             db = None
-            time.sleep(0.5)
+            time.sleep(backoff(db_failures))
         finally:
             # unacknowledged deliveries go back to the queue
             if conn is not None and conn.is_open:

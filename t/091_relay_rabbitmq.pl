@@ -15,6 +15,9 @@
 #   half is being delivered: the relays and the consumer reconnect;
 # - at the end every message was applied exactly once, and in order per key
 #   (checked in the business table);
+# - the consumer's database backend terminated between two deliveries, and a
+#   message whose business write violates a CHECK: it goes to the dead
+#   letters once, and the messages after it are applied;
 # - a connection the broker closes while the relay is idle costs the next
 #   message no attempt;
 # - an exchange of its own and a routing key {topic}.{type}: the message
@@ -163,7 +166,13 @@ $node->safe_psql('postgres', q{
 		message_id uuid NOT NULL,
 		key text NOT NULL,
 		payload jsonb NOT NULL,
-		consumer text NOT NULL);
+		consumer text NOT NULL,
+		CONSTRAINT no_poison CHECK (NOT payload ? 'poison'));
+	CREATE TABLE dead_letters (
+		message_id text NOT NULL,
+		key text NOT NULL,
+		error text NOT NULL,
+		sqlstate text NOT NULL);
 	-- a broker outage must not use up a message's attempts
 	SELECT idem_outbox_configure('orders', 1000, '100 milliseconds', '1 second');
 });
@@ -173,14 +182,20 @@ my $per_key = 16;
 my $n = $nkeys * $per_key;
 my %sent;    # message id => 1
 
+# Sends seqs FROM..TO of every key; POISON, KEY:SEQ, is a message with
+# "poison" in its payload, which the CHECK of order_events refuses.  Their
+# ids, in the order of (seq, key).
 sub send_seqs
 {
-	my ($from, $to) = @_;
-	my $ids = $node->safe_psql('postgres', qq{
-		SELECT idem_outbox_send('orders', 'k' || k, jsonb_build_object('key', 'k' || k, 'seq', s))
+	my ($from, $to, $poison) = @_;
+	$poison //= '';
+	my @ids = split /\n/, $node->safe_psql('postgres', qq{
+		SELECT idem_outbox_send('orders', 'k' || k, jsonb_build_object('key', 'k' || k, 'seq', s)
+		         || CASE WHEN 'k' || k || ':' || s = '$poison' THEN '{"poison": true}' ELSE '{}' END::jsonb)
 		FROM generate_series($from, $to) s, generate_series(1, $nkeys) k
 		ORDER BY s, k});
-	$sent{$_} = 1 for split /\n/, $ids;
+	$sent{$_} = 1 for @ids;
+	return @ids;
 }
 
 sub wait_for
@@ -247,7 +262,7 @@ sub start_consumer
 	my ($name, @extra) = @_;
 	return IPC::Run::start([ 'python3', '-u', $consumer, '--dsn', $dsn, '--amqp', $amqp,
 			'--queue', 'orders', '--name', $name, '--prefetch', '5', @extra ],
-		'>', "$tmp/$name.out", '2>&1', IPC::Run::timeout(120));
+		'>', "$tmp/$name.out", '2>&1', init => sub { $ENV{PGAPPNAME} = $name; }, IPC::Run::timeout(120));
 }
 
 # The first consumer is the active one; it dies after its 10th commit.
@@ -332,11 +347,6 @@ ok( wait_for('the queue to be empty',
 		}),
 	'the queue is empty');
 
-$cb->signal('TERM');
-$cb->finish;
-$r2->signal('TERM');
-$r2->finish;
-
 ########################################################################
 # Exactly once, in order per key
 ########################################################################
@@ -365,6 +375,54 @@ like(slurp_file("$tmp/relay-2.err"), qr/rabbitmq: connected to .* again/,
 my $retried = () = slurp_file("$tmp/relay-2.err") =~ /retry .* after/g;
 note("relay-2 retried $retried messages");
 note('duplicates seen by the consumers: ' . (() = $bout =~ /duplicate /g));
+
+########################################################################
+# The database lost, and a message the business write refuses
+########################################################################
+
+# consumer-b's backend is terminated while it waits for its next delivery;
+# then two more seqs, k3's 17th message with "poison" in its payload, which
+# the CHECK of order_events refuses (SQLSTATE class 23, the same way each
+# time): it goes to the dead letters once, with its claim, rather than come
+# back forever and hold the queue up, and the messages of the other keys
+# and the next one of k3 are applied, on a new connection.
+my $b_from = length(slurp_file("$tmp/consumer-b.out"));
+is(sql(q{SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000)) FROM pg_stat_activity
+          WHERE application_name = 'consumer-b'}), 1, "consumer-b's database backend is terminated");
+my $poison = (send_seqs($per_key + 1, $per_key + 2, 'k3:' . ($per_key + 1)))[2];
+my $all = $n + 2 * $nkeys;
+ok( wait_for('the messages after the poison one', sub {
+			sql('SELECT count(*) FROM order_events') == $all - 1
+			  && sql('SELECT count(*) FROM idem.outbox') == 0 }),
+	'consumer-b applied the next messages, but the one CHECK refuses')
+  or diag_state();
+like(substr(slurp_file("$tmp/consumer-b.out"), $b_from), qr/database: .*(?:terminating connection|server closed the connection)/,
+	'after the error of its terminated connection');
+is(sql(q{SELECT message_id || '|' || key || '|' || sqlstate || '|' || error FROM dead_letters}),
+	"$poison|k3|23514|new row for relation \"order_events\" violates check constraint \"no_poison\"",
+	'the message CHECK refuses is in the dead letters, once, with its key, SQLSTATE and error');
+is(sql(q{SELECT count(*), count(DISTINCT message_id) FROM order_events}), ($all - 1) . '|' . ($all - 1),
+	'every message applied once, but the dead letter');
+is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'rabbit'}), $all, 'and claimed once');
+is( sql(qq{
+		SELECT count(*) FROM (
+			SELECT key FROM order_events GROUP BY key
+			HAVING array_agg((payload->>'seq')::int ORDER BY id)
+			       IS DISTINCT FROM ARRAY(SELECT s FROM generate_series(1, $per_key + 2) s
+			                               WHERE key <> 'k3' OR s <> $per_key + 1)) bad}),
+	0, 'every key applied in the order it was sent, k3 without its dead letter');
+ok( wait_for('the queue to be empty',
+		sub {
+			my ($rc, $qout) = rabbitmqctl('list_queues', '-q', '--no-table-headers', 'name',
+				'messages');
+			return $rc == 0 && $qout =~ /^orders\s+0$/m;
+		}),
+	'the queue is empty: the dead letter was acknowledged');
+
+$cb->signal('TERM');
+$cb->finish;
+$r2->signal('TERM');
+$r2->finish;
 
 ########################################################################
 # A routing key AMQP cannot carry

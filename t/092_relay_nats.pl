@@ -23,6 +23,12 @@
 #   idem_claim says it is a duplicate, nothing is applied twice;
 # - in the end every message is stored once in the stream and applied once,
 #   in order per key;
+# - then a message without Nats-Msg-Id, terminated (+TERM), not redelivered;
+#   the consumer's database backend terminated while its business write
+#   waits for a lock, and new connections refused for a while: it connects
+#   again and applies the same message; a message whose business write
+#   violates a CHECK goes to the dead letters once, and the messages after
+#   it are applied;
 # - the headers a message carries, read back from the stream;
 # - servers of their own that require a user and password (with a small
 #   max_payload) or a token: wrong credentials make the sink down (exit
@@ -167,20 +173,29 @@ sql(q{
 	REVOKE EXECUTE ON FUNCTION idem_outbox_ack(uuid[]) FROM PUBLIC;
 	SELECT idem_outbox_configure('orders', 1000, '50 milliseconds', '500 milliseconds');
 	CREATE TABLE applied (n bigserial PRIMARY KEY, msg_id text NOT NULL, key text NOT NULL,
-	                      payload jsonb NOT NULL, consumer text NOT NULL);
+	                      payload jsonb NOT NULL, consumer text NOT NULL,
+	                      CONSTRAINT no_poison CHECK (NOT payload ? 'poison'));
+	CREATE TABLE dead_letters (msg_id text NOT NULL, key text NOT NULL, error text NOT NULL,
+	                           sqlstate text NOT NULL);
 });
 
 my @keys = map { sprintf('k%02d', $_) } 1 .. $nkeys;
 my %sent;    # id -> [key, seq]
 
-# Sends rounds FROM..TO: one message per key a round, a transaction a round.
+# Sends rounds FROM..TO: one message per key a round, a transaction a round;
+# POISON, KEY:SEQ, is a message with "poison" in its payload, which the CHECK
+# of applied refuses.
 sub send_rounds
 {
-	my ($from, $to) = @_;
+	my ($from, $to, $poison) = @_;
+	$poison //= '';
 	for my $seq ($from .. $to)
 	{
 		my @ids = split /\n/, sql(join("\n", 'BEGIN;',
-				(map { "SELECT idem_outbox_send('orders', '$_', '{\"key\": \"$_\", \"seq\": $seq}');" } @keys),
+				(map {
+					my $more = "$_:$seq" eq $poison ? ', "poison": true' : '';
+					"SELECT idem_outbox_send('orders', '$_', '{\"key\": \"$_\", \"seq\": $seq$more}');"
+				} @keys),
 				'COMMIT;'));
 		$sent{ $ids[$_] } = [ $keys[$_], $seq ] for 0 .. $#ids;
 	}
@@ -211,7 +226,7 @@ for my $c ([ 'c1', '--die-after-commit', '5' ], [ 'c2' ])
 	$consumer{$name}{h} = IPC::Run::start(
 		[ $python, $consumer_py, '--nats', $nats_url, '--stream', 'IDEM', '--durable', 'workers',
 		  '--name', $name, '--ack-wait', '2', @extra ],
-		'>', $consumer{$name}{out}, '2>&1', init => env_init(PGUSER => 'postgres'));
+		'>', $consumer{$name}{out}, '2>&1', init => env_init(PGUSER => 'postgres', PGAPPNAME => $name));
 	push @started, $consumer{$name}{h};
 }
 
@@ -302,11 +317,6 @@ my ($died) = file($consumer{c1}{out}) =~ /dying after the commit of ([0-9a-f-]+)
 ok(defined $died, 'c1 logged the message it died after');
 ok( defined $died && wait_for('the redelivery', sub { file($consumer{c2}{out}) =~ /duplicate \Q$died\E/ }),
 	'JetStream redelivered that message to c2, and idem_claim said it was a duplicate');
-$consumer{c2}{h}->signal('TERM');
-$consumer{c2}{h}->finish;
-$relay{b}{h}->signal('TERM');
-$relay{b}{h}->finish;
-is($relay{b}{h}->result(0), 0, 'relay B stops with exit code 0');
 
 ########################################################################
 # Every message once, in order per key
@@ -347,6 +357,84 @@ is(scalar(grep { join(',', @{ $applied_order{$_} // [] }) eq join(',', 1 .. $per
 is(sql(q{SELECT count(*) FROM applied WHERE msg_id = '} . ($died // '') . q{'}), 1,
 	'the message whose consumer died before the ack was applied once');
 is(sql(q{SELECT count(*) FROM idem.outbox_keys WHERE dead}), 0, 'no message dead');
+
+########################################################################
+# A message without Nats-Msg-Id, the database lost, a poison message
+########################################################################
+
+# c2's business write is held by a lock on applied.  A message without
+# Nats-Msg-Id (not from idem-relay) is published, then two rounds, k03's
+# 21st message with "poison" in its payload.  c2 terminates the first (left
+# unacknowledged, it would come back after every ack_wait and, with
+# max_ack_pending 1, hold back the rest) and waits for the lock on the next.
+my $c2_from = length(file($consumer{c2}{out}));
+my $locker = IdemTest::Session->new($node, 'postgres');
+$locker->query('BEGIN; LOCK TABLE applied IN EXCLUSIVE MODE;');
+like(js('publish', 'orders', '{"key": "none"}'), qr/"stream": ?"IDEM"/,
+	'a message without Nats-Msg-Id is stored in the stream');
+send_rounds($per_key + 1, $per_key + 2, 'k03:' . ($per_key + 1));
+ok( wait_for('c2 to wait for the lock', sub {
+			sql(q{SELECT count(*) FROM pg_stat_activity WHERE application_name = 'c2'
+			        AND wait_event_type = 'Lock'}) == 1 }),
+	'c2 went past the message without Nats-Msg-Id, and its business write waits for the lock')
+  or diag(file($consumer{c2}{out}));
+like(substr(file($consumer{c2}{out}), $c2_from), qr/no Nats-Msg-Id on a message of orders: terminated/,
+	'c2 terminated that message');
+
+# c2's backend is terminated, with new connections to the database refused:
+# c2 fails to connect until they are allowed again, and then applies that
+# message and the rest.
+$node->safe_psql('template1', q{ALTER DATABASE postgres ALLOW_CONNECTIONS false});
+is( $node->safe_psql('template1', q{SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000))
+	                                   FROM pg_stat_activity WHERE application_name = 'c2'}),
+	1, "c2's database backend is terminated");
+ok( wait_for('c2 to be refused', sub {
+			substr(file($consumer{c2}{out}), $c2_from) =~ /not currently accepting connections[^\n]*; reconnecting/ }),
+	'c2 tries to connect again, and is refused') or diag(file($consumer{c2}{out}));
+$locker->query('ROLLBACK;');
+$locker->close;
+$node->safe_psql('template1', q{ALTER DATABASE postgres ALLOW_CONNECTIONS true});
+my $all = $total + 2 * $nkeys;
+ok(wait_for('c2 after its lost connection', sub { sql('SELECT count(*) FROM applied') == $all - 1 }),
+	'c2 applied the messages on a new connection, but the one CHECK refuses')
+  or diag(file($consumer{c2}{out}));
+like(substr(file($consumer{c2}{out}), $c2_from),
+	qr/PostgreSQL: (?:terminating connection|server closed the connection)[^\n]*; reconnecting/,
+	'after the error of its terminated connection');
+
+# k03's 21st message violates the CHECK of applied (SQLSTATE class 23), the
+# same way each time: it goes to the dead letters once, with its claim, and
+# the messages of the other keys and the next one of k03 are applied.
+my ($poison) = grep { $sent{$_}[0] eq 'k03' && $sent{$_}[1] == $per_key + 1 } keys %sent;
+is(sql(q{SELECT msg_id || '|' || key || '|' || sqlstate || '|' || error FROM dead_letters}),
+	"$poison|k03|23514|new row for relation \"applied\" violates check constraint \"no_poison\"",
+	'the message CHECK refuses is in the dead letters, once, with its key, SQLSTATE and error');
+is(sql(q{SELECT count(*), count(DISTINCT msg_id) FROM applied}), ($all - 1) . '|' . ($all - 1),
+	'every message applied once, but the dead letter');
+is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'nats'}), $all, 'and claimed once');
+%applied_order = ();
+for my $row (split /\n/, sql(q{SELECT key, payload->>'seq' FROM applied ORDER BY n}))
+{
+	my ($k, $s) = split /\|/, $row;
+	push @{ $applied_order{$k} }, $s;
+}
+is( scalar(grep {
+			my $k = $_;
+			join(',', @{ $applied_order{$k} // [] }) eq
+			  join(',', grep { $k ne 'k03' || $_ != $per_key + 1 } 1 .. $per_key + 2)
+		} @keys),
+	$nkeys, 'the messages of each key were applied in order, k03 without its dead letter');
+my $state_c = $json->decode(js('consumer-info', 'IDEM', 'workers'));
+is($state_c->{num_ack_pending} . '|' . $state_c->{num_pending}, '0|0',
+	'the durable consumer has no message pending: the one without Nats-Msg-Id was not left to come back');
+is(scalar(() = file($consumer{c2}{out}) =~ /no Nats-Msg-Id/g), 1, 'and c2 was given it once');
+
+$consumer{c2}{h}->signal('TERM');
+$consumer{c2}{h}->finish;
+is($consumer{c2}{h}->result(0), 0, 'consumer c2 stops on SIGTERM');
+$relay{b}{h}->signal('TERM');
+$relay{b}{h}->finish;
+is($relay{b}{h}->result(0), 0, 'relay B stops with exit code 0');
 
 ########################################################################
 # Configuration errors, and a subject no stream takes

@@ -15,7 +15,11 @@
 # one group (examples/consumer_kafka.py: idem_claim and the business write
 # in one transaction, the offset committed after it), one of which dies
 # between the two: every message applied exactly once, in order per key;
-# and the key, value and headers of a message, read back from that cluster.
+# the survivor's database backend terminated while it waits, and the server
+# crashed while its transaction waits for a lock: it reconnects and applies
+# the same message; a message whose business write violates a CHECK goes to
+# the dead letters once, and the messages after it are applied; and the
+# key, value and headers of a message, read back from that cluster.
 
 use strict;
 use warnings;
@@ -298,7 +302,10 @@ sub wait_for
 # the message left above, whose brokers could not be reached, is not this part's
 sql(q{DELETE FROM idem.outbox WHERE aggregatetype = 'orders'});
 sql(q{CREATE TABLE applied (n bigserial PRIMARY KEY, msg_id text NOT NULL, key text NOT NULL,
-                            payload jsonb NOT NULL, consumer text NOT NULL)});
+                            payload jsonb NOT NULL, consumer text NOT NULL,
+                            CONSTRAINT no_poison CHECK (NOT payload ? 'poison'));
+      CREATE TABLE dead_letters (msg_id text NOT NULL, key text NOT NULL, error text NOT NULL,
+                                 sqlstate text NOT NULL)});
 my $ekeys = 8;
 my $eper = 15;
 my $etotal = $ekeys * $eper;
@@ -316,7 +323,7 @@ for my $c ([ 'c1', '--die-after-commit', '5' ], [ 'c2' ])
 		[ $python, "$src/examples/consumer_kafka.py", '--brokers', $bootstrap, '--topic', 'events',
 		  '--group', 'workers', '--name', $name, '--session-timeout', '6000', @extra ],
 		'>', $consumer{$name}{out}, '2>&1',
-		init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; $ENV{PGUSER} = 'postgres'; });
+		init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; $ENV{PGUSER} = 'postgres'; $ENV{PGAPPNAME} = $name; });
 	push @started, $consumer{$name}{h};
 }
 
@@ -336,12 +343,60 @@ ok( defined $died && wait_for('the redelivery', sub { file($consumer{c2}{out}) =
 	'c2 took over its partitions from the last committed offset: that message again, a duplicate for idem_claim');
 is(sql(q{SELECT count(*) FROM applied WHERE msg_id = '} . ($died // '') . q{'}), 1,
 	'the message c1 died after was applied once');
+
+# While c2 waits for its next message, its backend is terminated and a
+# session locks applied; then the rounds 16 and 17 are produced, e3's 16th
+# message with "poison" in its payload, which the CHECK of applied refuses.
+# c2's next message fails on the dead connection: c2 connects again, and its
+# business write waits for the lock.  The server then crashes and starts
+# again a second later: c2 fails to connect meanwhile, then applies that
+# message on the server started again, and the rest.
+my $c2_from = length(file($consumer{c2}{out}));
+is(sql(q{SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000)) FROM pg_stat_activity
+          WHERE application_name = 'c2'}), 1, "c2's database backend is terminated");
+my $locker = IdemTest::Session->new($node, 'postgres');
+$locker->query('BEGIN; LOCK TABLE applied IN EXCLUSIVE MODE;');
+my @more = split /\n/, sql(qq{
+	SELECT idem_outbox_send('events', 'e' || k, jsonb_build_object('key', 'e' || k, 'seq', s)
+	         || CASE WHEN k = 3 AND s = $eper + 1 THEN '{"poison": true}' ELSE '{}' END::jsonb)
+	FROM generate_series($eper + 1, $eper + 2) s, generate_series(1, $ekeys) k ORDER BY s, k});
+my $poison = $more[2];
+($rc, $out, $err) = run_relay('--sink', 'kafka', '--set', "kafka.brokers=$bootstrap",
+	'--lease', '10s', '--timeout', '5s', '--once', '--log-interval', '0');
+is($rc, 0, 'the relay produced two more rounds (--once)') or diag($err);
+ok( wait_for('c2 to wait for the lock', sub {
+			sql(q{SELECT count(*) FROM pg_stat_activity WHERE application_name = 'c2'
+			        AND wait_event_type = 'Lock'}) == 1 }),
+	'c2 connected again, and its business write waits for the lock')
+  or diag(file($consumer{c2}{out}));
+like(substr(file($consumer{c2}{out}), $c2_from),
+	qr/PostgreSQL: (?:terminating connection|server closed the connection)[^\n]*; reconnecting/,
+	'after the error of its terminated connection');
+$c2_from = length(file($consumer{c2}{out}));
+$node->stop('immediate');
+$locker->{h}->kill_kill;
+sleep(1);
+$node->start;
+$eper += 2;
+$etotal = $ekeys * $eper;
+ok(wait_for('c2 after the crash', sub { sql('SELECT count(*) FROM applied') == $etotal - 1 }),
+	'c2 applied the messages on the server started again, but the one CHECK refuses')
+  or diag(file($consumer{c2}{out}));
+like(substr(file($consumer{c2}{out}), $c2_from), qr/PostgreSQL: connection to server .* failed: [^\n]*; reconnecting/,
+	'after failing to connect while the server was down');
+# A business write that violates a CHECK (SQLSTATE class 23) fails the same
+# way each time: the message goes to the dead letters once, with its claim,
+# and the messages of the other keys and the next one of its key go on.
+is(sql(q{SELECT msg_id || '|' || key || '|' || sqlstate || '|' || error FROM dead_letters}),
+	"$poison|e3|23514|new row for relation \"applied\" violates check constraint \"no_poison\"",
+	'the message CHECK refuses is in the dead letters, once, with its key, SQLSTATE and error');
+is(sql(qq{SELECT count(*) FROM applied WHERE msg_id = '$poison'}), 0, 'and was not applied');
 $consumer{c2}{h}->signal('TERM');
 $consumer{c2}{h}->finish;
 is($consumer{c2}{h}->result(0), 0, 'consumer c2 stops on SIGTERM');
 
-is(sql(q{SELECT count(*), count(DISTINCT msg_id) FROM applied}), "$etotal|$etotal",
-	'every message applied exactly once');
+is(sql(q{SELECT count(*), count(DISTINCT msg_id) FROM applied}), ($etotal - 1) . '|' . ($etotal - 1),
+	'every message applied exactly once, but the dead letter');
 is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'kafka'}), $etotal, 'and claimed once in namespace kafka');
 my %applied_order;
 for my $row (split /\n/, sql(q{SELECT key, payload->>'seq' FROM applied ORDER BY n}))
@@ -349,7 +404,11 @@ for my $row (split /\n/, sql(q{SELECT key, payload->>'seq' FROM applied ORDER BY
 	my ($k, $s) = split /\|/, $row;
 	push @{ $applied_order{$k} }, $s;
 }
-is(scalar(grep { join(',', @{ $applied_order{$_} // [] }) eq join(',', 1 .. $eper) } keys %applied_order),
+# (e3 without its dead letter, of the last round but one)
+is( scalar(grep {
+			my $k = $_;
+			join(',', @{ $applied_order{$k} // [] }) eq join(',', grep { $k ne 'e3' || $_ != $eper - 1 } 1 .. $eper)
+		} map { "e$_" } 1 .. $ekeys),
 	$ekeys, 'the messages of each key were applied in the order they were sent');
 
 # A record the broker refuses (INVALID_RECORD) is refused for good, with the

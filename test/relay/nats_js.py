@@ -12,6 +12,9 @@
                                                seq, msg_id, headers, payload
     nats_js.py HOST:PORT consumer-info STREAM DURABLE
                                                the durable consumer's info, JSON
+    nats_js.py HOST:PORT publish SUBJECT PAYLOAD
+                                               PAYLOAD published without
+                                               headers; the stream's answer
 
 HOST:PORT may be USER:PASSWORD@HOST:PORT or TOKEN@HOST:PORT, for a server
 that requires them.
@@ -59,6 +62,9 @@ def main():
                               'payload': json.loads(base64.b64decode(m.get('data', '')) or 'null')}))
     elif cmd == 'consumer-info':
         print(json.dumps(nc.js_api('$JS.API.CONSUMER.INFO.%s.%s' % tuple(args), None)))
+    elif cmd == 'publish':
+        op = nc.request(args[0], args[1].encode())
+        print(op[5].decode())
     else:
         sys.exit('unknown command ' + cmd)
     nc.close()
