@@ -752,7 +752,7 @@ ok(wait_for('the delivery after the cut', sub { sql(q{SELECT count(*) FROM idem.
 	'the relay connects again and delivers every message') or diag(slurp_file("$tmp/relay-cut.err"));
 $rcut->signal('TERM');
 $rcut->finish;
-is($rcut->result(0), 0, 'relay-cut stops on SIGTERM');
+is($rcut->full_result(0), 0, 'relay-cut stops on SIGTERM');
 ($arc) = rabbitmqctl('set_vm_memory_high_watermark', '0.4');
 is($arc, 0, 'the alarm is cleared');
 my $rb = IPC::Run::run([ $relay, '--name', 'relay-alarm2', @relay_args, '--once', '--set', 'rabbitmq.mandatory=false' ],

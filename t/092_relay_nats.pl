@@ -431,10 +431,10 @@ is(scalar(() = file($consumer{c2}{out}) =~ /no Nats-Msg-Id/g), 1, 'and c2 was gi
 
 $consumer{c2}{h}->signal('TERM');
 $consumer{c2}{h}->finish;
-is($consumer{c2}{h}->result(0), 0, 'consumer c2 stops on SIGTERM');
+is($consumer{c2}{h}->full_result(0), 0, 'consumer c2 stops on SIGTERM');
 $relay{b}{h}->signal('TERM');
 $relay{b}{h}->finish;
-is($relay{b}{h}->result(0), 0, 'relay B stops with exit code 0');
+is($relay{b}{h}->full_result(0), 0, 'relay B stops with exit code 0');
 
 ########################################################################
 # Configuration errors, and a subject no stream takes

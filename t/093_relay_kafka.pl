@@ -393,7 +393,7 @@ is(sql(q{SELECT msg_id || '|' || key || '|' || sqlstate || '|' || error FROM dea
 is(sql(qq{SELECT count(*) FROM applied WHERE msg_id = '$poison'}), 0, 'and was not applied');
 $consumer{c2}{h}->signal('TERM');
 $consumer{c2}{h}->finish;
-is($consumer{c2}{h}->result(0), 0, 'consumer c2 stops on SIGTERM');
+is($consumer{c2}{h}->full_result(0), 0, 'consumer c2 stops on SIGTERM');
 
 is(sql(q{SELECT count(*), count(DISTINCT msg_id) FROM applied}), ($etotal - 1) . '|' . ($etotal - 1),
 	'every message applied exactly once, but the dead letter');

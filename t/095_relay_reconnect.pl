@@ -94,7 +94,9 @@ sub stop_relay
 	my ($r, @signals) = @_;
 	$r->{h}->signal($_) for @signals;
 	$r->{h}->finish;
-	return $r->{h}->result(0);
+	# the exit code, or the signal that ended the relay (result() would be 0)
+	my $status = $r->{h}->full_result(0);
+	return ($status & 127) ? 'signal ' . ($status & 127) : $status >> 8;
 }
 
 sub file { return -e $_[0] ? slurp_file($_[0]) : ''; }
