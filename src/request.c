@@ -101,6 +101,8 @@ enum
 
 #define REQUEST_MAX_KEY_LEN		255
 #define REQUEST_MAX_POINT_LEN	255
+/* begins of a key whose row is purged under each of them, before 40001 */
+#define REQUEST_BEGIN_TRIES		100
 
 static const char *const request_status_labels[] = {
 	"new", "replay", "mismatch", "in_flight", "resume"
@@ -511,6 +513,7 @@ idem_request_begin(PG_FUNCTION_ARGS)
 	Datum		values[RQ_NATTS];
 	bool		isnull[RQ_NATTS];
 	int			i;
+	int			tries;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE ||
 		!request_result_shape_ok(tupdesc))
@@ -538,7 +541,7 @@ idem_request_begin(PG_FUNCTION_ARGS)
 	request_me(store, &st.me);
 	st.citus = idem_store_through_sql(store);
 	st.runas = idem_store_relowner(store);
-	for (;;)
+	for (tries = 0;;)
 	{
 		IdemStoreResult r;
 		IdemStoreUpdateResult u;
@@ -574,7 +577,17 @@ idem_request_begin(PG_FUNCTION_ARGS)
 		}
 		if (u != IDEM_UPDATE_ABSENT)
 			break;
-		/* purged between the insertion and the update: insert again */
+		/*
+		 * Purged between the insertion and the update: insert again.  Only
+		 * other transactions' commits bring that about, each time anew; a
+		 * key that keeps it up is a conflict the caller retries.
+		 */
+		if (++tries >= REQUEST_BEGIN_TRIES)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not begin the request: its row was removed concurrently %d times",
+							tries),
+					 errhint("Retry the transaction.")));
 		CHECK_FOR_INTERRUPTS();
 	}
 	idem_store_close(store);
