@@ -958,6 +958,100 @@ report_order_cmp(const void *a, const void *b)
 }
 
 /*
+ * The ack and the nack of a batch that the connection's loss cut: sent again
+ * on the next connection to the same database, so that a relay that lost
+ * its connection after publishing neither waits for the leases to run out
+ * (holding back the keys' next messages) nor publishes the batch again.
+ * Only while more than the timeout is left of the leases, as for a
+ * publish: later, another relay may hold the messages, which an ack would
+ * not know; they are then left to the end of their leases, as a relay that
+ * stopped leaves them.
+ */
+typedef struct PendingReport
+{
+	char	   *dbname;			/* settings.dbname when saved, or NULL */
+	int64_t		until;			/* sent again only before this */
+	char	   *ack;			/* the ack's ids, or NULL */
+	int			ndelivered;
+	char	   *nack[5];		/* the nack's parameters, or NULLs */
+	int			nretried;
+	int			ndead;
+} PendingReport;
+
+static PendingReport pending;
+
+static char *
+xstrdup_or_null(const char *s)
+{
+	return s ? xstrdup(s) : NULL;
+}
+
+static void
+pending_clear(void)
+{
+	int			i;
+
+	free(pending.dbname);
+	free(pending.ack);
+	for (i = 0; i < 5; i++)
+		free(pending.nack[i]);
+	memset(&pending, 0, sizeof(pending));
+}
+
+/* Send what the connection's loss cut: see PendingReport. */
+static void
+send_pending(void)
+{
+	PGresult   *res;
+
+	if (pending.ack == NULL && pending.nack[0] == NULL)
+		return;
+	if ((pending.dbname == NULL) != (settings.dbname == NULL) ||
+		(pending.dbname != NULL && strcmp(pending.dbname, settings.dbname) != 0) ||
+		now_ms() >= pending.until)
+	{
+		relay_log(LOG_INFO, "%d delivered and %d released messages of a batch cut by the lost connection "
+				  "are left to the end of their leases",
+				  pending.ndelivered, pending.nretried + pending.ndead);
+		pending_clear();
+		return;
+	}
+	if (pending.ack != NULL)
+	{
+		const char *params[1] = {pending.ack};
+
+		res = exec_prepared("ack", 1, params);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		{
+			/* lost again: tried on the next connection, while there is time */
+			if (statement_failed(res, "idem_outbox_ack") != 0)
+				pending_clear();
+			return;
+		}
+		relay_log(LOG_INFO, "acknowledged on the new connection: %d messages delivered before the last was lost",
+				  pending.ndelivered);
+		PQclear(res);
+		COUNT(delivered, pending.ndelivered);
+		free(pending.ack);
+		pending.ack = NULL;
+	}
+	if (pending.nack[0] != NULL)
+	{
+		res = exec_prepared("nack", 5, (const char *const *) pending.nack);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		{
+			if (statement_failed(res, "idem_outbox_nack") != 0)
+				pending_clear();
+			return;
+		}
+		PQclear(res);
+		COUNT(retried, pending.nretried);
+		COUNT(dead, pending.ndead);
+	}
+	pending_clear();
+}
+
+/*
  * Acks what was delivered and nacks the rest.  False when the database failed.
  *
  * The messages go in the order of their keys' key_hash (those of a key in
@@ -985,6 +1079,8 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline,
 	int			i;
 	int			j;
 	int			ok = 1;
+	int			lost = 0;		/* the connection, by the ack or the nack */
+	int			nack_failed = 0;	/* the ack passed, the nack did not */
 	ReportOrder *order = xmalloc(sizeof(ReportOrder) * (size_t) (n > 0 ? n : 1));
 
 	for (i = 0; i < n; i++)
@@ -1115,7 +1211,7 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline,
 
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		{
-			statement_failed(res, "idem_outbox_ack");
+			lost = statement_failed(res, "idem_outbox_ack") == 0;
 			ok = 0;
 		}
 		else
@@ -1135,7 +1231,8 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline,
 
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		{
-			statement_failed(res, "idem_outbox_nack");
+			lost = statement_failed(res, "idem_outbox_nack") == 0;
+			nack_failed = 1;
 			ok = 0;
 		}
 		else
@@ -1144,6 +1241,26 @@ report(const RelayMessage *msgs, int n, const Outcome *out, int64_t deadline,
 			/* those left are leased again, as released unpublished */
 			COUNT(retried, nretried + nleft);
 			COUNT(dead, ndead);
+		}
+	}
+	if (lost)
+	{
+		const char *nack[5] = {nids.data, errs.data, waits.data, settings.name, perms.data};
+
+		pending_clear();
+		pending.dbname = xstrdup_or_null(settings.dbname);
+		pending.until = deadline;
+		if (ndelivered > 0 && !nack_failed)
+		{
+			pending.ack = xstrdup(ids.data);
+			pending.ndelivered = ndelivered;
+		}
+		if (nacks > 0)
+		{
+			for (i = 0; i < 5; i++)
+				pending.nack[i] = xstrdup(nack[i]);
+			pending.nretried = nretried + nleft;
+			pending.ndead = ndead;
 		}
 	}
 	drain_notifications();
@@ -2032,6 +2149,13 @@ main(int argc, char **argv)
 			if (r == 1)
 			{
 				connect_failures = 0;
+				send_pending();
+				if (conn == NULL)
+				{
+					/* lost again at once: a new one after a backoff */
+					failures++;
+					wait_until(now_ms() + backoff_ms(failures), 0);
+				}
 				continue;
 			}
 			failures++;

@@ -9,9 +9,12 @@
 #   --connect-attempts, and started again; the relay connects again, LISTENs
 #   again (its poll interval is an hour) and delivers what is sent after,
 #   each message once; its errors count each failed connection;
-# - a connection lost in the middle of a batch (its ack fails): after the
-#   reconnection the message comes again, with the same id, and the key's
-#   next message only after it; the failed ack counts nothing delivered;
+# - a connection lost in the middle of a batch (its ack fails): the ack is
+#   sent again on the new connection, and the message is not published
+#   again; when no connection could be made before less than the timeout
+#   was left of the lease, the message comes again once the lease ran out,
+#   with the same id, and the key's next message only after it; the failed
+#   ack counts nothing delivered;
 # - SIGHUP with a new dbname connects to that database and delivers from
 #   there, and back to the environment's database; a reload that keeps the
 #   dbname keeps the connection;
@@ -254,10 +257,38 @@ ok( wait_for('the key delivered', sub {
 is(stop_relay($r, 'TERM'), 0, 'SIGTERM: exit code 0');
 $rerr = file($r->{err});
 like($rerr, qr/ERROR:  idem_outbox_ack failed: /, 'the ack failed');
-is(final_counts($rerr), 'leased 3, delivered 2, retried 0, dead 0, errors 1',
+like($rerr, qr/acknowledged on the new connection: 1 messages delivered before the last was lost/,
+	'and was sent again on the new connection');
+is(final_counts($rerr), 'leased 2, delivered 2, retried 0, dead 0, errors 1',
 	'the message whose ack failed is counted delivered once, when acknowledged');
 is( join(' ', map { "$_->{body}{n}/$_->{attempt}" . ($_->{idempotency_key} eq $mid[ $_->{body}{n} - 1 ] ? '' : '?') }
 		  grep { $_->{path} eq '/mid' } @{ received() }),
+	'1/1 2/1',
+	'the message published and acknowledged on the new connection is not published again; the next one after it');
+
+# The same, but no connection can be made until less than the timeout is
+# left of the lease: the ack is not sent again (another relay may lease the
+# message by then), and the message comes again once its lease ran out.
+my @late = (send_msg('late', 'k', { n => 1, reply => [ '200 sleep=3', '200' ] }),
+	send_msg('late', 'k', { n => 2 }));
+$r = start_relay('--sink', 'webhook', '--webhook-url', "$url/late", '--lease', '8s', '--timeout', '4s',
+	'--poll', '100ms', '--reconnect-max', '200ms', '--log-interval', '0');
+ok( wait_for('the first request', sub { grep { $_->{idempotency_key} eq $late[0] } @{ received() } }),
+	'the relay is publishing the first message');
+my $t_late = time();
+sql(q{ALTER ROLE relay NOLOGIN});
+sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'idem-relay'});
+usleep(1_000_000 * ($t_late + 5 - time())) if $t_late + 5 > time();
+sql(q{ALTER ROLE relay LOGIN});
+ok( wait_for('the key delivered', sub {
+			sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'late'}) == 0 }),
+	'connections refused until after the deadline: the relay delivers the key in the end');
+is(stop_relay($r, 'TERM'), 0, 'SIGTERM: exit code 0');
+$rerr = file($r->{err});
+like($rerr, qr/1 delivered and 0 released messages of a batch cut by the lost connection are left to the end of their leases/,
+	'the ack is not sent again past the deadline');
+is( join(' ', map { "$_->{body}{n}/$_->{attempt}" . ($_->{idempotency_key} eq $late[ $_->{body}{n} - 1 ] ? '' : '?') }
+		  grep { $_->{path} eq '/late' } @{ received() }),
 	'1/1 1/2 2/1',
 	'the message published but not acknowledged comes again, with its id; the next one after it, once');
 
