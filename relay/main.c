@@ -998,6 +998,35 @@ pending_clear(void)
 	memset(&pending, 0, sizeof(pending));
 }
 
+/* Forget what the connection's loss cut, saying so. */
+static void
+pending_drop(void)
+{
+	if (pending.ack == NULL && pending.nack[0] == NULL)
+		return;
+	relay_log(LOG_WARNING, "%d delivered and %d released messages of a batch cut by the lost connection "
+			  "are left to the end of their leases",
+			  pending.ndelivered, pending.nretried + pending.ndead);
+	pending_clear();
+}
+
+/*
+ * Whether what the connection's loss cut may still be sent: to the same
+ * database, and an ack only before the deadline.  A nack alone may come at
+ * any time: it names this relay, and ends no lease another relay took
+ * since.  (A nack that follows a cut ack waits for it: sent alone, the nack
+ * of a run's later message would leave the key to messages after an
+ * earlier one that was never acknowledged.)
+ */
+static int
+pending_sendable(void)
+{
+	if ((pending.dbname == NULL) != (settings.dbname == NULL) ||
+		(pending.dbname != NULL && strcmp(pending.dbname, settings.dbname) != 0))
+		return 0;
+	return pending.ack == NULL || now_ms() < pending.until;
+}
+
 /* Send what the connection's loss cut: see PendingReport. */
 static void
 send_pending(void)
@@ -1006,14 +1035,9 @@ send_pending(void)
 
 	if (pending.ack == NULL && pending.nack[0] == NULL)
 		return;
-	if ((pending.dbname == NULL) != (settings.dbname == NULL) ||
-		(pending.dbname != NULL && strcmp(pending.dbname, settings.dbname) != 0) ||
-		now_ms() >= pending.until)
+	if (!pending_sendable())
 	{
-		relay_log(LOG_INFO, "%d delivered and %d released messages of a batch cut by the lost connection "
-				  "are left to the end of their leases",
-				  pending.ndelivered, pending.nretried + pending.ndead);
-		pending_clear();
+		pending_drop();
 		return;
 	}
 	if (pending.ack != NULL)
@@ -1030,10 +1054,15 @@ send_pending(void)
 		}
 		relay_log(LOG_INFO, "acknowledged on the new connection: %d messages delivered before the last was lost",
 				  pending.ndelivered);
+		/* the lost one may have committed: only its answer was lost */
+		if (atoi(PQgetvalue(res, 0, 0)) != pending.ndelivered)
+			relay_log(LOG_DEBUG, "%d of %d delivered messages were acknowledged before",
+					  pending.ndelivered - atoi(PQgetvalue(res, 0, 0)), pending.ndelivered);
 		PQclear(res);
 		COUNT(delivered, pending.ndelivered);
 		free(pending.ack);
 		pending.ack = NULL;
+		pending.ndelivered = 0;
 	}
 	if (pending.nack[0] != NULL)
 	{
@@ -1393,6 +1422,7 @@ lease_and_publish(void)
 	if (rc != 0)
 	{
 		relay_log(LOG_ERROR, "a sink cannot go on: exiting");
+		pending_drop();
 		log_counts(1);
 		exit(EXIT_RELAY_SINK);
 	}
@@ -2228,6 +2258,11 @@ main(int argc, char **argv)
 	}
 	if (stop_requested && !announced)
 		relay_log(LOG_INFO, "stopping");
+	/* what a lost connection cut, once more before leaving (not on a second signal) */
+	if ((pending.ack != NULL || pending.nack[0] != NULL) && !stop_now && pending_sendable() &&
+		conn == NULL && db_connect() == 1)
+		send_pending();
+	pending_drop();
 
 	close_routes();
 	drop_connection();

@@ -647,7 +647,13 @@ await_confirms(RabbitSink *s, const RelayMessage *msgs, int n, const uint64_t *t
 						char		t[300];
 
 						reply_text(r, t, sizeof(t));
-						snprintf(e, sizeof(e), "rabbitmq: connection to %s lost: %s", s->url, t);
+						if (watch_fired && *ctl->stop_now)
+							snprintf(e, sizeof(e), "rabbitmq: interrupted by shutdown");
+						else if (watch_fired)
+							snprintf(e, sizeof(e), "rabbitmq: no confirmation from the broker within %ld ms",
+									 s->timeout_ms);
+						else
+							snprintf(e, sizeof(e), "rabbitmq: connection to %s lost: %s", s->url, t);
 						retry_pending(n, tags, out, e, -1);
 						rmq_fail(s, "%s", e);
 						goto done;

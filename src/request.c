@@ -585,9 +585,10 @@ idem_request_begin(PG_FUNCTION_ARGS)
 		if (++tries >= REQUEST_BEGIN_TRIES)
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-					 errmsg("could not begin the request: its row was removed concurrently %d times",
-							tries),
-					 errhint("Retry the transaction.")));
+					 errmsg("could not serialize access due to concurrent delete"),
+					 errdetail("The row of this key in table \"%s.%s\" was deleted by another transaction between its insertion and its update %d times.",
+							   IDEM_SCHEMA, REQUESTS_TABLE, tries),
+					 errhint("The transaction might succeed if retried.")));
 		CHECK_FOR_INTERRUPTS();
 	}
 	idem_store_close(store);

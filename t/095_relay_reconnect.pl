@@ -246,7 +246,7 @@ sub received
 # terminated meanwhile, and the ack that follows fails.
 my @mid = (send_msg('mid', 'k', { n => 1, reply => [ '200 sleep=3', '200' ] }),
 	send_msg('mid', 'k', { n => 2 }));
-$r = start_relay('--sink', 'webhook', '--webhook-url', "$url/mid", '--lease', '8s', '--timeout', '4s',
+$r = start_relay('--sink', 'webhook', '--webhook-url', "$url/mid", '--lease', '20s', '--timeout', '8s',
 	'--poll', '100ms', '--reconnect-max', '200ms', '--log-interval', '0');
 ok( wait_for('the first request', sub { grep { $_->{idempotency_key} eq $mid[0] } @{ received() } }),
 	'the relay is publishing the first message');
