@@ -11,7 +11,10 @@
 #    random arguments (huge, empty, multibyte, NULL, stored and toasted
 #    values, odd arrays and intervals) from two sessions, inside
 #    transactions, savepoints, two-phase commit, exception blocks, cursors,
-#    prepared statements, parallel plans, DDL and DML on idem's tables.
+#    prepared statements, parallel plans, DDL and DML on idem's tables;
+#    and chains of calls on the same objects: requests begun, checkpointed
+#    and finished, outbox messages leased then acknowledged or failed,
+#    transitions of the rows of guarded tables by their keys.
 #
 # Then it checks the server log (no backend terminated by a signal, no
 # PANIC, no failed assertion), the tables and indexes with amcheck, and

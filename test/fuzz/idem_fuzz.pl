@@ -12,7 +12,12 @@
 # transactions with savepoints and two-phase commit, PL/pgSQL exception
 # blocks, prepared statements, cursors, read-only transactions, forced
 # parallel plans, DDL on idem's tables (reindex, vacuum full, extra indexes,
-# DROP EXTENSION rolled back), direct DML, cancels and reconnections.
+# DROP EXTENSION rolled back), direct DML, cancels and reconnections.  Some
+# shapes chain calls on what others return or hold, in one statement, one
+# transaction or one session: requests begun then checkpointed and finished,
+# outbox messages leased then acknowledged or failed (retried, dead), ids of
+# the messages leased by any session, transitions of guarded rows by the
+# values of their primary key, and the OIDs of triggers, guards among them.
 #
 #   perl test/fuzz/idem_fuzz.pl [--seconds N] [--sessions N] [--seed N]
 #                               [--statement-timeout MS] [--quiet]
@@ -108,6 +113,7 @@ my %parallel_safe = map { $_->[0] => 1 } psql_query(q{
 	  JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idem'
 	 WHERE p.proparallel = 's'});
 $_->{parallel_safe} = $parallel_safe{ $_->{name} } ? 1 : 0 for @funcs;
+my %have = map { $_->{name} => 1 } @funcs;
 
 # Labels of the enum types, to pass enum arguments.
 my %enum_labels;
@@ -147,6 +153,78 @@ my @templates = map { $_->[0] }
   psql_query(q{SELECT v FROM fuzz.pool WHERE arg = 'statement' ORDER BY n});
 my ($nvals) =
   map { $_->[0] } psql_query(q{SELECT count(*) FROM fuzz.vals});
+# The tables that a guard can be put on (the fuzz makes none): a backend
+# keeps a cache entry, with a memory context, for each guarded one.
+my ($ntables) = map { $_->[0] } psql_query(q{
+	SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	 WHERE c.relkind IN ('r', 'p')
+	   AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'idem')
+	   AND n.nspname NOT LIKE 'pg\_toast%'});
+
+# The guarded tables of the setup (by their guard on the table itself, not
+# the clones on partitions): the columns of their primary key, the values
+# of the keys of their rows, and the states of their machine, so that
+# idem_transition finds rows by keys of the right shape; and the statements
+# that guard a table again once a random call unguarded it: idem_guard, or
+# for a guard that does not work, the trigger made again where the check
+# of guard DDL does not fire (idem_guard would mend it).
+my @guarded;
+if (my ($has_guard) = map { $_->[0] }
+	psql_query(q{SELECT to_regproc('idem_guard_trigger') IS NOT NULL}))
+{
+	if ($has_guard eq 't')
+	{
+		for my $r (psql_query(q{
+			SELECT c.oid::regclass::text,
+			       (SELECT string_agg(format('%I::text', a.attname), ', ' ORDER BY k.n)
+			          FROM unnest(i.indkey) WITH ORDINALITY k(attnum, n)
+			          JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum),
+			       i.indnatts,
+			       split_part(encode(t.tgargs, 'escape'), '\000', 1),
+			       CASE WHEN idem._guard_problem(t.oid) IS NULL THEN
+			           format('SELECT idem_guard(%L, %s);', c.oid::regclass,
+			                  (SELECT string_agg(quote_literal(a), ', ')
+			                     FROM unnest(string_to_array(
+			                              rtrim(encode(t.tgargs, 'escape'), '\000'), '\000')) a))
+			       ELSE regexp_replace(pg_get_triggerdef(t.oid), '^CREATE TRIGGER',
+			                           'CREATE OR REPLACE TRIGGER') || ';'
+			       END,
+			       idem._guard_problem(t.oid) IS NOT NULL
+			  FROM pg_trigger t
+			  JOIN pg_class c ON c.oid = t.tgrelid
+			  JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'fuzz'
+			  JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
+			 WHERE t.tgfoid = 'idem_guard_trigger'::regproc AND t.tgparentid = 0
+			 ORDER BY 1}))
+		{
+			my ($tbl, $cols, $ncols, $machine, $reguard, $broken) = @$r;
+			my @keys = psql_query("SELECT $cols FROM $tbl ORDER BY $cols");
+			my @states = map { $_->[0] } psql_query(
+				"SELECT from_state FROM idem.transitions WHERE machine = "
+				  . lit($machine)
+				  . " UNION SELECT to_state FROM idem.transitions WHERE machine = "
+				  . lit($machine)
+				  . " ORDER BY 1");
+			push @guarded,
+			  {
+				tbl => $tbl,
+				cols => $cols,
+				ncols => $ncols,
+				keys => \@keys,
+				states => \@states,
+				broken => $broken eq 't',
+				reguard => $broken eq 't'
+				? [
+					'BEGIN;',
+					'SET LOCAL session_replication_role = replica;',
+					"DROP TRIGGER IF EXISTS idem_guard ON $tbl;",
+					$reguard, 'COMMIT;'
+				  ]
+				: [$reguard],
+			  };
+		}
+	}
+}
 
 ########################################################################
 # Random values
@@ -257,9 +335,30 @@ sub text_expr
 		]);
 }
 
+# HTTP status codes for a response code (and some beyond them); small
+# counts for a batch size, a run length or a number of attempts.
+my %int_role = (
+	response_code => [
+		100, 101, 199, 200, 201, 202, 204, 299, 301, 304, 400, 404, 409, 422,
+		429, 499, 500, 502, 503, 599
+	],
+	max_messages => [ 1, 2, 3, 5, 10, 100, 1000, 10000 ],
+	per_key => [ 1, 1, 2, 3, 10, 10000 ],
+	max_attempts => [ 1, 2, 3, 10, 1000 ],);
+
 sub int_expr
 {
-	my ($type) = @_;
+	my ($type, $argname) = @_;
+	$argname //= '';
+	if ($int_role{$argname} && chance(0.85))
+	{
+		my @r = @{ $int_role{$argname} };
+		push @r, 100 + int rand 500 if $argname eq 'response_code';
+		push @r, 1 + int rand 20 unless $argname eq 'response_code';
+		return '(' . pick(@r) . ")::$type";
+	}
+	return '(' . pick(99, 600, 0, -1, 1000, 10001) . ")::$type"
+	  if $int_role{$argname} && chance(0.5);
 	my @v = (0, 1, -1, 2, 5, 100, 10000, 2147483647, -2147483648,
 		1 + int rand 50);
 	push @v, '9223372036854775807', '-9223372036854775808'
@@ -267,8 +366,23 @@ sub int_expr
 	return chance(0.08) ? "NULL::$type" : '(' . pick(@v) . ")::$type";
 }
 
+# Spans that idem takes for a lease, a retry or a backoff: more than
+# nothing and at most a day.
+my %interval_role = map { $_ => 1 }
+  qw(lease retry_after backoff_base backoff_max);
+
 sub interval_expr
 {
+	my ($argname) = @_;
+	$argname //= '';
+	return lit(
+		pick(
+			'1 microsecond', '1 millisecond', '10 milliseconds',
+			'100 milliseconds', '1 second', '30 seconds', '5 minutes',
+			'1 hour', '1 day', '24:00:00', (1 + int rand 900) . ' milliseconds',
+			$argname eq 'retry_after' ? ('0', '0') : ()))
+	  . '::interval'
+	  if $interval_role{$argname} && chance(0.75);
 	return 'NULL::interval' if chance(0.08);
 	return lit(
 		pick(
@@ -321,6 +435,57 @@ sub json_value
 		]);
 }
 
+# The id of an outbox message: one leased now (by any session), one in the
+# outbox, a dead head; or one that is no message's.
+sub uuid_expr
+{
+	my $k = int rand 8;
+	return wpick(
+		[
+			4,
+			sub {
+				'(SELECT head_id FROM idem.outbox_keys WHERE leased_by IS NOT NULL '
+				  . "ORDER BY available_at DESC, topic, key OFFSET $k LIMIT 1)";
+			}
+		],
+		[
+			3,
+			sub {
+				'(SELECT id FROM idem.outbox ORDER BY '
+				  . pick('id', 'seq', 'seq DESC')
+				  . " OFFSET $k LIMIT 1)";
+			}
+		],
+		[
+			1,
+			sub {
+				'(SELECT head_id FROM idem.outbox_keys WHERE dead '
+				  . "ORDER BY topic, key OFFSET $k LIMIT 1)";
+			}
+		],
+		[
+			3,
+			sub {
+				pick('NULL::uuid', 'gen_random_uuid()',
+					"'00000000-0000-0000-0000-000000000000'::uuid",
+					"'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid");
+			}
+		]);
+}
+
+# An OID, as taken by the functions of a trigger: a guard's (also one cloned
+# on a partition), any other trigger's, or none.
+sub oid_expr
+{
+	my $k = int rand 12;
+	return pick(
+		"(SELECT oid FROM pg_trigger WHERE tgfoid = 'idem_guard_trigger'::regproc "
+		  . "ORDER BY oid OFFSET $k LIMIT 1)",
+		"(SELECT oid FROM pg_trigger ORDER BY oid DESC OFFSET $k LIMIT 1)",
+		'(SELECT max(oid) + 1 FROM pg_trigger)', "'fuzz.events'::regclass::oid",
+		'0::oid', "'4294967295'::oid", 'NULL::oid');
+}
+
 sub array_expr
 {
 	my ($elemtype, $argname, $ctx) = @_;
@@ -367,6 +532,22 @@ sub array_expr
 			sub {
 				'(SELECT a FROM fuzz.vals WHERE id = ' . (1 + int rand $nvals) . ')';
 			}
+		],
+		[
+			# the ids of the messages leased now, or of any, some twice
+			$elemtype eq 'uuid' ? 10 : 0,
+			sub {
+				pick(
+					'ARRAY(SELECT head_id FROM idem.outbox_keys WHERE leased_by IS NOT NULL)',
+					'ARRAY(SELECT head_id FROM idem.outbox_keys WHERE leased_by IS NOT NULL '
+					  . 'ORDER BY available_at DESC LIMIT ' . (1 + int rand 5) . ')',
+					'ARRAY(SELECT id FROM idem.outbox ORDER BY seq LIMIT '
+					  . pick(1, 5, 50) . ')',
+					'ARRAY(SELECT k.head_id FROM idem.outbox_keys k, generate_series(1, 2) '
+					  . 'WHERE k.head_id IS NOT NULL)',
+					'ARRAY(SELECT head_id FROM idem.outbox_keys WHERE leased_by IS NOT NULL '
+					  . 'UNION ALL SELECT gen_random_uuid())');
+			}
 		]);
 }
 
@@ -385,7 +566,7 @@ sub value_expr
 	$argname //= '';
 	$ctx //= {};
 
-	for my $k ($argname, "type:$type")
+	for my $k ("$argname:$type", $argname, "type:$type")
 	{
 		if ($pool{$k} && chance(0.55))
 		{
@@ -404,8 +585,8 @@ sub value_expr
 		my $e = text_expr(role_of($argname), $ctx);
 		return $type eq 'text' ? "$e" : "($e)::$type";
 	}
-	return int_expr($type) if $type =~ /^(integer|bigint|smallint)$/;
-	return interval_expr() if $type eq 'interval';
+	return int_expr($type, $argname) if $type =~ /^(integer|bigint|smallint)$/;
+	return interval_expr($argname) if $type eq 'interval';
 	return timestamptz_expr() if $type eq 'timestamp with time zone';
 	return pick('true', 'false', 'NULL::boolean') if $type eq 'boolean';
 	return pick("NULL::$type", lit(json_value(0)) . "::$type")
@@ -421,9 +602,8 @@ sub value_expr
 		'0::oid::regclass', '12345::oid::regclass',
 		"'idem.claims_pkey'::regclass", "'pg_stat_activity'::regclass")
 	  if $type eq 'regclass';
-	return pick('NULL::uuid', 'gen_random_uuid()',
-		"'00000000-0000-0000-0000-000000000000'::uuid")
-	  if $type eq 'uuid';
+	return uuid_expr() if $type eq 'uuid';
+	return oid_expr() if $type eq 'oid';
 	return pick('NULL::numeric', '0::numeric', "'NaN'::numeric",
 		'1e100::numeric', '-1.5::numeric')
 	  if $type eq 'numeric';
@@ -781,6 +961,371 @@ sub template
 	return $t;
 }
 
+# ---- Requests: begin, checkpoint and finish of the same key ----
+
+# Keys this session began (SQL of the key and of the namespace), which later
+# statements checkpoint and finish; the oldest are forgotten.
+my @begun;
+
+sub request_ns
+{
+	return chance(0.9) ? lit(pick('default', 'a', 'b')) : value_expr('text', 'ns');
+}
+
+# A key: new to this session, one it began, one of the setup's (finished,
+# released, resumable), or any.
+sub request_key
+{
+	return wpick(
+		[ 5, sub { lit("rq_${session_no}_" . ++$uniq) } ],
+		[ @begun ? 3 : 0, sub { pick(@begun)->[0] } ],
+		[ 2, sub { lit('r' . (1 + int rand 9)) } ],
+		[ 1, sub { value_expr('text', 'key') } ]);
+}
+
+sub request_begin
+{
+	my ($k, $ns) = @_;
+	my $fp = wpick(
+		[ 6, sub { lit('fp' . int rand 3) } ],
+		[
+			2,
+			sub { 'idem_request_fingerprint(' . lit(json_value(0)) . '::jsonb)' }
+		],
+		[ 1, sub { value_expr('text', 'fingerprint') } ]);
+	return "idem_request_begin($k, $fp, $ns"
+	  . (chance(0.5) ? ', ' . interval_expr('lease') : '') . ')';
+}
+
+sub request_checkpoint
+{
+	my ($k, $ns) = @_;
+	my $data = chance(0.3) ? 'NULL::jsonb' : lit(json_value(0)) . '::jsonb';
+	my $point = chance(0.85) ? lit('step' . int rand 4) : value_expr('text', 'recovery_point');
+	return "idem_request_checkpoint($k, $point, $data, $ns)";
+}
+
+sub request_finish
+{
+	my ($k, $ns) = @_;
+	my $body = chance(0.3) ? 'NULL::jsonb' : lit(json_value(0)) . '::jsonb';
+	return "idem_request_finish($k, "
+	  . int_expr('integer', 'response_code')
+	  . ", $body, $ns"
+	  . (chance(0.3) ? ', ' . pick('true', 'true', 'false', 'false', 'NULL::boolean') : '') . ')';
+}
+
+sub remember_begun
+{
+	my ($k, $ns) = @_;
+	push @begun, [ $k, $ns ];
+	shift @begun while @begun > 30;
+	return;
+}
+
+# Statements that begin a request and go on with it: in one statement, in a
+# transaction, in a PL/pgSQL block that looks at the status, or over several
+# statements of the session (the key is remembered).
+sub request_flow
+{
+	my $k = request_key();
+	my $ns = request_ns();
+	my $ok = q{b.status IN ('new', 'resume')};
+	return wpick(
+		[
+			3,
+			sub {
+				'SELECT b.status, ' . request_checkpoint($k, $ns) . ', '
+				  . request_finish($k, $ns) . ' FROM '
+				  . request_begin($k, $ns) . ' b;';
+			}
+		],
+		[
+			3,
+			sub {
+				"SELECT b.status, CASE WHEN $ok THEN "
+				  . request_finish($k, $ns)
+				  . ' IS NULL END FROM '
+				  . request_begin($k, $ns) . ' b;';
+			}
+		],
+		[
+			4,
+			sub {
+				my @s = ('\set ON_ERROR_ROLLBACK ' . (chance(0.7) ? 'on' : 'off'),
+					'BEGIN;', 'SELECT status, attempts FROM ' . request_begin($k, $ns) . ';');
+				push @s, 'SELECT ' . request_checkpoint($k, $ns) . ';' for 1 .. int rand 3;
+				push @s, pick('SAVEPOINT r;', 'SELECT 1;');
+				push @s, 'SELECT ' . request_finish($k, $ns) . ';' if chance(0.8);
+				push @s, 'ROLLBACK TO SAVEPOINT r;' if chance(0.15);
+				push @s, 'SELECT status FROM ' . request_begin($k, $ns) . ';' if chance(0.3);
+				my $end = wpick([ 70, sub { 'COMMIT;' } ], [ 20, sub { 'ROLLBACK;' } ],
+					[
+						10,
+						sub {
+							my $gid = "fz_${session_no}_" . ++$uniq;
+							push @prepared_gids, $gid;
+							"PREPARE TRANSACTION '$gid';";
+						}
+					]);
+				remember_begun($k, $ns) if $end eq 'ROLLBACK;' || chance(0.3);
+				return (@s, $end, '\set ON_ERROR_ROLLBACK off');
+			}
+		],
+		[
+			3,
+			sub {
+				'DO $fz$ DECLARE b idem_request; BEGIN b := '
+				  . request_begin($k, $ns) . '; '
+				  . "IF $ok THEN PERFORM "
+				  . request_checkpoint($k, $ns)
+				  . '; PERFORM '
+				  . request_finish($k, $ns)
+				  . '; END IF; '
+				  . (chance(0.3) ? 'RAISE SQLSTATE ' . lit('XA002') . '; ' : '')
+				  . 'EXCEPTION WHEN SQLSTATE ' . lit('XA002') . ' THEN NULL; END $fz$;';
+			}
+		],
+		[
+			# begun now, checkpointed and finished by later statements
+			3,
+			sub {
+				remember_begun($k, $ns);
+				return 'SELECT status FROM ' . request_begin($k, $ns) . ';';
+			}
+		],
+		[
+			@begun ? 5 : 0,
+			sub {
+				my $b = pick(@begun);
+				return 'SELECT '
+				  . (chance(0.4) ? request_checkpoint(@$b) : request_finish(@$b)) . ';';
+			}
+		]);
+}
+
+# ---- Outbox: messages sent, leased, acknowledged and failed ----
+
+sub relay_expr
+{
+	return chance(0.9)
+	  ? lit(pick('r1', 'r2', "fz$session_no", 'setup'))
+	  : value_expr('text', 'relay');
+}
+
+sub topic_expr
+{
+	return chance(0.9) ? lit(pick('t1', 't2', 't3', 't4')) : value_expr('text', 'topic');
+}
+
+sub lease_call
+{
+	my @a = (relay_expr());
+	push @a, int_expr('integer', 'max_messages') if chance(0.9);
+	push @a,
+	  lit(pick('10 milliseconds', '100 milliseconds', '1 second', '30 seconds'))
+	  . '::interval'
+	  if @a == 2 && chance(0.9);
+	push @a, int_expr('integer', 'per_key') if @a == 3 && chance(0.6);
+	return 'idem_outbox_lease(' . join(', ', @a) . ')';
+}
+
+sub nack_call
+{
+	my ($id) = @_;
+	my @a = ($id,
+		chance(0.9) ? lit(pick('timeout', 'refused', "err $uniq")) : value_expr('text', 'error'));
+	push @a, interval_expr('retry_after') if chance(0.8);
+	push @a, pick('NULL::text', relay_expr()) if @a == 3 && chance(0.6);
+	push @a, pick('false', 'false', 'true', 'l.attempt > 1') if @a == 4 && chance(0.6);
+	return 'idem_outbox_nack(' . join(', ', @a) . ')';
+}
+
+sub send_call
+{
+	my ($key) = @_;
+	$key //= lit('k' . int rand 5);
+	return 'idem_outbox_send(' . topic_expr() . ", $key, "
+	  . (chance(0.9) ? lit(json_value(0)) . '::jsonb' : value_expr('jsonb', 'payload'))
+	  . (chance(0.3) ? ', ' . lit('{"h": "' . int(rand 9) . '"}') . '::jsonb' : '')
+	  . ')';
+}
+
+# Leases whose messages the same statement or transaction acknowledges or
+# fails (which retries them or makes them dead), sends that feed them, and
+# acks and nacks of what other sessions leased.
+sub outbox_flow
+{
+	my $agg = chance(0.8) ? q{coalesce(array_agg(l.id), '{}')} : 'array_agg(l.id)';
+	return wpick(
+		[ 5, sub { "SELECT idem_outbox_ack($agg) FROM " . lease_call() . ' l;' } ],
+		[
+			4,
+			sub {
+				'SELECT count(' . nack_call('l.id') . ') FROM ' . lease_call() . ' l;';
+			}
+		],
+		[
+			3,
+			sub {
+				'WITH l AS MATERIALIZED (SELECT l.*, row_number() OVER () AS n FROM '
+				  . lease_call()
+				  . ' l) SELECT idem_outbox_ack(ARRAY(SELECT id FROM l WHERE n % '
+				  . pick(2, 3) . ' = 0)), (SELECT count('
+				  . nack_call('l.id')
+				  . ') FROM l WHERE n % 2 = 1);';
+			}
+		],
+		[
+			3,
+			sub {
+				my $n = pick(1, 3, 10, 50);
+				my $m = pick(1, 3, 7);
+				my $key = chance(0.7) ? "'k' || (g % $m)" : "'n${session_no}_' || (g % $m)";
+				return 'SELECT count(' . send_call($key) . ") FROM generate_series(1, $n) g;";
+			}
+		],
+		[
+			4,
+			sub {
+				my @s = ('\set ON_ERROR_ROLLBACK ' . (chance(0.7) ? 'on' : 'off'),
+					'BEGIN;');
+				push @s, 'SELECT ' . send_call() . ';' for 0 .. int rand 3;
+				push @s, "SELECT coalesce(array_agg(l.id), '{}')::text AS fz_ids FROM "
+				  . lease_call() . ' l \gset';
+				push @s,
+				  wpick(
+					[ 3, sub { q{SELECT idem_outbox_ack(:'fz_ids'::uuid[]);} } ],
+					[
+						3,
+						sub {
+							'SELECT count(' . nack_call('l.id')
+							  . q{) FROM unnest(:'fz_ids'::uuid[]) WITH ORDINALITY l(id, attempt);};
+						}
+					],
+					[
+						1,
+						sub {
+							q{SELECT idem_outbox_ack((:'fz_ids'::uuid[])[1:1]), (SELECT count(}
+							  . nack_call('l.id')
+							  . q{) FROM unnest((:'fz_ids'::uuid[])[2:]) WITH ORDINALITY l(id, attempt));};
+						}
+					]);
+				push @s, q{SELECT idem_outbox_ack(:'fz_ids'::uuid[]);} if chance(0.2);
+				push @s, pick('COMMIT;', 'COMMIT;', 'ROLLBACK;'),
+				  '\set ON_ERROR_ROLLBACK off';
+				return @s;
+			}
+		],
+		[
+			# the ids leased by the statement before, acknowledged or failed
+			# by the next one
+			2,
+			sub {
+				(
+					"SELECT coalesce(array_agg(l.id), '{}')::text AS fz_ids FROM "
+					  . lease_call() . ' l \gset',
+					chance(0.5)
+					? q{SELECT idem_outbox_ack(:'fz_ids'::uuid[]);}
+					: 'SELECT count(' . nack_call('l.id')
+					  . q{) FROM unnest(:'fz_ids'::uuid[]) WITH ORDINALITY l(id, attempt);});
+			}
+		],
+		[
+			2,
+			sub {
+				'SELECT idem_outbox_ack(ARRAY(SELECT head_id FROM idem.outbox_keys '
+				  . 'WHERE leased_by = ' . relay_expr() . '));';
+			}
+		],
+		[
+			2,
+			sub {
+				'SELECT count(' . nack_call('l.head_id') . ') FROM (SELECT head_id, attempts AS attempt '
+				  . 'FROM idem.outbox_keys WHERE leased_by IS NOT NULL ORDER BY available_at DESC LIMIT '
+				  . pick(1, 3) . ') l;';
+			}
+		],
+		[
+			1,
+			sub {
+				'SELECT idem_outbox_redrive('
+				  . (chance(0.5) ? topic_expr() : '') . '), count(*) FROM '
+				  . lease_call() . ' l;';
+			}
+		],
+		[
+			1,
+			sub {
+				'SELECT idem_outbox_configure(' . topic_expr() . ', '
+				  . int_expr('integer', 'max_attempts') . ', '
+				  . interval_expr('backoff_base') . ', '
+				  . interval_expr('backoff_max') . ');';
+			}
+		]);
+}
+
+# ---- Guarded tables: transitions by keys of the right shape ----
+
+sub transition_flow
+{
+	# mostly the guards that work, whose rows move
+	my @working = grep { !$_->{broken} } @guarded;
+	my $g = @working && chance(0.8) ? pick(@working) : pick(@guarded);
+	my @vals = @{ pick(@{ $g->{keys} }) // [] };
+	my $arr = 'ARRAY[' . join(', ', map { lit($_) } @vals) . ']::text[]';
+	my $key = wpick(
+		[ 6, sub { $arr } ],
+		[ $g->{ncols} == 1 ? 3 : 0, sub { lit($vals[0] // '') } ],
+		[
+			2,
+			sub {
+				"(SELECT ARRAY[$g->{cols}] FROM $g->{tbl} ORDER BY $g->{cols} OFFSET "
+				  . int(rand(@{ $g->{keys} } + 1))
+				  . ' LIMIT 1)';
+			}
+		],
+		[
+			2,
+			sub {
+				my @w = @vals;
+				wpick(
+					[ 1, sub { push @w, $w[0] // 'x' } ],
+					[ 1, sub { pop @w } ],
+					[ 1, sub { @w = reverse @w } ],
+					[ 1, sub { $w[-1] = ($w[-1] // '') . ' ' } ],
+					[ 1, sub { $w[0] = '99' } ]);
+				return 'ARRAY[' . join(', ', map { lit($_) } @w) . ']::text[]';
+			}
+		],
+		[ 1, sub { value_expr('text[]', 'key') } ]);
+	my $to =
+	  chance(0.85) && @{ $g->{states} } ? lit(pick(@{ $g->{states} })) : value_expr('text', 'to_state');
+	my @a = ("'$g->{tbl}'", $key, $to);
+	push @a, pick('NULL::bigint', '0::bigint', '1::bigint', '2::bigint', '-1::bigint')
+	  if chance(0.4);
+	my $call = 'idem_transition(' . join(', ', @a) . ')';
+	my @reguard = chance(0.3) ? @{ $g->{reguard} } : ();
+	return (@reguard, wpick(
+		[ 5, sub { "SELECT $call;" } ],
+		[ 2, sub { "SELECT $call, $call;" } ],
+		[
+			2,
+			sub {
+				my $to2 = @{ $g->{states} } ? lit(pick(@{ $g->{states} })) : $to;
+				(my $again = $call) =~ s/\Q$to\E\)$/$to2)/;
+				('BEGIN;', "SELECT $call;", "SELECT $again;",
+					pick('COMMIT;', 'ROLLBACK;'));
+			}
+		],
+		[
+			1,
+			sub {
+				"SELECT count(*) FROM generate_series(1, 3) g, LATERAL $call t;";
+			}
+		]));
+}
+
 my $settings_sql;
 
 sub reconnect
@@ -789,11 +1334,14 @@ sub reconnect
 }
 
 # idem's own memory contexts, and executor state that lives as long as the
-# backend (where memory taken per call would pile up)
+# backend (where memory taken per call would pile up); apart, the contexts
+# of the cache entries of guarded tables, one per table at most
 my $memcheck_sql =
-  q{SELECT 'idem_mem', pg_backend_pid(), count(*) FILTER (WHERE name ILIKE '%idem%'), }
+  q{SELECT 'idem_mem', pg_backend_pid(), }
+  . q{count(*) FILTER (WHERE name ILIKE '%idem%' AND name <> 'idem guarded table'), }
   . q{coalesce(sum(total_bytes) FILTER (WHERE name ILIKE '%idem%'), 0), }
-  . q{coalesce(sum(total_bytes) FILTER (WHERE name = 'ExecutorState' AND parent = 'TopMemoryContext'), 0) }
+  . q{coalesce(sum(total_bytes) FILTER (WHERE name = 'ExecutorState' AND parent = 'TopMemoryContext'), 0), }
+  . q{count(*) FILTER (WHERE name = 'idem guarded table') }
   . q{FROM pg_backend_memory_contexts;};
 
 sub shape
@@ -810,6 +1358,9 @@ sub shape
 		[ 3, sub { ('ddl', ddl()) } ],
 		[ 6, sub { ('dml', dml()) } ],
 		[ @templates ? 8 : 0, sub { ('template', template()) } ],
+		[ $have{idem_request_finish} ? 8 : 0, sub { ('request', request_flow()) } ],
+		[ $have{idem_outbox_nack} ? 10 : 0, sub { ('outbox', outbox_flow()) } ],
+		[ @guarded ? 5 : 0, sub { ('transition', transition_flow()) } ],
 		[ 1, sub { ('cancel', cancel_others()) } ],
 		[ 1, sub { ('reconnect', reconnect()) } ],
 		[ 2, sub { ('memcheck', $memcheck_sql) } ]);
@@ -896,6 +1447,7 @@ sub run_session
 	};
 
 	$send->("\\set VERBOSITY verbose");
+	$send->("\\set fz_ids '{}'");
 	$send->($settings_sql);
 	while ($alive && time() < $deadline)
 	{
@@ -928,12 +1480,14 @@ sub run_session
 	}
 	for my $line (split /\n/, $out)
 	{
-		if ($line =~ /^idem_mem\|(\d+)\|(\d+)\|(\d+)\|(\d+)$/)
+		if ($line =~ /^idem_mem\|(\d+)\|(\d+)\|(\d+)\|(\d+)\|(\d+)$/)
 		{
-			my $m = $r{mem}{$1} //= { contexts => 0, bytes => 0, executor => 0 };
+			my $m = $r{mem}{$1} //=
+			  { contexts => 0, bytes => 0, executor => 0, tables => 0 };
 			$m->{contexts} = $2 if $2 > $m->{contexts};
 			$m->{bytes} = $3 if $3 > $m->{bytes};
 			$m->{executor} = $4 if $4 > $m->{executor};
+			$m->{tables} = $5 if $5 > $m->{tables};
 		}
 	}
 	store(\%r, $file);
@@ -1007,14 +1561,16 @@ printf "  %s %-40s %d\n", $_, $class_name{$_} // '', $classes{$_}
 print "errors by SQLSTATE: ",
   join(', ', map { "$_ $states{$_}" } sort { $states{$b} <=> $states{$a} } keys %states),
   "\n";
-my ($max_ctx, $max_bytes, $max_exec) = (0, 0, 0);
+my ($max_ctx, $max_bytes, $max_exec, $max_tables) = (0, 0, 0, 0);
 for (values %mem)
 {
 	$max_ctx = $_->{contexts} if $_->{contexts} > $max_ctx;
 	$max_bytes = $_->{bytes} if $_->{bytes} > $max_bytes;
 	$max_exec = $_->{executor} if $_->{executor} > $max_exec;
+	$max_tables = $_->{tables} if $_->{tables} > $max_tables;
 }
 print "idem memory contexts per backend: max $max_ctx ($max_bytes bytes), "
+  . "and max $max_tables of guarded tables (of $ntables tables), "
   . scalar(keys %mem) . " backends measured\n";
 print "executor state kept for the backend's life: max $max_exec bytes\n";
 
@@ -1041,6 +1597,11 @@ $fail = 1 if @hangs;
 if ($max_ctx > $opt{'max-contexts'})
 {
 	print "too many idem memory contexts in one backend: $max_ctx > $opt{'max-contexts'}\n";
+	$fail = 1;
+}
+if ($max_tables > $ntables)
+{
+	print "more contexts of guarded tables in one backend than tables: $max_tables > $ntables\n";
 	$fail = 1;
 }
 if ($missing)
