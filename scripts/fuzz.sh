@@ -152,7 +152,7 @@ SELECT count(*) FILTER (WHERE bt_index_check(i.indexrelid, true) IS NOT NULL) ||
   JOIN pg_class c ON c.oid = i.indexrelid
   JOIN pg_am am ON am.oid = c.relam AND am.amname = 'btree'
   JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname IN ('idem', 'fuzz')
- WHERE i.indisvalid;
+ WHERE i.indisvalid AND c.relkind = 'i';
 SELECT count(*) || ' corrupt tuples in ' || count(DISTINCT c.oid) || ' of ' ||
        (SELECT count(*) FROM pg_class c2 JOIN pg_namespace n2 ON n2.oid = c2.relnamespace
          WHERE n2.nspname IN ('idem', 'fuzz') AND c2.relkind = 'r') || ' tables'

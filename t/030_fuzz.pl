@@ -167,7 +167,7 @@ for my $db ('postgres', 'smith')
 		  JOIN pg_class c ON c.oid = i.indexrelid
 		  JOIN pg_am am ON am.oid = c.relam AND am.amname = 'btree'
 		  JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname IN ('idem', 'fuzz')
-		 WHERE i.indisvalid;
+		 WHERE i.indisvalid AND c.relkind = 'i';
 		SELECT count(*)
 		  FROM pg_class c
 		  JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname IN ('idem', 'fuzz')
