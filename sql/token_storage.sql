@@ -104,11 +104,13 @@ ALTER TABLE idem.tokens SET (fillfactor = 80);
 -- they go.  Rows of the default scope are the smallest, so the most of them
 -- share a page.
 TRUNCATE idem.tokens;
-CREATE TABLE pages AS
+-- pruning needs no other snapshot of the database to see the old versions:
+-- no autovacuum ANALYZE of the test's tables, none running now
+CREATE TABLE pages WITH (autovacuum_enabled = off) AS
     SELECT n, idem_token_issue(s.scope) AS t
       FROM generate_series(1, 400) n,
            LATERAL (SELECT CASE WHEN n % 2 = 0 THEN '' ELSE 'tenant:' || n % 7 END AS scope) s;
-CREATE TABLE page_rows AS
+CREATE TABLE page_rows WITH (autovacuum_enabled = off) AS
     SELECT p.n, p.t, k.scope, (k.ctid::text::point)[0] AS blk
       FROM pages p JOIN idem.tokens k
         ON k.digest = sha256(convert_to(left(p.t, 43), 'UTF8'));
@@ -126,6 +128,18 @@ BEGIN
         COMMIT;
     END LOOP;
 END;
+$$;
+DO $$
+BEGIN
+	FOR i IN 1 .. 6000 LOOP
+		PERFORM pg_stat_clear_snapshot();
+		EXIT WHEN NOT EXISTS (SELECT FROM pg_stat_activity
+							   WHERE datname = current_database()
+								 AND pid <> pg_backend_pid()
+								 AND backend_xmin IS NOT NULL);
+		PERFORM pg_sleep(0.01);
+	END LOOP;
+END
 $$;
 CALL consume_each();
 SELECT count(*) AS consumed,
