@@ -512,8 +512,8 @@ idem_request_begin(PG_FUNCTION_ARGS)
 	IdemStore  *store;
 	Datum		values[RQ_NATTS];
 	bool		isnull[RQ_NATTS];
-	int			i;
 	int			tries;
+	int			i;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE ||
 		!request_result_shape_ok(tupdesc))
