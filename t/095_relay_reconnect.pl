@@ -14,7 +14,10 @@
 #   again; when no connection could be made before less than the timeout
 #   was left of the lease, the message comes again once the lease ran out,
 #   with the same id, and the key's next message only after it; the failed
-#   ack counts nothing delivered;
+#   ack counts nothing delivered; a nack lost after its batch's ack went
+#   through is sent again past that deadline too; a relay asked to stop
+#   connects once more on its way out to send a cut ack; a cut ack is not
+#   sent to the database of a reload that changed the dbname;
 # - SIGHUP with a new dbname connects to that database and delivers from
 #   there, and back to the environment's database; a reload that keeps the
 #   dbname keeps the connection;
@@ -291,6 +294,96 @@ is( join(' ', map { "$_->{body}{n}/$_->{attempt}" . ($_->{idempotency_key} eq $l
 		  grep { $_->{path} eq '/late' } @{ received() }),
 	'1/1 1/2 2/1',
 	'the message published but not acknowledged comes again, with its id; the next one after it, once');
+
+# A nack whose connection was lost after the batch's ack went through is
+# sent again on the next connection at any time, also past the deadline:
+# it names the relay, so it ends no lease another relay took since.  The
+# nack waits for a write of its key's row that another session holds,
+# while its backend is terminated and connections are refused until the
+# deadline has passed.
+sql(q{SELECT idem_outbox_configure('nk', 5, '50 milliseconds', '100 milliseconds')});
+my @nk = (send_msg('nk', 'a', { n => 1, reply => [ '200 sleep=3' ] }),
+	send_msg('nk', 'b', { n => 2, reply => [ '503', '200' ] }));
+$r = start_relay('--sink', 'webhook', '--webhook-url', "$url/nk", '--lease', '8s', '--timeout', '4s',
+	'--poll', '100ms', '--reconnect-max', '200ms', '--log-interval', '0');
+ok(wait_for('the first request', sub { grep { $_->{idempotency_key} eq $nk[0] } @{ received() } }),
+	'the relay is publishing the first message');
+my $t_nk = time();
+my $writer = IPC::Run::start(
+	[ 'psql', '-X', '-h', $node->host, '-p', $node->port, '-d', 'postgres', '-c',
+		q{BEGIN; UPDATE idem.outbox_keys SET last_error = last_error WHERE topic = 'nk' AND key = 'b';
+		  SELECT pg_sleep(600); COMMIT;} ],
+	'>', "$tmp/writer.out", '2>', "$tmp/writer.err");
+push @started, $writer;
+ok( wait_for('the nack waiting', sub { sql(q{SELECT count(*) FROM pg_stat_activity
+                                            WHERE application_name = 'idem-relay' AND wait_event_type = 'Lock'}) == 1 }),
+	'the first message is acknowledged, and the nack of the second waits for the write of its key');
+is(sql("SELECT count(*) FROM idem.outbox WHERE id = '$nk[0]'"), '0', 'the ack went through');
+sql(q{ALTER ROLE relay NOLOGIN});
+sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'idem-relay'});
+sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'BEGIN; UPDATE idem.outbox_keys%'});
+$writer->finish;
+usleep(1_000_000 * ($t_nk + 5 - time())) if $t_nk + 5 > time();
+sql(q{ALTER ROLE relay LOGIN});
+ok( wait_for('the key delivered', sub {
+			sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'nk'}) == 0 }),
+	'connections refused until after the deadline: the relay delivers the second message in the end');
+is(stop_relay($r, 'TERM'), 0, 'SIGTERM: exit code 0');
+$rerr = file($r->{err});
+like($rerr, qr/ERROR:  idem_outbox_nack failed: /, 'the nack failed');
+unlike($rerr, qr/left to the end of their leases/, 'the nack was not left to the end of the lease');
+like(final_counts($rerr), qr/^leased 3, delivered 2, retried 1, dead 0, errors \d+$/,
+	'the nack sent again on the new connection counts the message retried');
+
+# A relay asked to stop (one SIGTERM) while it publishes, whose connection
+# is lost before the ack, connects once more on its way out to send the
+# ack: the message is not left leased until the end of its lease.
+my @bye = (send_msg('bye', 'k', { n => 1, reply => [ '200 sleep=3' ] }),
+	send_msg('bye', 'k', { n => 2 }));
+$r = start_relay('--sink', 'webhook', '--webhook-url', "$url/bye", '--lease', '1h', '--timeout', '8s',
+	'--poll', '100ms', '--reconnect-max', '200ms', '--log-interval', '0');
+ok(wait_for('the first request', sub { grep { $_->{idempotency_key} eq $bye[0] } @{ received() } }),
+	'the relay is publishing the first message');
+$r->{h}->signal('TERM');
+sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'idem-relay'});
+is(stop_relay($r), 0, 'SIGTERM in the middle of the batch: exit code 0');
+$rerr = file($r->{err});
+like($rerr, qr/ERROR:  idem_outbox_ack failed: /, 'the ack failed');
+like($rerr, qr/acknowledged on the new connection: 1 messages delivered before the last was lost/,
+	'and was sent on a new connection before the relay exited');
+is(sql(q{SELECT count(*) || ' ' || count(*) FILTER (WHERE id = '} . $bye[1] . q{') FROM idem.outbox
+         WHERE aggregatetype = 'bye'}),
+	'1 1', 'the published message is acknowledged, the next one left for the next lease');
+is(final_counts($rerr), 'leased 1, delivered 1, retried 0, dead 0, errors 1',
+	'the ack sent on the way out counts the message delivered');
+is(sql(q{SELECT string_agg(id::text, ' ') FROM idem_outbox_lease('probe', 10)}), $bye[1],
+	'the key is not held: its next message is leased at once');
+sql(qq{SELECT idem_outbox_ack('{$bye[1]}')});
+
+# A cut ack is not sent to another database: a reload that changed the
+# dbname meanwhile leaves the message to the end of its lease, in its own
+# database.
+my $awayconf = "$tmp/away.conf";
+my $awaybase = "sink = webhook\nwebhook.url = $url/away\nlease = 1h\ntimeout = 8s\n"
+  . "poll = 100ms\nreconnect_max = 200ms\nlog_interval = 0\n";
+write_conf($awayconf, $awaybase);
+my $away = send_msg('away', 'k', { n => 1, reply => [ '200 sleep=3' ] });
+$r = start_relay('--config', $awayconf);
+ok(wait_for('the first request', sub { grep { $_->{idempotency_key} eq $away } @{ received() } }),
+	'the relay is publishing the message');
+write_conf($awayconf, "dbname = dbname=other\n$awaybase");
+$r->{h}->signal('HUP');
+sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'idem-relay'});
+ok( wait_for('the new connection', sub { file($r->{err}) =~ /connected to database "other" as "relay"/ }),
+	'its backend terminated, and SIGHUP with a new dbname: the relay connects to that database');
+is(stop_relay($r, 'TERM'), 0, 'SIGTERM: exit code 0');
+$rerr = file($r->{err});
+like($rerr, qr/ERROR:  idem_outbox_ack failed: /, 'the ack failed');
+like($rerr, qr/1 delivered and 0 released messages of a batch cut by the lost connection are left to the end of their leases/,
+	'and is not sent to the other database');
+unlike($rerr, qr/acknowledged on the new connection/, 'nothing is acknowledged there');
+is(sql(q{SELECT pending || ' ' || leased FROM idem_outbox_stats() WHERE topic = 'away'}), '0 1',
+	'the message stays leased in its database');
 
 ########################################################################
 # SIGHUP with a new dbname
