@@ -277,6 +277,8 @@ extern int	sink_setting_known(const char *key);
 
 /* The length of the placeholder ({topic}, {key} or {type}) p starts with, or 0 */
 extern size_t sink_placeholder(const char *p);
+/* The bytes of tmpl besides its placeholders: the least it expands to */
+extern size_t sink_template_text_len(const char *tmpl);
 /* tmpl with each placeholder replaced by the message's topic, key or type
  * (empty when it has none), into sb */
 extern void sink_expand(StrBuf *sb, const char *tmpl, const RelayMessage *m);

@@ -262,6 +262,27 @@ sink_placeholder(const char *p)
 	return 0;
 }
 
+size_t
+sink_template_text_len(const char *tmpl)
+{
+	const char *p = tmpl;
+	size_t		n = 0;
+
+	while (*p)
+	{
+		size_t		len = sink_placeholder(p);
+
+		if (len > 0)
+			p += len;
+		else
+		{
+			p++;
+			n++;
+		}
+	}
+	return n;
+}
+
 void
 sink_expand(StrBuf *sb, const char *tmpl, const RelayMessage *m)
 {

@@ -20,7 +20,9 @@
  *
  * Settings: brokers (bootstrap.servers), topic, and property.NAME = value
  * for any librdkafka setting (property.test.mock.num.brokers = 3 runs
- * librdkafka's mock cluster inside the relay, for tests).
+ * librdkafka's mock cluster inside the relay, for tests), but those that
+ * would weaken the guarantees, and a message.timeout.ms of 0 or above the
+ * timeout.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +94,7 @@ typedef struct PropArg
 	int			ok;
 	const char *acks;			/* the property that set acks last: "acks"
 								 * or its alias */
+	const char *msg_timeout;	/* likewise for message.timeout.ms */
 } PropArg;
 
 static void
@@ -104,6 +107,8 @@ set_property(void *argp, const char *name, const char *value)
 		return;
 	if (strcmp(name, "acks") == 0 || strcmp(name, "request.required.acks") == 0)
 		arg->acks = name;
+	if (strcmp(name, "message.timeout.ms") == 0 || strcmp(name, "delivery.timeout.ms") == 0)
+		arg->msg_timeout = name;
 	if (rd_kafka_conf_set(arg->conf, name, value, e, sizeof(e)) != RD_KAFKA_CONF_OK)
 	{
 		snprintf(arg->err, arg->errlen, "kafka.property.%s: %s", name, e);
@@ -181,6 +186,7 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 	parg.errlen = errlen;
 	parg.ok = 1;
 	parg.acks = "acks";
+	parg.msg_timeout = "message.timeout.ms";
 	snprintf(tmo, sizeof(tmo), "%ld", ss->timeout_ms);
 	set_property(&parg, "enable.idempotence", "true");
 	set_property(&parg, "acks", "all");
@@ -225,6 +231,32 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 			snprintf(err, errlen, "kafka.property.delivery.report.only.error must stay false");
 			parg.ok = 0;
 		}
+
+		/*
+		 * The reports of a batch are awaited for timeout after its last
+		 * produce, and what has none by then is purged and retried: a longer
+		 * message.timeout.ms, or 0 (no limit), gives librdkafka no more time,
+		 * and leaves every slow delivery to the purge, which ignores the
+		 * broker's acknowledgement should it come.  To wait longer, timeout
+		 * is the one to raise.
+		 */
+		len = sizeof(e);
+		if (parg.ok &&
+			rd_kafka_conf_get(conf, "message.timeout.ms", e, &len) == RD_KAFKA_CONF_OK &&
+			(atol(e) < 1 || atol(e) > ss->timeout_ms))
+		{
+			snprintf(err, errlen, "kafka.property.%s must be from 1 to timeout (%ld ms, %s), not \"%s\": "
+					 "the relay waits for a delivery report no longer than timeout, and then purges the message",
+					 parg.msg_timeout, ss->timeout_ms, config_origin(ss->cfg, "timeout"), e);
+			parg.ok = 0;
+		}
+	}
+	/* a name longer than Kafka allows, whatever the placeholders give */
+	if (parg.ok && sink_template_text_len(topic) > 249)
+	{
+		snprintf(err, errlen, "kafka.topic is %zu bytes long without its placeholders; "
+				 "a Kafka topic name has at most 249", sink_template_text_len(topic));
+		parg.ok = 0;
 	}
 	if (parg.ok && !valid_topic_template(topic))
 	{

@@ -199,7 +199,8 @@ parse_url(NatsSink *s, const char *url, char *err, size_t errlen)
 		while (end > p && end[-1] == '/')
 			end--;
 		n = (size_t) (end - p);
-		if (n == 0 || n >= sizeof(host))
+		/* a path ("nats://host/x") would be taken for part of the host */
+		if (n == 0 || n >= sizeof(host) || memchr(p, '/', n) != NULL)
 			goto bad;
 		memcpy(host, p, n);
 		host[n] = '\0';

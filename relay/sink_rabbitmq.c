@@ -52,6 +52,7 @@
  * the relay must stop, and then shuts the socket down: the send fails, and
  * the connection is dropped as when the broker goes away.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -364,6 +365,34 @@ valid_template(const char *t)
 	return 1;
 }
 
+/*
+ * Whether each "%" of url starts "%XX" with two hexadecimal digits, not
+ * "%00": amqp_parse_url decodes "%00" (and "%+0", "% 0") to a NUL that
+ * silently cuts the user, password or virtual host short.
+ */
+static int
+valid_percent_encoding(const char *url)
+{
+	const char *p;
+
+	for (p = strchr(url, '%'); p != NULL; p = strchr(p + 1, '%'))
+		if (!isxdigit((unsigned char) p[1]) || !isxdigit((unsigned char) p[2]) ||
+			(p[1] == '0' && p[2] == '0'))
+			return 0;
+	return 1;
+}
+
+/*
+ * Whether the host amqp_parse_url found is one the URL (parsed in place in
+ * copy, len bytes) names: without one, it leaves its default, localhost.
+ */
+static int
+host_in_url(const char *host, const char *copy, size_t len)
+{
+	return (uintptr_t) host >= (uintptr_t) copy && (uintptr_t) host < (uintptr_t) (copy + len) &&
+		host[0] != '\0';
+}
+
 static Sink *
 rabbitmq_init(const SinkSettings *ss, char *err, size_t errlen)
 {
@@ -375,6 +404,8 @@ rabbitmq_init(const SinkSettings *ss, char *err, size_t errlen)
 	long		max_message_size = RMQ_DEFAULT_MAX_MESSAGE_SIZE;
 	RabbitSink *s;
 	char		shown[512];
+	const char *why = NULL;
+	int			bad;
 	int			m = 1;
 
 	if (url == NULL || *url == '\0')
@@ -412,15 +443,46 @@ rabbitmq_init(const SinkSettings *ss, char *err, size_t errlen)
 				 strlen(exchange), RMQ_SHORTSTR_MAX);
 		return NULL;
 	}
+	/* every message's routing key would be too long: each would die */
+	if (sink_template_text_len(rkey) > RMQ_SHORTSTR_MAX)
+	{
+		snprintf(err, errlen, "rabbitmq.routing_key is %zu bytes long without its placeholders; "
+				 "AMQP allows at most %d", sink_template_text_len(rkey), RMQ_SHORTSTR_MAX);
+		return NULL;
+	}
+	if (!valid_percent_encoding(url))
+	{
+		snprintf(err, errlen, "rabbitmq.url \"%s\" is not valid: each \"%%\" must be followed by two "
+				 "hexadecimal digits, other than 00", url);
+		return NULL;
+	}
 	s = xmalloc(sizeof(RabbitSink));
 	memset(s, 0, sizeof(RabbitSink));
 	s->base.type = &sink_rabbitmq_type;
 	s->url_copy = xstrdup(url);
 	amqp_default_connection_info(&s->info);
-	if (amqp_parse_url(s->url_copy, &s->info) != AMQP_STATUS_OK || s->info.ssl)
+	bad = amqp_parse_url(s->url_copy, &s->info) != AMQP_STATUS_OK || s->info.ssl;
+
+	/*
+	 * What amqp_parse_url takes but no broker can be reached at: port 0, and
+	 * no host, which it makes localhost (a host left out of a URL built from
+	 * an unset variable would go to whatever broker runs there).  An empty
+	 * virtual host ("amqp://host/") is one RabbitMQ cannot grant access to:
+	 * every login would be refused.
+	 */
+	if (!bad && s->info.port == 0)
+		why = "the port must be from 1 to 65535";
+	else if (!bad && !host_in_url(s->info.host, s->url_copy, strlen(url)))
+		why = "it names no host";
+	else if (!bad && s->info.vhost[0] == '\0')
+		why = "the virtual host is empty (for the virtual host \"/\", leave out the path or write %2f)";
+	if (bad || why != NULL)
 	{
-		snprintf(err, errlen, "rabbitmq.url \"%s\" is not amqp://[USER[:PASSWORD]@]HOST[:PORT][/VHOST]",
-				 url);
+		if (bad)
+			snprintf(err, errlen, "rabbitmq.url \"%s\" is not amqp://[USER[:PASSWORD]@]HOST[:PORT][/VHOST]",
+					 url);
+		else
+			snprintf(err, errlen, "rabbitmq.url \"%s\" is not valid: %s", url, why);
 		free(s->url_copy);
 		free(s);
 		return NULL;

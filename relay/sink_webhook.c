@@ -140,16 +140,33 @@ add_setting_header(void *argp, const char *name, const char *value)
 {
 	HeaderArg  *arg = argp;
 	StrBuf		sb;
-	const char *p;
+	const unsigned char *p;
 
 	if (!arg->ok)
 		return;
-	for (p = value; *p; p++)
-		if (*p == '\r' || *p == '\n')
-			break;
-	if (!valid_header_name(name) || *p != '\0')
+	if (!valid_header_name(name))
 	{
-		snprintf(arg->err, arg->errlen, "webhook.header.%s: not a valid HTTP header", name);
+		snprintf(arg->err, arg->errlen,
+				 "webhook.header.%s: not a valid HTTP header name (a token: letters, digits and "
+				 "!#$%%&'*+-.^_`|~)", name);
+		arg->ok = 0;
+		return;
+	}
+
+	/*
+	 * A line break would end the header and start another of the value's
+	 * making; a receiver may refuse any other control character with a 400,
+	 * and every message would die of it.  A tab is allowed (RFC 9110
+	 * field-value), and a NUL cannot be in a setting.
+	 */
+	for (p = (const unsigned char *) value; *p; p++)
+		if ((*p < 0x20 && *p != '\t') || *p == 0x7f)
+			break;
+	if (*p != '\0')
+	{
+		snprintf(arg->err, arg->errlen,
+				 "webhook.header.%s: the value holds a control character (byte 0x%02x); "
+				 "a header's value may hold tabs, but no other control character", name, *p);
 		arg->ok = 0;
 		return;
 	}
@@ -301,6 +318,8 @@ webhook_init(const SinkSettings *ss, char *err, size_t errlen)
 	{
 		CURLU	   *u = curl_url();
 		CURLUcode	uc;
+		char	   *port = NULL;
+		int			port_zero;
 
 		if (u == NULL)
 		{
@@ -309,10 +328,19 @@ webhook_init(const SinkSettings *ss, char *err, size_t errlen)
 			return NULL;
 		}
 		uc = curl_url_set(u, CURLUPART_URL, url, 0);
+		/* libcurl takes port 0, to which no connection can be made */
+		port_zero = uc == CURLUE_OK &&
+			curl_url_get(u, CURLUPART_PORT, &port, 0) == CURLUE_OK && atol(port) == 0;
+		curl_free(port);
 		curl_url_cleanup(u);
 		if (uc != CURLUE_OK)
 		{
 			snprintf(err, errlen, "webhook.url \"%s\" is not valid: %s", url, curl_url_strerror(uc));
+			return NULL;
+		}
+		if (port_zero)
+		{
+			snprintf(err, errlen, "webhook.url \"%s\" is not valid: the port must be from 1 to 65535", url);
 			return NULL;
 		}
 	}

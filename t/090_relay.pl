@@ -6,7 +6,11 @@
 # PGPORT, PGDATABASE, PGUSER) without a connection string:
 #
 # - options, configuration and exit codes 0, 1, 2 and 3; durations of at
-#   most a day; a value in double quotes keeps its spaces;
+#   most a day; a value in double quotes keeps its spaces; sinks' settings
+#   that cannot work refused (a control character in a header, port 0, a
+#   rabbitmq URL without a host or with an empty virtual host, a Kafka
+#   message.timeout.ms of 0 or above the timeout, ...), at start and at a
+#   reload;
 # - the stdout sink: every message once, in order per key, with its fields;
 #   a reader that went away ends the relay with exit code 4, not SIGPIPE; a
 #   regular file is synced before the ack, and a sync that fails ends the
@@ -225,6 +229,77 @@ for my $case (@usage_errors)
 	($rc, $out, $err) = run_relay({}, @{ $case->[0] });
 	is($rc, 1, "exit code 1 for @{ $case->[0] }");
 	like($err, $case->[1], "message for @{ $case->[0] }");
+}
+
+# Settings that cannot work, or that would break every request: refused at
+# start rather than found by every message, until each is dead.
+{
+	my @hook = ('--sink', 'webhook', '--webhook-url', 'http://127.0.0.1/');
+	my @mock = ('--sink', 'kafka', '--set', 'kafka.property.test.mock.num.brokers=1');
+	for my $case (
+		# a line break would end the header and start one of the value's
+		[ 'a header value with a line break', [ @hook, '--set', "webhook.header.X-A=a\nX-B: b" ],
+		  qr/webhook\.header\.X-A: the value holds a control character \(byte 0x0a\); a header's value may hold tabs, but no other control character \(webhook\.header\.X-A: command line\)/ ],
+		[ 'a header value with a control character', [ @hook, '--set', "webhook.header.X-A=a\x01b" ],
+		  qr/webhook\.header\.X-A: the value holds a control character \(byte 0x01\)/ ],
+		[ 'a header value with DEL', [ @hook, '--set', "webhook.header.X-A=a\x7fb" ],
+		  qr/webhook\.header\.X-A: the value holds a control character \(byte 0x7f\)/ ],
+		[ 'a header name with a space', [ @hook, '--set', 'webhook.header.X A=1' ],
+		  qr/webhook\.header\.X A: not a valid HTTP header name \(a token: .*\) \(webhook\.header\.X A: command line\)/ ],
+		[ 'a header name with a parenthesis', [ @hook, '--set', 'webhook.header.X(A)=1' ],
+		  qr/webhook\.header\.X\(A\): not a valid HTTP header name/ ],
+		[ 'a webhook URL with port 0', [ '--sink', 'webhook', '--webhook-url', 'http://127.0.0.1:0/' ],
+		  qr/webhook\.url "http:\/\/127\.0\.0\.1:0\/" is not valid: the port must be from 1 to 65535/ ],
+		[ 'a rabbitmq URL with port 0', [ '--sink', 'rabbitmq', '--set', 'rabbitmq.url=amqp://127.0.0.1:0' ],
+		  qr/rabbitmq\.url "amqp:\/\/127\.0\.0\.1:0" is not valid: the port must be from 1 to 65535 \(rabbitmq\.url: command line\)/ ],
+		# amqp_parse_url makes the host localhost
+		[ 'a rabbitmq URL without a host', [ '--sink', 'rabbitmq', '--set', 'rabbitmq.url=amqp://relay:secret@:5672/shop' ],
+		  qr/rabbitmq\.url ".*" is not valid: it names no host/ ],
+		[ 'a rabbitmq URL of nothing but its scheme', [ '--sink', 'rabbitmq', '--set', 'rabbitmq.url=amqp://' ],
+		  qr/rabbitmq\.url "amqp:\/\/" is not valid: it names no host/ ],
+		# the virtual host "", to which RabbitMQ grants no access
+		[ 'a rabbitmq URL with an empty virtual host', [ '--sink', 'rabbitmq', '--set', 'rabbitmq.url=amqp://127.0.0.1:5672/' ],
+		  qr/rabbitmq\.url ".*" is not valid: the virtual host is empty \(for the virtual host "\/", leave out the path or write %2f\)/ ],
+		# a NUL would cut the user short: "gu"
+		[ 'a rabbitmq URL with %00', [ '--sink', 'rabbitmq', '--set', 'rabbitmq.url=amqp://gu%00est:guest@127.0.0.1' ],
+		  qr/rabbitmq\.url ".*" is not valid: each "%" must be followed by two hexadecimal digits, other than 00/ ],
+		[ 'a rabbitmq URL with %+0', [ '--sink', 'rabbitmq', '--set', 'rabbitmq.url=amqp://gu%+0est:guest@127.0.0.1' ],
+		  qr/rabbitmq\.url ".*" is not valid: each "%" must be followed by two hexadecimal digits/ ],
+		[ 'a routing key too long whatever its placeholders give',
+		  [ '--sink', 'rabbitmq', '--set', 'rabbitmq.routing_key=' . ('r' x 256) . '{key}' ],
+		  qr/rabbitmq\.routing_key is 256 bytes long without its placeholders; AMQP allows at most 255/ ],
+		# 0 is no limit in librdkafka; the relay purges at its timeout anyway
+		[ 'kafka message.timeout.ms 0', [ @mock, '--set', 'kafka.property.message.timeout.ms=0' ],
+		  qr/kafka\.property\.message\.timeout\.ms must be from 1 to timeout \(10000 ms, default\), not "0": .* \(kafka\.property\.message\.timeout\.ms: command line\)/ ],
+		[ 'kafka delivery.timeout.ms above the timeout',
+		  [ @mock, '--timeout', '5s', '--set', 'kafka.property.delivery.timeout.ms=5001' ],
+		  qr/kafka\.property\.delivery\.timeout\.ms must be from 1 to timeout \(5000 ms, command line\), not "5001"/ ],
+		# the alias written last wins, as for one name
+		[ 'kafka message.timeout.ms 0 after its alias',
+		  [ @mock, '--set', 'kafka.property.delivery.timeout.ms=1000', '--set', 'kafka.property.message.timeout.ms=0' ],
+		  qr/kafka\.property\.message\.timeout\.ms must be from 1 to timeout/ ],
+		[ 'a kafka topic too long whatever its placeholders give',
+		  [ @mock, '--set', 'kafka.topic=' . ('t' x 250) . '{key}' ],
+		  qr/kafka\.topic is 250 bytes long without its placeholders; a Kafka topic name has at most 249/ ],
+		# the host would have been "127.0.0.1/x"
+		[ 'a nats URL with a path', [ '--sink', 'nats', '--nats-url', 'nats://127.0.0.1/x' ],
+		  qr/nats\.url "nats:\/\/127\.0\.0\.1\/x" is not nats:\/\/HOST:PORT/ ])
+	{
+		my ($what, $args, $why) = @$case;
+		($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0', @$args);
+		is($rc, 1, "exit code 1 for $what");
+		like($err, $why, "message for $what") or diag($err);
+	}
+	# a tab may be in a value; message.timeout.ms up to the timeout, by
+	# either name
+	($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0', @hook, '--set', "webhook.header.X-A=a\tb");
+	is($rc, 0, 'a header value with a tab is accepted') or diag($err);
+	($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0', @mock, '--timeout', '5s',
+		'--set', 'kafka.property.delivery.timeout.ms=5000');
+	is($rc, 0, 'kafka delivery.timeout.ms equal to the timeout is accepted') or diag($err);
+	($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0', @mock,
+		'--set', 'kafka.property.message.timeout.ms=0', '--set', 'kafka.property.delivery.timeout.ms=1000');
+	is($rc, 0, 'kafka message.timeout.ms 0 overridden by its alias written after it is accepted') or diag($err);
 }
 
 # a day itself is a duration
@@ -1328,8 +1403,9 @@ ok(wait_for('the message', sub { paths_of($cli1) ne '' }), 'the next message is 
 is(paths_of($cli1), '/cli', 'to the command line\'s URL, not the file\'s');
 is(stop_relay($r, 'TERM'), 0, 'exit code 0');
 
-# A reload whose dbname libpq cannot parse, or that sets a sink no topic
-# goes to, is refused like any other error: the connection in force stays.
+# A reload whose dbname libpq cannot parse, that sets a sink no topic goes
+# to, or a sink's setting that cannot work, is refused like any other error:
+# the connection and the sink in force stay.
 my $dbconf = "$tmp/db.conf";
 write_conf($dbconf, "poll = 100ms\nlog_interval = 0\n");
 $r = start_relay({}, '--config', $dbconf);
@@ -1337,7 +1413,12 @@ send_msg('dbhup', 'k', { n => 1 });
 ok(wait_for('the first line', sub { slurp_file($r->{out}) =~ /"dbhup"/ }), 'a relay with the environment\'s connection');
 for my $case ([ "dbname = host=$pgenv{PGHOST} port=$pgenv{PGPORT} connect_timeot=3\n",
 		qr/dbname is not valid: invalid connection option "connect_timeot" \(\S*db\.conf:1\)/ ],
-	[ "webhook.url = http://127.0.0.1:9/\n", qr/webhook\.url is set, but no topic's sink is webhook/ ])
+	[ "webhook.url = http://127.0.0.1:9/\n", qr/webhook\.url is set, but no topic's sink is webhook/ ],
+	# a sink's setting that cannot work, as at start
+	[ "sink = webhook\nwebhook.url = http://127.0.0.1:9/\nwebhook.header.X-A = a\x01b\n",
+		qr/webhook\.header\.X-A: the value holds a control character \(byte 0x01\).* \(webhook\.header\.X-A: \S*db\.conf:3\)/ ],
+	[ "sink = kafka\nkafka.property.test.mock.num.brokers = 1\nkafka.property.message.timeout.ms = 0\n",
+		qr/kafka\.property\.message\.timeout\.ms must be from 1 to timeout \(10000 ms, default\), not "0": .* \(kafka\.property\.message\.timeout\.ms: \S*db\.conf:3\)/ ])
 {
 	my ($text, $why) = @$case;
 	my $at = length(slurp_file($r->{err}));
