@@ -17,8 +17,10 @@
  *
  * The launcher connects to no database: between rounds nothing of idem is
  * connected to idem.database, which can then be dropped, or copied as a
- * template, as any database without sessions.  A database that does not
- * exist is skipped (and logged once) until it does.
+ * template, as any database without sessions.  A round in progress is
+ * ended by such a command of the database's owner, as autovacuum's workers
+ * are (see worker_utility).  A database that does not exist is skipped (and
+ * logged once) until it does.
  *
  * At each round the launcher also judges the duplicate rate of every
  * namespace whose interval is over (see stats.c), so that a namespace that
@@ -26,8 +28,8 @@
  *
  * A round that fails is logged and retried at the next interval.  A
  * database without the extension is skipped (and logged once).  The
- * launcher ends at once on SIGTERM, and is restarted by the postmaster
- * after a crash.
+ * launcher ends at once on SIGTERM, ignores a cancel (it runs no query),
+ * and is restarted by the postmaster after a crash.
  *
  *-------------------------------------------------------------------------
  */
@@ -38,6 +40,7 @@
 #include "access/xact.h"
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
+#include "commands/defrem.h"
 #include "executor/spi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -48,7 +51,11 @@
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/proc.h"
+#include "storage/procarray.h"
+#include "storage/spin.h"
 #include "tcop/tcopprot.h"
+#include "tcop/utility.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
@@ -72,16 +79,23 @@ static double worker_load = 0.25;	/* share of the time spent purging */
  * missing; -3 at a version without idem_maintenance()), and by the launcher
  * (0 nothing; -4 the database missing; -5 not accepting connections; -6 no
  * round could be started).  Each field has one writer at a time.
+ *
+ * And the round in progress, its pid and database (0 and InvalidOid
+ * between rounds), for the commands that end it (see worker_utility).
  */
 typedef struct WorkerShared
 {
 	int			round_logged;
 	int			launcher_logged;
+	slock_t		mutex;			/* round_pid and round_dbid */
+	int			round_pid;
+	Oid			round_dbid;
 } WorkerShared;
 
 static WorkerShared *worker_shared = NULL;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+static ProcessUtility_hook_type prev_ProcessUtility_hook = NULL;
 
 static void
 worker_shmem_request(void)
@@ -105,8 +119,119 @@ worker_shmem_startup(void)
 	{
 		worker_shared->round_logged = 0;
 		worker_shared->launcher_logged = 0;
+		SpinLockInit(&worker_shared->mutex);
+		worker_shared->round_pid = 0;
+		worker_shared->round_dbid = InvalidOid;
 	}
 	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * The database a command needs without sessions (DROP DATABASE, ALTER
+ * DATABASE ... RENAME, CREATE DATABASE ... TEMPLATE), by name, or NULL.
+ */
+static const char *
+worker_command_database(Node *stmt)
+{
+	ListCell   *lc;
+
+	if (IsA(stmt, DropdbStmt))
+		return ((DropdbStmt *) stmt)->dbname;
+	if (IsA(stmt, RenameStmt) && ((RenameStmt *) stmt)->renameType == OBJECT_DATABASE)
+		return ((RenameStmt *) stmt)->subname;
+	if (IsA(stmt, CreatedbStmt))
+		foreach(lc, ((CreatedbStmt *) stmt)->options)
+		{
+			DefElem    *opt = lfirst_node(DefElem, lc);
+
+			if (strcmp(opt->defname, "template") == 0 && opt->arg != NULL)
+				return defGetString(opt);
+		}
+	return NULL;
+}
+
+/*
+ * A command that needs the maintenance round's database without sessions
+ * ends the round first, and waits up to 5 seconds for it to go, as the
+ * server does for autovacuum's workers: otherwise the database's owner
+ * could not drop it while a round works off a backlog (the round runs as
+ * the bootstrap superuser, whom only a superuser or pg_signal_backend may
+ * terminate, also with WITH (FORCE)).  Only for the database's owner (or a
+ * superuser), who may run the command: another role's attempt, which fails
+ * on its permissions, must not end a round.  The round is started again at
+ * the next interval.
+ */
+static void
+worker_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
+			   ProcessUtilityContext context, ParamListInfo params,
+			   QueryEnvironment *queryEnv, DestReceiver *dest,
+			   QueryCompletion *qc)
+{
+	const char *dbname = worker_command_database(pstmt->utilityStmt);
+
+	if (dbname != NULL)
+	{
+		Oid			dbid = get_database_oid(dbname, true);
+		int			pid;
+		Oid			round_dbid;
+
+		SpinLockAcquire(&worker_shared->mutex);
+		pid = worker_shared->round_pid;
+		round_dbid = worker_shared->round_dbid;
+		SpinLockRelease(&worker_shared->mutex);
+		if (OidIsValid(dbid) && pid != 0 && round_dbid == dbid &&
+			pg_database_ownercheck(dbid, GetUserId()))
+		{
+			int			i;
+
+			for (i = 0; i < 500; i++)
+			{
+				PGPROC	   *proc = BackendPidGetProc(pid);
+
+				/* gone, or the pid is no longer the round's */
+				if (proc == NULL || proc->databaseId != dbid)
+					break;
+				if (i == 0)
+				{
+					ereport(DEBUG1,
+							(errmsg("ending the idem maintenance round in database \"%s\"",
+									dbname)));
+					(void) kill(pid, SIGTERM);
+				}
+				CHECK_FOR_INTERRUPTS();
+				pg_usleep(10 * 1000L);
+			}
+		}
+	}
+	if (prev_ProcessUtility_hook)
+		prev_ProcessUtility_hook(pstmt, queryString, readOnlyTree, context,
+								 params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+}
+
+/* The round says where it works, and that it is gone. */
+static void
+worker_round_unpublish(int code, Datum arg)
+{
+	SpinLockAcquire(&worker_shared->mutex);
+	if (worker_shared->round_pid == MyProcPid)
+	{
+		worker_shared->round_pid = 0;
+		worker_shared->round_dbid = InvalidOid;
+	}
+	SpinLockRelease(&worker_shared->mutex);
+}
+
+static void
+worker_round_publish(void)
+{
+	SpinLockAcquire(&worker_shared->mutex);
+	worker_shared->round_pid = MyProcPid;
+	worker_shared->round_dbid = MyDatabaseId;
+	SpinLockRelease(&worker_shared->mutex);
+	before_shmem_exit(worker_round_unpublish, (Datum) 0);
 }
 
 void
@@ -155,6 +280,8 @@ idem_worker_init(void)
 	shmem_request_hook = worker_shmem_request;
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = worker_shmem_startup;
+	prev_ProcessUtility_hook = ProcessUtility_hook;
+	ProcessUtility_hook = worker_utility;
 
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
@@ -272,6 +399,7 @@ idem_maintenance_round_main(Datum main_arg)
 	/* the database the launcher found (by its name, which may be cut) */
 	BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg),
 											  InvalidOid, 0);
+	worker_round_publish();
 	/* its name as it is, for the lines (idem.database may be longer) */
 	StartTransactionCommand();
 	dbname = MemoryContextStrdup(TopMemoryContext,
@@ -573,6 +701,8 @@ idem_maintenance_main(Datum main_arg)
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
+	/* a cancel would be an error, and an error ends the launcher */
+	pqsignal(SIGINT, SIG_IGN);
 	BackgroundWorkerUnblockSignals();
 	/* no database: only the shared catalogs, to see whether it exists */
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);

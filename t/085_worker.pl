@@ -5,7 +5,8 @@
 # that fails is logged and the next one goes on; idem_maintenance() runs one
 # round by hand; a database whose settings make transactions read-only or
 # SERIALIZABLE is purged all the same, and one that does not exist or does
-# not accept connections is logged once and skipped.
+# not accept connections is logged once and skipped; the database's owner
+# may drop, rename or copy it while a round is in progress.
 
 use strict;
 use warnings;
@@ -358,6 +359,57 @@ ok(poll_node($old, $mbcut, q{SELECT count(*) FROM idem.claims WHERE msg_id LIKE 
 	'a multibyte database name longer than a name is cut at a character, as CREATE DATABASE cuts it');
 unlike(slurp_file($old->logfile, $mb_offset), qr/does not exist/, 'and is not reported missing');
 $old->stop;
+
+# a round in progress is ended by the commands of the database's owner
+# that need the database without sessions (as autovacuum's workers are),
+# not by another role's attempt; a cancel does not end the launcher
+my $own = idem_node('worker_owner', "shared_preload_libraries = 'idem'", "idem.database = 'shop'",
+	"idem.maintenance_interval = '1s'");
+$own->safe_psql('postgres', q{CREATE ROLE shop_owner LOGIN CREATEDB; CREATE ROLE stranger LOGIN;
+                               CREATE DATABASE shop OWNER shop_owner});
+# each round stops in a trigger, on an expired claim it never gets to purge
+$own->safe_psql('shop', q{
+CREATE EXTENSION idem;
+CREATE FUNCTION public.stall() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_catalog.pg_sleep(3600);
+    RETURN OLD;
+END $$;
+CREATE TRIGGER stall BEFORE DELETE ON idem.claims FOR EACH ROW EXECUTE FUNCTION public.stall();
+INSERT INTO idem.claims VALUES ('default', 'stalled', now() - interval '30 days');});
+sub round_pid
+{
+	my $pid = '';
+	poll_node($own, 'postgres', q{SELECT count(*) FROM pg_stat_activity
+	                              WHERE backend_type = 'idem maintenance round' AND wait_event = 'PgSleep'}, '1');
+	return $own->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'idem maintenance round'});
+}
+my $stalled = round_pid();
+isnt($stalled, '', 'a round is in progress in the database');
+my ($st_ret, $st_out, $st_err) = $own->psql('postgres', 'DROP DATABASE shop', extra_params => [ '-U', 'stranger' ]);
+like($st_err, qr/must be owner of database shop/, 'another role may not drop the database');
+is($own->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'idem maintenance round'}),
+	$stalled, 'and its attempt does not end the round');
+my ($cp_ret, $cp_out, $cp_err) = $own->psql('postgres', 'CREATE DATABASE shop_copy TEMPLATE shop',
+	extra_params => [ '-U', 'shop_owner' ]);
+is($cp_ret, 0, "the owner copies the database as a template while a round is in progress") or diag $cp_err;
+isnt(round_pid(), '', 'the next round is in progress');
+my ($rn_ret, $rn_out, $rn_err) = $own->psql('postgres', 'ALTER DATABASE shop RENAME TO shop_renamed',
+	extra_params => [ '-U', 'shop_owner' ]);
+is($rn_ret, 0, 'the owner renames it while a round is in progress') or diag $rn_err;
+$own->psql('postgres', 'ALTER DATABASE shop_renamed RENAME TO shop') if $rn_ret == 0;
+isnt(round_pid(), '', 'the next round is in progress');
+my ($dr_ret, $dr_out, $dr_err) = $own->psql('postgres', 'DROP DATABASE shop', extra_params => [ '-U', 'shop_owner' ]);
+is($dr_ret, 0, 'the owner drops it while a round is in progress, without FORCE') or diag $dr_err;
+my $launcher = $own->safe_psql('postgres',
+	q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'idem maintenance worker'});
+my $cancel_offset = -s $own->logfile;
+$own->safe_psql('postgres', "SELECT pg_cancel_backend($launcher)");
+sleep(1);
+is($own->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'idem maintenance worker'}),
+	$launcher, 'a cancel does not end the launcher');
+unlike(slurp_file($own->logfile, $cancel_offset), qr/exited with exit code/, 'nothing exits');
+$own->stop;
 
 # off switch
 my $off = idem_node('worker_off', "shared_preload_libraries = 'idem'", 'idem.maintenance = off',
