@@ -39,6 +39,14 @@ violation, such as a CHECK the message violates) would stop its partition
 for good: it is rolled back, and a new transaction claims the message and
 records it in "dead_letters" (msg_id text, key text, error text, sqlstate
 text), after which the offset is committed and the partition goes on.
+
+A message without idem-message-id, or whose idem-message-id idem_claim
+cannot take, is not from idem-relay and has nothing to deduplicate it by: it
+is logged and skipped, its offset committed.  idem_claim cannot take an
+idem-message-id that is not UTF-8 or has a NUL character (text has none),
+nor one it refuses with an error of SQLSTATE class 22 (over 512 bytes).
+--namespace is checked at start-up: idem_claim would refuse an empty one, or
+one over 63 bytes, for every message.
 """
 
 import argparse
@@ -81,13 +89,16 @@ def backoff(failures):
 def process(db, msg_id, key, payload, args):
     """idem_claim and the business write in one transaction: 'applied', or
     'duplicate' when the message was claimed before.  A business write that
-    fails for good is rolled back and the message dead-lettered: 'dead'.
-    Other errors are raised."""
+    fails for good is rolled back and the message dead-lettered: 'dead'.  An
+    id idem_claim refuses (SQLSTATE class 22) is rolled back, nothing
+    written: 'refused', a message without an id.  Other errors are raised."""
     while True:
+        claimed = False
         try:
             with db.cursor() as cur:
                 cur.execute('SELECT idem_claim(%s, %s)', (msg_id, args.namespace))
                 first = cur.fetchone()[0]
+                claimed = True
                 if first:
                     apply(cur, msg_id, key, payload, args.name)
             db.commit()
@@ -100,6 +111,13 @@ def process(db, msg_id, key, payload, args):
             if sqlstate in CONFLICTS:
                 log(args.name, 'PostgreSQL: %s; trying %s again' % (sqlstate, msg_id))
                 continue
+            if not claimed and sqlstate[:2] == '22':
+                # the claim itself refuses the id (the namespace was checked
+                # at start-up): it would refuse it again each time, and a
+                # dead letter needs the claim too
+                error = e.diag.message_primary or str(e).strip()
+                log(args.name, 'idem_claim refuses an idem-message-id: %s (SQLSTATE %s)' % (error, sqlstate))
+                return 'refused'
             if sqlstate[:2] not in DEAD_CLASSES:
                 raise
             error = e.diag.message_primary or str(e).strip()
@@ -118,9 +136,14 @@ def process(db, msg_id, key, payload, args):
 
 
 def header(msg, name):
+    """The first value of the header NAME: text, bytes if it is not UTF-8, or
+    None."""
     for k, v in msg.headers() or []:
         if k == name:
-            return v.decode('utf-8') if v is not None else None
+            try:
+                return v.decode('utf-8') if v is not None else None
+            except UnicodeDecodeError:
+                return v
     return None
 
 
@@ -137,6 +160,9 @@ def main():
     ap.add_argument('--die-after-commit', type=int, default=0, metavar='N',
                     help='for tests: exit with 3 after the Nth commit, before its offset commit')
     args = ap.parse_args()
+    # idem_claim would refuse such a namespace for every message
+    if not 0 < len(args.namespace.encode('utf-8')) <= 63:
+        ap.error('--namespace must be 1 to 63 bytes long')
 
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
@@ -166,12 +192,9 @@ def main():
             continue
         msg_id = header(msg, 'idem-message-id')
         key = msg.key().decode('utf-8') if msg.key() is not None else ''
-        if not msg_id:
-            # not from idem-relay: nothing to deduplicate it by; skipped here
-            log(args.name, 'no idem-message-id at %s[%d]@%d' % (msg.topic(), msg.partition(), msg.offset()))
-            consumer.commit(message=msg, asynchronous=False)
-            continue
-        result = None
+        # none, not UTF-8 (header() gives it as bytes), or with a NUL (text
+        # has none): nothing idem_claim can take
+        result = 'no id' if not isinstance(msg_id, str) or not msg_id or '\x00' in msg_id else None
         failures = 0
         while result is None and not stopping:
             try:
@@ -191,19 +214,30 @@ def main():
                 time.sleep(backoff(failures))
         if result is None:
             break       # stopping, the message not done: read again after a restart
-        log(args.name, '%s %s (partition %d, offset %d)' % (
-            result, msg_id, msg.partition(), msg.offset()))
-        if result == 'applied':
-            applied += 1
-            if applied == args.die_after_commit:
-                log(args.name, 'dying after the commit of %s, before its offset commit' % msg_id)
-                os._exit(3)
-        # after the commit: the next message of the partition, from here on
+        if result in ('no id', 'refused'):
+            # not from idem-relay: nothing to deduplicate it by; skipped
+            if msg_id is None:
+                log(args.name, 'no idem-message-id at %s[%d]@%d: skipped' % (
+                    msg.topic(), msg.partition(), msg.offset()))
+            else:
+                log(args.name, 'an idem-message-id idem_claim cannot take (%.80r) at %s[%d]@%d: skipped' % (
+                    msg_id, msg.topic(), msg.partition(), msg.offset()))
+        else:
+            log(args.name, '%s %s (partition %d, offset %d)' % (
+                result, msg_id, msg.partition(), msg.offset()))
+            if result == 'applied':
+                applied += 1
+                if applied == args.die_after_commit:
+                    log(args.name, 'dying after the commit of %s, before its offset commit' % msg_id)
+                    os._exit(3)
+        # after the commit (or the skip): the next message of the partition,
+        # from here on
         try:
             consumer.commit(message=msg, asynchronous=False)
         except KafkaException as e:
             # the partition moved to another consumer (a rebalance): it reads
-            # this message again, and its claim says duplicate
+            # this message again, and its claim says duplicate (one without
+            # an id is skipped again)
             log(args.name, 'offset commit failed: %s' % e)
     consumer.close()
     if db is not None:

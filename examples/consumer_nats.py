@@ -39,9 +39,13 @@ violation, such as a CHECK the message violates) would be redelivered
 forever and, with max_ack_pending 1, hold back every message after it: it is
 rolled back, and a new transaction claims the message and records it in
 "dead_letters" (msg_id text, key text, error text, sqlstate text), after
-which the message is acknowledged.  A message without Nats-Msg-Id (not from
-idem-relay) has nothing to deduplicate it by: it is logged and terminated
-(+TERM), never redelivered.
+which the message is acknowledged.  A message without Nats-Msg-Id, or whose
+Nats-Msg-Id idem_claim cannot take, is not from idem-relay and has nothing
+to deduplicate it by: it is logged and terminated (+TERM), never
+redelivered.  idem_claim cannot take a Nats-Msg-Id that is not UTF-8 or
+has a NUL character (text has none), nor one it refuses with an error of
+SQLSTATE class 22 (over 512 bytes).  --namespace is checked at start-up: idem_claim would refuse an
+empty one, or one over 63 bytes, for every message.
 """
 
 import argparse
@@ -234,13 +238,16 @@ def backoff(failures):
 def process(db, msg_id, key, payload, args):
     """idem_claim and the business write in one transaction: 'applied', or
     'duplicate' when the message was claimed before.  A business write that
-    fails for good is rolled back and the message dead-lettered: 'dead'.
-    Other errors are raised."""
+    fails for good is rolled back and the message dead-lettered: 'dead'.  An
+    id idem_claim refuses (SQLSTATE class 22) is rolled back, nothing
+    written: 'refused', a message without an id.  Other errors are raised."""
     while True:
+        claimed = False
         try:
             with db.cursor() as cur:
                 cur.execute('SELECT idem_claim(%s, %s)', (msg_id, args.namespace))
                 first = cur.fetchone()[0]
+                claimed = True
                 if first:
                     apply(cur, msg_id, key, payload, args.name)
             db.commit()
@@ -253,6 +260,13 @@ def process(db, msg_id, key, payload, args):
             if sqlstate in CONFLICTS:
                 log(args.name, 'PostgreSQL: %s; trying %s again' % (sqlstate, msg_id))
                 continue
+            if not claimed and sqlstate[:2] == '22':
+                # the claim itself refuses the id (the namespace was checked
+                # at start-up): it would refuse it again each time, and a
+                # dead letter needs the claim too
+                error = e.diag.message_primary or str(e).strip()
+                log(args.name, 'idem_claim refuses a Nats-Msg-Id: %s (SQLSTATE %s)' % (error, sqlstate))
+                return 'refused'
             if sqlstate[:2] not in DEAD_CLASSES:
                 raise
             error = e.diag.message_primary or str(e).strip()
@@ -283,6 +297,9 @@ def main():
     ap.add_argument('--die-after-commit', type=int, default=0, metavar='N',
                     help='for tests: exit with 3 after the Nth commit, before its ack')
     args = ap.parse_args()
+    # idem_claim would refuse such a namespace for every message
+    if not 0 < len(args.namespace.encode('utf-8')) <= 63:
+        ap.error('--namespace must be 1 to 63 bytes long')
 
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
@@ -306,16 +323,11 @@ def main():
             if status is not None:
                 continue        # 404 no messages, 408 request timeout
             msg_id = headers.get('Nats-Msg-Id')
-            if not msg_id:
-                # not from idem-relay: nothing to deduplicate it by.  Left
-                # unacknowledged, it would come back after every ack_wait,
-                # and hold back the messages after it.  (The server handles
-                # the +TERM before this connection's next pull.)
-                log(args.name, 'no Nats-Msg-Id on a message of %s: terminated' % op[1])
-                nc.publish(reply, b'+TERM')
-                continue
             key = urllib.parse.unquote(headers.get('Idem-Key', ''))
-            result = None
+            # none, not UTF-8 (parse_headers replaced its bytes with U+FFFD:
+            # two ids could become one), or with a NUL (text has none):
+            # nothing idem_claim can take
+            result = 'no id' if not msg_id or '\x00' in msg_id or '\ufffd' in msg_id else None
             db_failures = 0
             while result is None and not stopping:
                 try:
@@ -335,6 +347,18 @@ def main():
                     time.sleep(backoff(db_failures))
             if result is None:
                 break       # stopping: JetStream delivers it again after ack_wait
+            if result in ('no id', 'refused'):
+                # not from idem-relay: nothing to deduplicate it by.  Left
+                # unacknowledged, it would come back after every ack_wait,
+                # and hold back the messages after it.  (The server handles
+                # the +TERM before this connection's next pull.)
+                if not msg_id:
+                    log(args.name, 'no Nats-Msg-Id on a message of %s: terminated' % op[1])
+                else:
+                    log(args.name, 'a Nats-Msg-Id idem_claim cannot take (%.80r) on a message of %s: '
+                        'terminated' % (msg_id, op[1]))
+                nc.publish(reply, b'+TERM')
+                continue
             log(args.name, '%s %s' % (result, msg_id))
             if result == 'applied':
                 applied += 1

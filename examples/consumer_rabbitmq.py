@@ -50,6 +50,17 @@ records it in dead_letters, after which the delivery is acknowledged:
         error      text NOT NULL,
         sqlstate   text NOT NULL
     );
+
+A delivery without x-idem-key, or whose message_id idem_claim cannot take,
+is not from idem-relay and has nothing to deduplicate it by: it is logged
+and rejected without requeue (to the queue's dead-letter exchange, if a
+policy gives it one), never delivered again.  idem_claim cannot take a
+message_id that is missing or empty, not UTF-8 (pika gives it as bytes) or
+with a NUL character (text has none), nor one it refuses with an error of
+SQLSTATE class 22 (one over 512 bytes would be, but AMQP's message_id holds
+at most 255).
+--namespace is checked at start-up: idem_claim would refuse an empty one,
+or one over 63 bytes, for every message.
 """
 
 import argparse
@@ -105,13 +116,16 @@ def dead_letter(cur, msg_id, key, error, sqlstate):
 def process(db, msg_id, key, body, args):
     """idem_claim and the business write in one transaction: "applied", or
     "duplicate" when the message was claimed before.  A business write that
-    fails for good is rolled back and the message dead-lettered: "dead".
-    Other errors are raised."""
+    fails for good is rolled back and the message dead-lettered: "dead".  An
+    id idem_claim refuses (SQLSTATE class 22) is rolled back, nothing
+    written: "refused", a message without an id.  Other errors are raised."""
     while True:
+        claimed = False
         try:
             with db.cursor() as cur:
                 cur.execute("SELECT idem_claim(%s, %s)", (msg_id, args.namespace))
                 first = cur.fetchone()[0]
+                claimed = True
                 if first:
                     apply(cur, msg_id, key, body, args.name)
             db.commit()
@@ -124,6 +138,13 @@ def process(db, msg_id, key, body, args):
             if sqlstate in CONFLICTS:
                 log(args.name, f"database: {sqlstate}; trying {msg_id} again")
                 continue
+            if not claimed and sqlstate[:2] == "22":
+                # the claim itself refuses the id (the namespace was checked
+                # at start-up): it would refuse it again each time, and a
+                # dead letter needs the claim too
+                error = e.diag.message_primary or str(e).strip()
+                log(args.name, f"idem_claim refuses a message_id: {error} (SQLSTATE {sqlstate})")
+                return "refused"
             if sqlstate[:2] not in DEAD_CLASSES:
                 raise
             error = e.diag.message_primary or str(e).strip()
@@ -159,6 +180,9 @@ def main():
                     help="declare the queue and exit")
     ap.add_argument("--die-after-commit", type=int, default=0, metavar="N")
     args = ap.parse_args()
+    # idem_claim would refuse such a namespace for every message
+    if not 0 < len(args.namespace.encode("utf-8")) <= 63:
+        ap.error("--namespace must be 1 to 63 bytes long")
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -194,12 +218,21 @@ def main():
                     continue
                 msg_id = props.message_id
                 key = (props.headers or {}).get("x-idem-key")
-                if not msg_id or key is None:
-                    # not from idem-relay: refuse it for good
+                # a message_id that is not UTF-8 comes as bytes; PostgreSQL's
+                # text holds no NUL: nothing idem_claim can take
+                if key is None or not isinstance(msg_id, str) or not msg_id or "\x00" in msg_id:
+                    result = "no id"
+                else:
+                    result = process(db, msg_id, key, body, args)
+                    db_failures = 0
+                if result in ("no id", "refused"):
+                    # not from idem-relay (no x-idem-key, or no message_id
+                    # idem_claim can take): nothing to deduplicate it by.
+                    # Refused for good, not requeued to come back forever.
+                    log(args.name, f"delivery {method.delivery_tag} without x-idem-key or a message_id "
+                        f"idem_claim takes ({msg_id!r:.80}): rejected")
                     channel.basic_reject(method.delivery_tag, requeue=False)
                     continue
-                result = process(db, msg_id, key, body, args)
-                db_failures = 0
                 commits += 1
                 log(args.name, f"{result} {msg_id} key {key} redelivered {method.redelivered}")
                 if args.die_after_commit and commits >= args.die_after_commit:

@@ -18,6 +18,9 @@
 # - the consumer's database backend terminated between two deliveries, and a
 #   message whose business write violates a CHECK: it goes to the dead
 #   letters once, and the messages after it are applied;
+# - deliveries of another publisher whose message_id idem_claim cannot take
+#   (not UTF-8, a NUL character) are rejected, and the one after them is
+#   applied; a --namespace over 63 bytes stops the consumer at start-up;
 # - a connection the broker closes while the relay is idle costs the next
 #   message no attempt;
 # - an exchange of its own and a routing key {topic}.{type}: the message
@@ -418,6 +421,52 @@ ok( wait_for('the queue to be empty',
 			return $rc == 0 && $qout =~ /^orders\s+0$/m;
 		}),
 	'the queue is empty: the dead letter was acknowledged');
+
+# Deliveries of another publisher whose message_id idem_claim cannot take:
+# one that is not UTF-8 (pika gives it as bytes) and one with a NUL
+# character; then one with a good id.  The first two cannot be
+# deduplicated: each is rejected without requeue, as a delivery without
+# x-idem-key is, rather than delivered again for ever (bytes made a call to
+# idem_claim(bytea, ...), which does not exist, and the queue was held up)
+# or ending the consumer (psycopg2's ValueError for a NUL).
+my $good_foreign = '00000000-0000-4000-8000-000000000091';
+my $foreign_py = <<'PY';
+import pika, sys
+c = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
+ch = c.channel()
+ch.confirm_delivery()
+for mid, key in ((b"\xff\xfe", "f1"), ("a\x00b", "f2"), (sys.argv[2], "f3")):
+    ch.basic_publish("", "orders", '{"key": "%s", "seq": 1}' % key,
+                     pika.BasicProperties(message_id=mid, headers={"x-idem-key": key}, delivery_mode=2))
+c.close()
+PY
+$b_from = length(slurp_file("$tmp/consumer-b.out"));
+my ($fout, $ferr) = ('', '');
+ok(IPC::Run::run([ 'python3', '-c', $foreign_py, $amqp, $good_foreign ], '>', \$fout, '2>', \$ferr),
+	'three messages of another publisher are in the queue') or diag($ferr);
+ok( wait_for('the good one', sub { sql(qq{SELECT count(*) FROM order_events WHERE message_id = '$good_foreign'}) == 1 }),
+	'the one with a good message_id, after the others, is applied')
+  or diag_state();
+my $b_log = substr(slurp_file("$tmp/consumer-b.out"), $b_from);
+is(scalar(() = $b_log =~ /delivery \d+ without x-idem-key or a message_id idem_claim takes \((?:b'\\xff\\xfe'|'a\\x00b')\): rejected/g), 2,
+	'the one not UTF-8 and the one with a NUL are rejected, once each') or diag($b_log);
+is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'rabbit'}) . '|' . sql('SELECT count(*) FROM dead_letters'),
+	($all + 1) . '|1', 'nothing claimed or dead-lettered for them');
+ok( wait_for('the queue to be empty',
+		sub {
+			my ($rc, $qout) = rabbitmqctl('list_queues', '-q', '--no-table-headers', 'name',
+				'messages');
+			return $rc == 0 && $qout =~ /^orders\s+0$/m;
+		}),
+	'the queue is empty: they were not requeued');
+
+# A namespace idem_claim refuses for every message (over 63 bytes) is an
+# error of the command line: the consumer stops at once.
+($out, $err) = ('', '');
+IPC::Run::run([ 'python3', $consumer, '--dsn', $dsn, '--amqp', $amqp, '--queue', 'orders',
+		'--namespace', 'n' x 64, '--declare-only' ], '>', \$out, '2>', \$err, IPC::Run::timeout(60));
+is($? >> 8, 2, 'a consumer given a namespace of 64 bytes stops with exit code 2');
+like($err, qr/--namespace must be 1 to 63 bytes long/, 'saying why');
 
 $cb->signal('TERM');
 $cb->finish;

@@ -28,7 +28,9 @@
 #   waits for a lock, and new connections refused for a while: it connects
 #   again and applies the same message; a message whose business write
 #   violates a CHECK goes to the dead letters once, and the messages after
-#   it are applied;
+#   it are applied; messages whose Nats-Msg-Id idem_claim cannot take (600
+#   bytes, a NUL character, not UTF-8) are terminated too, and a --namespace
+#   over 63 bytes stops the consumer at start-up;
 # - the headers a message carries, read back from the stream;
 # - servers of their own that require a user and password (with a small
 #   max_payload) or a token: wrong credentials make the sink down (exit
@@ -428,6 +430,47 @@ my $state_c = $json->decode(js('consumer-info', 'IDEM', 'workers'));
 is($state_c->{num_ack_pending} . '|' . $state_c->{num_pending}, '0|0',
 	'the durable consumer has no message pending: the one without Nats-Msg-Id was not left to come back');
 is(scalar(() = file($consumer{c2}{out}) =~ /no Nats-Msg-Id/g), 1, 'and c2 was given it once');
+
+# Messages of another publisher whose Nats-Msg-Id idem_claim cannot take:
+# one of 600 bytes, which idem_claim refuses (22001), one with a NUL
+# character, and one that is not UTF-8; then one with a good id.  The first
+# three cannot be deduplicated: each is terminated as a message without
+# Nats-Msg-Id is, rather than delivered again for ever (which, with
+# max_ack_pending 1, held back the messages after it), ending the consumer
+# (psycopg2's ValueError), or claimed as U+FFFD, which other bytes give too.
+$c2_from = length(file($consumer{c2}{out}));
+like(js('publish-headers', 'orders', '{"key": "f1"}', 'Nats-Msg-Id', unpack('H*', 'x' x 600)),
+	qr/"stream": ?"IDEM"/, 'a message with a Nats-Msg-Id of 600 bytes is stored in the stream');
+like(js('publish-headers', 'orders', '{"key": "f2"}', 'Nats-Msg-Id', unpack('H*', "a\x00b")),
+	qr/"stream": ?"IDEM"/, 'one with a NUL character in it');
+like(js('publish-headers', 'orders', '{"key": "f4"}', 'Nats-Msg-Id', 'fffe'),
+	qr/"stream": ?"IDEM"/, 'one that is not UTF-8');
+js('publish-headers', 'orders', '{"key": "f3"}', 'Nats-Msg-Id', unpack('H*', 'foreign-3'), 'Idem-Key', unpack('H*', 'f3'));
+ok(wait_for('foreign-3', sub { sql(q{SELECT count(*) FROM applied WHERE msg_id = 'foreign-3'}) == 1 }),
+	'the message after them is applied') or diag(file($consumer{c2}{out}));
+my $c2_log = substr(file($consumer{c2}{out}), $c2_from);
+like($c2_log, qr/idem_claim refuses a Nats-Msg-Id: msg_id is too long \(SQLSTATE 22001\)/,
+	'idem_claim refused the id of 600 bytes');
+is(scalar(() = $c2_log =~ /a Nats-Msg-Id idem_claim cannot take \([^\n]*\) on a message of orders: terminated/g), 3,
+	'c2 terminated that message, the one with a NUL and the one not UTF-8, once each');
+is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'nats'}) . '|' . sql('SELECT count(*) FROM dead_letters'),
+	($all + 1) . '|1', 'nothing claimed or dead-lettered for them');
+$state_c = $json->decode(js('consumer-info', 'IDEM', 'workers'));
+is($state_c->{num_ack_pending} . '|' . $state_c->{num_pending}, '0|0',
+	'the durable consumer has no message pending: they were not left to come back');
+
+# A namespace idem_claim refuses for every message (over 63 bytes) is an
+# error of the command line: the consumer stops at once.
+my $ns_h = IPC::Run::start(
+	[ $python, $consumer_py, '--nats', $nats_url, '--stream', 'IDEM', '--durable', 'ns-check',
+	  '--name', 'ns-check', '--namespace', 'n' x 64 ],
+	'>', "$tmp/ns-check.out", '2>&1', init => env_init(PGUSER => 'postgres'));
+push @started, $ns_h;
+ok(wait_for('the consumer with a namespace of 64 bytes to stop', sub { !$ns_h->pumpable }),
+	'a consumer given a namespace of 64 bytes stops') or $ns_h->kill_kill;
+$ns_h->finish;
+is($ns_h->full_result(0) >> 8, 2, 'with exit code 2');
+like(file("$tmp/ns-check.out"), qr/--namespace must be 1 to 63 bytes long/, 'saying why');
 
 $consumer{c2}{h}->signal('TERM');
 $consumer{c2}{h}->finish;

@@ -18,8 +18,11 @@
 # the survivor's database backend terminated while it waits, and the server
 # crashed while its transaction waits for a lock: it reconnects and applies
 # the same message; a message whose business write violates a CHECK goes to
-# the dead letters once, and the messages after it are applied; and the
-# key, value and headers of a message, read back from that cluster.
+# the dead letters once, and the messages after it are applied; a third
+# consumer skips the messages of another producer whose idem-message-id is
+# missing or cannot be claimed (600 bytes, not UTF-8, a NUL character), and
+# a --namespace over 63 bytes stops a consumer at start-up; and the key,
+# value and headers of a message, read back from that cluster.
 
 use strict;
 use warnings;
@@ -410,6 +413,85 @@ is( scalar(grep {
 			join(',', @{ $applied_order{$k} // [] }) eq join(',', grep { $k ne 'e3' || $_ != $eper - 1 } 1 .. $eper)
 		} map { "e$_" } 1 .. $ekeys),
 	$ekeys, 'the messages of each key were applied in the order they were sent');
+
+# Messages of a producer of its own (confluent-kafka), to partition 0:
+# HEADERS are [name, value] pairs, the values in hex.
+my $produce_py = <<'PY';
+import json, sys
+from confluent_kafka import Producer
+p = Producer({"bootstrap.servers": sys.argv[1]})
+failed = []
+for m in json.loads(sys.argv[3]):
+    p.produce(sys.argv[2], key=m["key"].encode(), value=json.dumps(m["value"]).encode(), partition=0,
+              headers=[(k, bytes.fromhex(v)) for k, v in m["headers"]],
+              on_delivery=lambda err, msg: failed.append(err) if err else None)
+sys.exit(1 if p.flush(30) or failed else 0)
+PY
+sub produce
+{
+	my (@msgs) = @_;
+	my ($pout, $perr) = ('', '');
+	my $ok = IPC::Run::run([ $python, '-c', $produce_py, $bootstrap, 'events', JSON::PP->new->encode(\@msgs) ],
+		'>', \$pout, '2>', \$perr, IPC::Run::timeout(60));
+	diag($perr) unless $ok;
+	return $ok;
+}
+
+sub msg_with_id
+{
+	my ($key, $id) = @_;
+	return { key => $key, value => { key => $key, seq => 1 },
+		headers => defined $id ? [ [ 'idem-message-id', unpack('H*', $id) ] ] : [] };
+}
+
+# c3, of the same group (it takes every partition at their committed
+# offsets).
+$consumer{c3} = { out => "$tmp/c3.out" };
+$consumer{c3}{h} = IPC::Run::start(
+	[ $python, "$src/examples/consumer_kafka.py", '--brokers', $bootstrap, '--topic', 'events',
+	  '--group', 'workers', '--name', 'c3', '--session-timeout', '6000' ],
+	'>', $consumer{c3}{out}, '2>&1',
+	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; $ENV{PGUSER} = 'postgres'; $ENV{PGAPPNAME} = 'c3'; });
+push @started, $consumer{c3}{h};
+
+# Not from idem-relay: an idem-message-id of 600 bytes, which idem_claim
+# refuses (22001), one that is not UTF-8, one with a NUL character, and a
+# message without one; then a message that has a good one.  The first four
+# cannot be deduplicated: each is skipped and its offset committed, rather
+# than retried for ever (which held the partition) or ended the consumer
+# (UnicodeDecodeError, or psycopg2's ValueError for a NUL).
+ok( produce(msg_with_id('f1', 'x' x 600), msg_with_id('f2', "\xff\xfe"), msg_with_id('f3', "a\x00b"),
+		msg_with_id('f4', undef), msg_with_id('f5', 'foreign-5')),
+	'five messages of another producer, to partition 0');
+ok(wait_for('foreign-5', sub { sql(q{SELECT count(*) FROM applied WHERE msg_id = 'foreign-5'}) == 1 }),
+	'the message after them is applied') or diag(file($consumer{c3}{out}));
+my $c3_log = file($consumer{c3}{out});
+like($c3_log, qr/idem_claim refuses an idem-message-id: msg_id is too long \(SQLSTATE 22001\)/,
+	'idem_claim refused the id of 600 bytes');
+is(scalar(() = $c3_log =~ /an idem-message-id idem_claim cannot take \([^\n]*\) at events\[0\]@\d+: skipped/g), 3,
+	'that one, the one not UTF-8 and the one with a NUL are skipped, once each');
+like($c3_log, qr/no idem-message-id at events\[0\]@\d+: skipped/, 'so is the one without an id');
+unlike($c3_log, qr/offset commit failed|Traceback/, 'their offsets are committed');
+is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'kafka'}) . '|' . sql('SELECT count(*) FROM dead_letters'),
+	($etotal + 1) . '|1', 'nothing claimed or dead-lettered for them');
+ok($consumer{c3}{h}->pumpable, 'c3 runs on');
+
+# A namespace idem_claim refuses for every message (over 63 bytes) is an
+# error of the command line: the consumer stops at once.
+my $ns_h = IPC::Run::start(
+	[ $python, "$src/examples/consumer_kafka.py", '--brokers', $bootstrap, '--topic', 'events',
+	  '--group', 'ns-check', '--namespace', 'n' x 64 ],
+	'>', "$tmp/ns-check.out", '2>&1', init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; });
+push @started, $ns_h;
+ok(wait_for('the consumer with a namespace of 64 bytes to stop', sub { !$ns_h->pumpable }),
+	'a consumer given a namespace of 64 bytes stops') or $ns_h->kill_kill;
+$ns_h->finish;
+is($ns_h->full_result(0) >> 8, 2, 'with exit code 2');
+like(file("$tmp/ns-check.out"), qr/--namespace must be 1 to 63 bytes long/, 'saying why');
+
+$consumer{c3}{h}->signal('TERM');
+$consumer{c3}{h}->finish;
+is($consumer{c3}{h}->full_result(0), 0, 'consumer c3 stops on SIGTERM');
 
 # A record the broker refuses (INVALID_RECORD) is refused for good, with the
 # broker's error; it was retried until the message died.

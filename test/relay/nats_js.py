@@ -15,6 +15,9 @@
     nats_js.py HOST:PORT publish SUBJECT PAYLOAD
                                                PAYLOAD published without
                                                headers; the stream's answer
+    nats_js.py HOST:PORT publish-headers SUBJECT PAYLOAD [NAME HEXVALUE]...
+                                               with those headers (their
+                                               values in hex: any bytes)
 
 HOST:PORT may be USER:PASSWORD@HOST:PORT or TOKEN@HOST:PORT, for a server
 that requires them.
@@ -64,6 +67,19 @@ def main():
         print(json.dumps(nc.js_api('$JS.API.CONSUMER.INFO.%s.%s' % tuple(args), None)))
     elif cmd == 'publish':
         op = nc.request(args[0], args[1].encode())
+        print(op[5].decode())
+    elif cmd == 'publish-headers':
+        subject, payload, pairs = args[0], args[1].encode(), args[2:]
+        head = b'NATS/1.0\r\n' + b''.join(pairs[i].encode() + b': ' + bytes.fromhex(pairs[i + 1]) + b'\r\n'
+                                           for i in range(0, len(pairs), 2)) + b'\r\n'
+        nc.next += 1
+        reply = '%s.%d' % (nc.inbox, nc.next)
+        nc._send(('HPUB %s %s %d %d\r\n' % (subject, reply, len(head), len(head) + len(payload))).encode()
+                 + head + payload + b'\r\n')
+        while True:
+            op = nc._op(5.0)
+            if op[0] == 'MSG' and op[1] == reply:
+                break
         print(op[5].decode())
     else:
         sys.exit('unknown command ' + cmd)
