@@ -47,6 +47,16 @@ idem-message-id that is not UTF-8 or has a NUL character (text has none),
 nor one it refuses with an error of SQLSTATE class 22 (over 512 bytes).
 --namespace is checked at start-up: idem_claim would refuse an empty one, or
 one over 63 bytes, for every message.
+
+While it waits for the database, the consumer does not poll Kafka, so a
+rebalance of its group (a consumer joining or leaving) waits for it; after
+max.poll.interval.ms (--max-poll-interval, 5 minutes by default) librdkafka
+takes it out of the group, and its partitions go to the other consumers,
+which may have a database they can reach.  Once this consumer's message is
+done, its offset commit fails (it is no longer a member: "Unknown member"),
+which is logged and ignored, as any failed offset commit: its next poll
+joins the group again, and whoever gets the partition reads the message
+again from the last committed offset, a duplicate for idem_claim.
 """
 
 import argparse
@@ -157,12 +167,17 @@ def main():
     ap.add_argument('--namespace', default='kafka', help="idem_claim's namespace")
     ap.add_argument('--session-timeout', type=int, default=10000, metavar='MS',
                     help='session.timeout.ms: how soon a dead consumer\'s partitions move')
+    ap.add_argument('--max-poll-interval', type=int, default=300000, metavar='MS',
+                    help='max.poll.interval.ms: how long a message may wait for the database '
+                         'before this consumer leaves its group (at least --session-timeout)')
     ap.add_argument('--die-after-commit', type=int, default=0, metavar='N',
                     help='for tests: exit with 3 after the Nth commit, before its offset commit')
     args = ap.parse_args()
     # idem_claim would refuse such a namespace for every message
     if not 0 < len(args.namespace.encode('utf-8')) <= 63:
         ap.error('--namespace must be 1 to 63 bytes long')
+    if args.max_poll_interval < args.session_timeout:
+        ap.error('--max-poll-interval must be at least --session-timeout')
 
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
@@ -177,6 +192,7 @@ def main():
         'auto.offset.reset': 'earliest',     # a new group reads the topic from its start
         'session.timeout.ms': args.session_timeout,
         'heartbeat.interval.ms': max(args.session_timeout // 5, 100),
+        'max.poll.interval.ms': args.max_poll_interval,
     })
     consumer.subscribe([args.topic], on_assign=lambda c, parts: log(
         args.name, 'assigned %s' % ','.join(str(p.partition) for p in parts)))
@@ -235,9 +251,11 @@ def main():
         try:
             consumer.commit(message=msg, asynchronous=False)
         except KafkaException as e:
-            # the partition moved to another consumer (a rebalance): it reads
-            # this message again, and its claim says duplicate (one without
-            # an id is skipped again)
+            # the partition moved to another consumer (a rebalance), or this
+            # one left its group while it waited for the database longer
+            # than max.poll.interval.ms (it joins again at its next poll):
+            # whoever reads the partition reads this message again, and its
+            # claim says duplicate (one without an id is skipped again)
             log(args.name, 'offset commit failed: %s' % e)
     consumer.close()
     if db is not None:

@@ -20,9 +20,13 @@
 # the same message; a message whose business write violates a CHECK goes to
 # the dead letters once, and the messages after it are applied; a third
 # consumer skips the messages of another producer whose idem-message-id is
-# missing or cannot be claimed (600 bytes, not UTF-8, a NUL character), and
-# a --namespace over 63 bytes stops a consumer at start-up; and the key,
-# value and headers of a message, read back from that cluster.
+# missing or cannot be claimed (600 bytes, not UTF-8, a NUL character) and
+# goes on after an offset commit the broker refuses, a --namespace over 63
+# bytes stops a consumer at start-up, and with the database down for longer
+# than max.poll.interval.ms the third consumer leaves its group, applies its
+# message once the database is back, joins again and reads the message
+# again, a duplicate; and the key, value and headers of a message, read back
+# from that cluster.
 
 use strict;
 use warnings;
@@ -445,11 +449,11 @@ sub msg_with_id
 }
 
 # c3, of the same group (it takes every partition at their committed
-# offsets).
+# offsets), with a max.poll.interval.ms of 7 s for the part after this one.
 $consumer{c3} = { out => "$tmp/c3.out" };
 $consumer{c3}{h} = IPC::Run::start(
 	[ $python, "$src/examples/consumer_kafka.py", '--brokers', $bootstrap, '--topic', 'events',
-	  '--group', 'workers', '--name', 'c3', '--session-timeout', '6000' ],
+	  '--group', 'workers', '--name', 'c3', '--session-timeout', '6000', '--max-poll-interval', '7000' ],
 	'>', $consumer{c3}{out}, '2>&1',
 	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; $ENV{PGUSER} = 'postgres'; $ENV{PGAPPNAME} = 'c3'; });
 push @started, $consumer{c3}{h};
@@ -476,6 +480,22 @@ is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'kafka'}) . '|' . sql('SELE
 	($etotal + 1) . '|1', 'nothing claimed or dead-lettered for them');
 ok($consumer{c3}{h}->pumpable, 'c3 runs on');
 
+# The offset commit of a message skipped fails (the broker answers
+# UNKNOWN_MEMBER_ID, as it does to a consumer that a rebalance left out):
+# logged, and the consumer goes on (it ended with the KafkaException).
+$mock_out = '';
+$mock_in .= "commit-errors 25 1\n";
+$mock->pump until $mock_out =~ /^pushed$/m || !$mock->pumpable;
+$mock_out = '';
+my $c3_at = length(file($consumer{c3}{out}));
+ok(produce(msg_with_id('f6', undef), msg_with_id('f7', 'foreign-7')), 'a message without an id, and one with');
+ok(wait_for('foreign-7', sub { sql(q{SELECT count(*) FROM applied WHERE msg_id = 'foreign-7'}) == 1 }),
+	'the one with an id is applied') or diag(file($consumer{c3}{out}));
+like(substr(file($consumer{c3}{out}), $c3_at),
+	qr/no idem-message-id at events\[0\]@\d+: skipped\n(?:.*\n)*?.*offset commit failed: [^\n]*Unknown member/,
+	'after the offset commit of the one without an id failed') or diag(file($consumer{c3}{out}));
+ok($consumer{c3}{h}->pumpable, 'c3 runs on');
+
 # A namespace idem_claim refuses for every message (over 63 bytes) is an
 # error of the command line: the consumer stops at once.
 my $ns_h = IPC::Run::start(
@@ -489,6 +509,32 @@ $ns_h->finish;
 is($ns_h->full_result(0) >> 8, 2, 'with exit code 2');
 like(file("$tmp/ns-check.out"), qr/--namespace must be 1 to 63 bytes long/, 'saying why');
 
+# The database is down for longer than c3's max.poll.interval.ms while c3
+# has a message to apply: c3 tries to connect again and again, and
+# librdkafka takes it out of its group.  Once the database is back, c3
+# applies the message; its offset commit fails (c3 is no longer a member),
+# and c3 joins again, reads the message again from the last committed
+# offset, a duplicate, and goes on.
+my $c3_from = length(file($consumer{c3}{out}));
+$node->stop;
+ok(produce(msg_with_id('p1', 'poll-1')), 'a message produced while the database is down');
+ok( wait_for('c3 to leave its group', sub {
+			substr(file($consumer{c3}{out}), $c3_from) =~ /maximum poll interval \(7000ms\) exceeded/ }),
+	'c3 waits for the database longer than max.poll.interval.ms, and leaves its group')
+  or diag(file($consumer{c3}{out}));
+like(substr(file($consumer{c3}{out}), $c3_from), qr/PostgreSQL: connection to server .* failed: [^\n]*; reconnecting/,
+	'meanwhile it fails to connect to the database');
+$node->start;
+ok( wait_for('poll-1 again', sub { substr(file($consumer{c3}{out}), $c3_from) =~ /duplicate poll-1 / }),
+	'with the database back, c3 applies the message, joins its group again, and reads it again: a duplicate')
+  or diag(file($consumer{c3}{out}));
+like(substr(file($consumer{c3}{out}), $c3_from), qr/applied poll-1 .*\n(?:.*\n)*.*offset commit failed: .*\n(?:.*\n)*.*assigned .*\n(?:.*\n)*.*duplicate poll-1 /,
+	'applied, its offset commit failed, assigned partitions again, then the duplicate')
+  or diag(substr(file($consumer{c3}{out}), $c3_from));
+ok(produce(msg_with_id('p2', 'poll-2')), 'one more message');
+ok(wait_for('poll-2', sub { sql(q{SELECT count(*) FROM applied WHERE msg_id = 'poll-2'}) == 1 }),
+	'c3 applies it: it consumes again') or diag(file($consumer{c3}{out}));
+is(sql(q{SELECT count(*) FROM applied WHERE msg_id IN ('poll-1', 'poll-2')}), 2, 'each applied once');
 $consumer{c3}{h}->signal('TERM');
 $consumer{c3}{h}->finish;
 is($consumer{c3}{h}->full_result(0), 0, 'consumer c3 stops on SIGTERM');

@@ -9,7 +9,8 @@
  * servers ("127.0.0.1:PORT,...") on a line of its own, and serves until
  * its standard input is closed or it gets SIGTERM.  A line "produce-errors
  * CODE COUNT" on its standard input makes the next COUNT produce requests
- * fail with the Kafka error CODE; it answers "pushed" on a line.  A line
+ * fail with the Kafka error CODE; it answers "pushed" on a line; so does
+ * "commit-errors CODE COUNT", for the next COUNT offset commits.  A line
  * "topic-error TOPIC CODE" makes the cluster's metadata give TOPIC the error
  * CODE (0: none, 3: the topic does not exist); it answers "set".  The mock speaks the
  * Kafka protocol: produce, fetch, and consumer groups (join, sync,
@@ -93,6 +94,14 @@ main(int argc, char **argv)
 		{
 			for (i = 0; i < count; i++)
 				rd_kafka_mock_push_request_errors(mc, 0 /* Produce */ , 1,
+												  (rd_kafka_resp_err_t) code);
+			printf("pushed\n");
+			fflush(stdout);
+		}
+		else if (sscanf(buf, "commit-errors %d %d", &code, &count) == 2 && count > 0)
+		{
+			for (i = 0; i < count; i++)
+				rd_kafka_mock_push_request_errors(mc, 8 /* OffsetCommit */ , 1,
 												  (rd_kafka_resp_err_t) code);
 			printf("pushed\n");
 			fflush(stdout);
