@@ -69,6 +69,18 @@ static OutboxWakeSlot *outbox_wake_slot = NULL; /* this database's */
 static bool outbox_wake_slot_sought = false;
 
 static bool outbox_relay_idle = false;	/* this session holds the idle lock */
+
+/*
+ * The topics this transaction sent to, each with the subtransaction that
+ * first did: a rollback to a savepoint takes back the topics sent since,
+ * so that a message rolled back wakes no relay.
+ */
+typedef struct OutboxSentTopic
+{
+	SubTransactionId subid;
+	char		name[FLEXIBLE_ARRAY_MEMBER];
+} OutboxSentTopic;
+
 static List *outbox_sent_topics = NIL;	/* in TopTransactionContext */
 
 /*
@@ -302,7 +314,8 @@ outbox_xact_callback(XactEvent event, void *arg)
 			{
 				if (outbox_wake_claim())
 					foreach(lc, outbox_sent_topics)
-						Async_Notify(OUTBOX_CHANNEL, (char *) lfirst(lc));
+						Async_Notify(OUTBOX_CHANNEL,
+									 ((OutboxSentTopic *) lfirst(lc))->name);
 			}
 			else
 				LockRelease(&tag, ShareLock, false);
@@ -336,14 +349,41 @@ outbox_xact_callback(XactEvent event, void *arg)
 
 /*
  * A key row this transaction inserted goes if a subtransaction rolls back:
- * what was probed is forgotten with any of them, which is rare.
+ * what was probed is forgotten with any of them, which is rare.  The topics
+ * first sent to in the subtransaction go with it; those of one that
+ * commits become its parent's.
  */
 static void
 outbox_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 						SubTransactionId parentSubid, void *arg)
 {
+	ListCell   *lc;
+
 	if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
 		outbox_known_keys_forget_probed();
+		foreach(lc, outbox_sent_topics)
+		{
+			OutboxSentTopic *t = lfirst(lc);
+
+			if (t->subid != mySubid)
+				continue;
+			if (outbox_sent_hash != NULL)
+				(void) hash_search(outbox_sent_hash, t->name, HASH_REMOVE, NULL);
+			outbox_sent_topics = foreach_delete_current(outbox_sent_topics, lc);
+			pfree(t);
+		}
+	}
+	else if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		foreach(lc, outbox_sent_topics)
+		{
+			OutboxSentTopic *t = lfirst(lc);
+
+			if (t->subid == mySubid)
+				t->subid = parentSubid;
+		}
+	}
 }
 
 void
@@ -364,6 +404,7 @@ outbox_sent(text *topic)
 	ListCell   *lc;
 	char		name[OUTBOX_MAX_TOPIC_LEN + 1];
 	int			len = VARSIZE_ANY_EXHDR(topic);
+	OutboxSentTopic *sent;
 	MemoryContext oldcxt;
 
 	outbox_register_callbacks();
@@ -379,12 +420,15 @@ outbox_sent(text *topic)
 	{
 		foreach(lc, outbox_sent_topics)
 		{
-			if (strcmp((char *) lfirst(lc), name) == 0)
+			if (strcmp(((OutboxSentTopic *) lfirst(lc))->name, name) == 0)
 				return;
 		}
 	}
 	oldcxt = MemoryContextSwitchTo(TopTransactionContext);
-	outbox_sent_topics = lappend(outbox_sent_topics, pstrdup(name));
+	sent = palloc(offsetof(OutboxSentTopic, name) + len + 1);
+	sent->subid = GetCurrentSubTransactionId();
+	memcpy(sent->name, name, len + 1);
+	outbox_sent_topics = lappend(outbox_sent_topics, sent);
 	if (outbox_sent_hash != NULL)
 		(void) hash_search(outbox_sent_hash, name, HASH_ENTER, NULL);
 	else if (list_length(outbox_sent_topics) > OUTBOX_SENT_HASH_MIN)
@@ -398,7 +442,8 @@ outbox_sent(text *topic)
 		hash = hash_create("idem outbox topics sent", 256, &ctl,
 						   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
 		foreach(lc, outbox_sent_topics)
-			(void) hash_search(hash, lfirst(lc), HASH_ENTER, NULL);
+			(void) hash_search(hash, ((OutboxSentTopic *) lfirst(lc))->name,
+							   HASH_ENTER, NULL);
 		outbox_sent_hash = hash;
 	}
 	MemoryContextSwitchTo(oldcxt);
