@@ -71,9 +71,10 @@ static bool outbox_wake_slot_sought = false;
 static bool outbox_relay_idle = false;	/* this session holds the idle lock */
 
 /*
- * The topics this transaction sent to, each with the subtransaction that
- * first did: a rollback to a savepoint takes back the topics sent since,
- * so that a message rolled back wakes no relay.
+ * The topics this transaction sent to, in the order of their first sends,
+ * each with the subtransaction that made it: a rollback to a savepoint
+ * takes back the topics first sent since, so that a message rolled back
+ * wakes no relay.
  */
 typedef struct OutboxSentTopic
 {
@@ -349,41 +350,34 @@ outbox_xact_callback(XactEvent event, void *arg)
 
 /*
  * A key row this transaction inserted goes if a subtransaction rolls back:
- * what was probed is forgotten with any of them, which is rare.  The topics
- * first sent to in the subtransaction go with it; those of one that
- * commits become its parent's.
+ * what was probed is forgotten with any of them, which is rare.  So do the
+ * topics first sent to since it began: the last ones of the list, since
+ * subtransaction ids grow and only the innermost one ends (one that
+ * commits leaves its id to its topics, which its parent's rollback takes
+ * back as well, and its later siblings' never).
  */
 static void
 outbox_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 						SubTransactionId parentSubid, void *arg)
 {
-	ListCell   *lc;
+	int			n;
 
-	if (event == SUBXACT_EVENT_ABORT_SUB)
+	if (event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+	outbox_known_keys_forget_probed();
+	n = list_length(outbox_sent_topics);
+	while (n > 0)
 	{
-		outbox_known_keys_forget_probed();
-		foreach(lc, outbox_sent_topics)
-		{
-			OutboxSentTopic *t = lfirst(lc);
+		OutboxSentTopic *t = list_nth(outbox_sent_topics, n - 1);
 
-			if (t->subid != mySubid)
-				continue;
-			if (outbox_sent_hash != NULL)
-				(void) hash_search(outbox_sent_hash, t->name, HASH_REMOVE, NULL);
-			outbox_sent_topics = foreach_delete_current(outbox_sent_topics, lc);
-			pfree(t);
-		}
+		if (t->subid < mySubid)
+			break;
+		if (outbox_sent_hash != NULL)
+			(void) hash_search(outbox_sent_hash, t->name, HASH_REMOVE, NULL);
+		pfree(t);
+		n--;
 	}
-	else if (event == SUBXACT_EVENT_COMMIT_SUB)
-	{
-		foreach(lc, outbox_sent_topics)
-		{
-			OutboxSentTopic *t = lfirst(lc);
-
-			if (t->subid == mySubid)
-				t->subid = parentSubid;
-		}
-	}
+	outbox_sent_topics = list_truncate(outbox_sent_topics, n);
 }
 
 void

@@ -60,6 +60,7 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "idem.h"
@@ -127,27 +128,58 @@ worker_shmem_startup(void)
 }
 
 /*
- * The database a command needs without sessions (DROP DATABASE, ALTER
- * DATABASE ... RENAME, CREATE DATABASE ... TEMPLATE), by name, or NULL.
+ * The round's database, when stmt is a command that needs it without
+ * sessions (DROP DATABASE, ALTER DATABASE ... RENAME, CREATE DATABASE ...
+ * TEMPLATE) and that will not fail before it counts the sessions on the
+ * checks the server makes first: run where it may run (not in a
+ * transaction block, not read-only, not the session's own database), by a
+ * role that may run it (the owner, or for a template anyone who may create
+ * databases).  Another role's attempt must not end a round.  InvalidOid
+ * otherwise.
  */
-static const char *
-worker_command_database(Node *stmt)
+static Oid
+worker_command_database(Node *stmt, Oid round_dbid, bool isTopLevel)
 {
+	const char *dbname = NULL;
+	bool		template = false;
 	ListCell   *lc;
+	HeapTuple	tup;
+	bool		istemplate;
+	Oid			dbid;
 
 	if (IsA(stmt, DropdbStmt))
-		return ((DropdbStmt *) stmt)->dbname;
-	if (IsA(stmt, RenameStmt) && ((RenameStmt *) stmt)->renameType == OBJECT_DATABASE)
-		return ((RenameStmt *) stmt)->subname;
-	if (IsA(stmt, CreatedbStmt))
+		dbname = ((DropdbStmt *) stmt)->dbname;
+	else if (IsA(stmt, RenameStmt) && ((RenameStmt *) stmt)->renameType == OBJECT_DATABASE)
+		dbname = ((RenameStmt *) stmt)->subname;
+	else if (IsA(stmt, CreatedbStmt))
+	{
 		foreach(lc, ((CreatedbStmt *) stmt)->options)
 		{
 			DefElem    *opt = lfirst_node(DefElem, lc);
 
 			if (strcmp(opt->defname, "template") == 0 && opt->arg != NULL)
-				return defGetString(opt);
+				dbname = defGetString(opt);
 		}
-	return NULL;
+		template = true;
+	}
+	if (dbname == NULL || XactReadOnly ||
+		(!IsA(stmt, RenameStmt) && (IsTransactionBlock() || !isTopLevel)))
+		return InvalidOid;
+	dbid = get_database_oid(dbname, true);
+	if (!OidIsValid(dbid) || dbid != round_dbid || dbid == MyDatabaseId)
+		return InvalidOid;
+	tup = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(dbid));
+	if (!HeapTupleIsValid(tup))
+		return InvalidOid;
+	istemplate = ((Form_pg_database) GETSTRUCT(tup))->datistemplate;
+	ReleaseSysCache(tup);
+	if (IsA(stmt, DropdbStmt))
+		return !istemplate && pg_database_ownercheck(dbid, GetUserId()) ? dbid : InvalidOid;
+	if (!have_createdb_privilege())
+		return InvalidOid;
+	if (template && istemplate)
+		return dbid;
+	return pg_database_ownercheck(dbid, GetUserId()) ? dbid : InvalidOid;
 }
 
 /*
@@ -156,10 +188,8 @@ worker_command_database(Node *stmt)
  * server does for autovacuum's workers: otherwise the database's owner
  * could not drop it while a round works off a backlog (the round runs as
  * the bootstrap superuser, whom only a superuser or pg_signal_backend may
- * terminate, also with WITH (FORCE)).  Only for the database's owner (or a
- * superuser), who may run the command: another role's attempt, which fails
- * on its permissions, must not end a round.  The round is started again at
- * the next interval.
+ * terminate, also with WITH (FORCE)).  The round is started again at the
+ * next interval.
  */
 static void
 worker_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
@@ -167,40 +197,39 @@ worker_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 			   QueryEnvironment *queryEnv, DestReceiver *dest,
 			   QueryCompletion *qc)
 {
-	const char *dbname = worker_command_database(pstmt->utilityStmt);
+	Node	   *stmt = pstmt->utilityStmt;
+	int			pid;
+	Oid			round_dbid;
+	Oid			dbid;
 
-	if (dbname != NULL)
+	SpinLockAcquire(&worker_shared->mutex);
+	pid = worker_shared->round_pid;
+	round_dbid = worker_shared->round_dbid;
+	SpinLockRelease(&worker_shared->mutex);
+	if (pid != 0 &&
+		(IsA(stmt, DropdbStmt) || IsA(stmt, RenameStmt) || IsA(stmt, CreatedbStmt)) &&
+		OidIsValid(dbid = worker_command_database(stmt, round_dbid,
+												  context == PROCESS_UTILITY_TOPLEVEL)))
 	{
-		Oid			dbid = get_database_oid(dbname, true);
-		int			pid;
-		Oid			round_dbid;
+		int			i;
 
-		SpinLockAcquire(&worker_shared->mutex);
-		pid = worker_shared->round_pid;
-		round_dbid = worker_shared->round_dbid;
-		SpinLockRelease(&worker_shared->mutex);
-		if (OidIsValid(dbid) && pid != 0 && round_dbid == dbid &&
-			pg_database_ownercheck(dbid, GetUserId()))
+		ereport(DEBUG1,
+				(errmsg("ending the idem maintenance round in database %u", dbid)));
+		(void) kill(pid, SIGTERM);
+
+		/*
+		 * The round says it is gone before it leaves the array of
+		 * processes, which the command counts: both are waited for.
+		 */
+		for (i = 0; i < 500; i++)
 		{
-			int			i;
-
-			for (i = 0; i < 500; i++)
-			{
-				PGPROC	   *proc = BackendPidGetProc(pid);
-
-				/* gone, or the pid is no longer the round's */
-				if (proc == NULL || proc->databaseId != dbid)
-					break;
-				if (i == 0)
-				{
-					ereport(DEBUG1,
-							(errmsg("ending the idem maintenance round in database \"%s\"",
-									dbname)));
-					(void) kill(pid, SIGTERM);
-				}
-				CHECK_FOR_INTERRUPTS();
-				pg_usleep(10 * 1000L);
-			}
+			SpinLockAcquire(&worker_shared->mutex);
+			round_dbid = worker_shared->round_pid == pid ? worker_shared->round_dbid : InvalidOid;
+			SpinLockRelease(&worker_shared->mutex);
+			if (round_dbid != dbid && BackendPidGetProc(pid) == NULL)
+				break;
+			CHECK_FOR_INTERRUPTS();
+			pg_usleep(10 * 1000L);
 		}
 	}
 	if (prev_ProcessUtility_hook)
@@ -211,7 +240,7 @@ worker_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 								params, queryEnv, dest, qc);
 }
 
-/* The round says where it works, and that it is gone. */
+/* The round says it is gone. */
 static void
 worker_round_unpublish(int code, Datum arg)
 {
@@ -224,14 +253,18 @@ worker_round_unpublish(int code, Datum arg)
 	SpinLockRelease(&worker_shared->mutex);
 }
 
+/*
+ * The round says where it works, before it connects: from the moment it
+ * takes the database's lock, the commands count it among the sessions.
+ */
 static void
-worker_round_publish(void)
+worker_round_publish(Oid dbid)
 {
+	before_shmem_exit(worker_round_unpublish, (Datum) 0);
 	SpinLockAcquire(&worker_shared->mutex);
 	worker_shared->round_pid = MyProcPid;
-	worker_shared->round_dbid = MyDatabaseId;
+	worker_shared->round_dbid = dbid;
 	SpinLockRelease(&worker_shared->mutex);
-	before_shmem_exit(worker_round_unpublish, (Datum) 0);
 }
 
 void
@@ -397,9 +430,9 @@ idem_maintenance_round_main(Datum main_arg)
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 	/* the database the launcher found (by its name, which may be cut) */
+	worker_round_publish(DatumGetObjectId(main_arg));
 	BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg),
 											  InvalidOid, 0);
-	worker_round_publish();
 	/* its name as it is, for the lines (idem.database may be longer) */
 	StartTransactionCommand();
 	dbname = MemoryContextStrdup(TopMemoryContext,

@@ -390,6 +390,11 @@ my ($st_ret, $st_out, $st_err) = $own->psql('postgres', 'DROP DATABASE shop', ex
 like($st_err, qr/must be owner of database shop/, 'another role may not drop the database');
 is($own->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'idem maintenance round'}),
 	$stalled, 'and its attempt does not end the round');
+($st_ret, $st_out, $st_err) = $own->psql('postgres', 'BEGIN; DROP DATABASE shop;', extra_params => [ '-U', 'shop_owner' ]);
+like($st_err, qr/DROP DATABASE cannot run inside a transaction block/,
+	'the owner may not drop it in a transaction block');
+is($own->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'idem maintenance round'}),
+	$stalled, 'nor does a command that fails before it counts the sessions');
 my ($cp_ret, $cp_out, $cp_err) = $own->psql('postgres', 'CREATE DATABASE shop_copy TEMPLATE shop',
 	extra_params => [ '-U', 'shop_owner' ]);
 is($cp_ret, 0, "the owner copies the database as a template while a round is in progress") or diag $cp_err;
