@@ -48,6 +48,15 @@ nor one it refuses with an error of SQLSTATE class 22 (over 512 bytes).
 --namespace is checked at start-up: idem_claim would refuse an empty one, or
 one over 63 bytes, for every message.
 
+A message with an idem-message-id idem_claim takes, but whose key or value
+PostgreSQL's text cannot hold (not UTF-8, or with a NUL character), is not
+from idem-relay either, and would fail the same way each time: it is
+claimed and recorded in dead_letters, without a business write, with
+SQLSTATE 22021 (what PostgreSQL says of such bytes) and the key as Python
+writes such bytes ('\\xff', '\\x00'), and its offset committed.  A value
+that is not JSON (22P02) or a null value (23502: payload is NOT NULL) fails
+the business write itself.
+
 While it waits for the database, the consumer does not poll Kafka, so a
 rebalance of its group (a consumer joining or leaving) waits for it; after
 max.poll.interval.ms (--max-poll-interval, 5 minutes by default) librdkafka
@@ -77,9 +86,10 @@ CONFLICTS = ('40001', '40P01')
 
 
 def apply(cur, msg_id, key, payload, consumer):
-    """The business write, in the transaction of the claim."""
+    """The business write, in the transaction of the claim: the key and the
+    payload as text (the payload None for a null value)."""
     cur.execute('INSERT INTO applied (msg_id, key, payload, consumer) VALUES (%s, %s, %s, %s)',
-                (msg_id, key, payload.decode('utf-8'), consumer))
+                (msg_id, key, payload, consumer))
 
 
 def dead_letter(cur, msg_id, key, error, sqlstate):
@@ -96,11 +106,27 @@ def backoff(failures):
     return min(0.1 * 2 ** failures, 5.0) * random.uniform(0.5, 1.0)
 
 
-def process(db, msg_id, key, payload, args):
+def text(raw, what):
+    """RAW (bytes) as text: (text, None), or, when PostgreSQL's text cannot
+    hold it (not UTF-8, or with a NUL character), (what Python writes of it,
+    (error, SQLSTATE)), the SQLSTATE PostgreSQL gives such bytes."""
+    try:
+        value = raw.decode('utf-8')
+        error = '%s has a NUL character' % what if '\x00' in value else None
+    except UnicodeDecodeError:
+        value = raw.decode('utf-8', 'backslashreplace')
+        error = '%s is not UTF-8' % what
+    if error is None:
+        return value, None
+    return value.replace('\x00', '\\x00'), (error, '22021')
+
+
+def process(db, msg_id, key, payload, args, unfit=None):
     """idem_claim and the business write in one transaction: 'applied', or
     'duplicate' when the message was claimed before.  A business write that
-    fails for good is rolled back and the message dead-lettered: 'dead'.  An
-    id idem_claim refuses (SQLSTATE class 22) is rolled back, nothing
+    fails for good is rolled back and the message dead-lettered: 'dead'; a
+    message UNFIT for it (error, SQLSTATE) is dead-lettered in its place.
+    An id idem_claim refuses (SQLSTATE class 22) is rolled back, nothing
     written: 'refused', a message without an id.  Other errors are raised."""
     while True:
         claimed = False
@@ -109,9 +135,14 @@ def process(db, msg_id, key, payload, args):
                 cur.execute('SELECT idem_claim(%s, %s)', (msg_id, args.namespace))
                 first = cur.fetchone()[0]
                 claimed = True
-                if first:
+                if first and unfit:
+                    dead_letter(cur, msg_id, key, *unfit)
+                elif first:
                     apply(cur, msg_id, key, payload, args.name)
             db.commit()
+            if first and unfit:
+                log(args.name, 'dead letter %s: %s (SQLSTATE %s)' % (msg_id, *unfit))
+                return 'dead'
             return 'applied' if first else 'duplicate'
         except psycopg2.Error as e:
             if db.closed:
@@ -207,7 +238,12 @@ def main():
                 log(args.name, 'Kafka: %s' % msg.error())
             continue
         msg_id = header(msg, 'idem-message-id')
-        key = msg.key().decode('utf-8') if msg.key() is not None else ''
+        # a key or a value PostgreSQL's text cannot hold: dead-lettered
+        key, unfit = text(msg.key() or b'', 'the key')
+        payload = None
+        if msg.value() is not None:
+            payload, unfit_value = text(msg.value(), 'the value')
+            unfit = unfit or unfit_value
         # none, not UTF-8 (header() gives it as bytes), or with a NUL (text
         # has none): nothing idem_claim can take
         result = 'no id' if not isinstance(msg_id, str) or not msg_id or '\x00' in msg_id else None
@@ -216,7 +252,7 @@ def main():
             try:
                 if db is None:
                     db = psycopg2.connect(args.dsn)
-                result = process(db, msg_id, key, msg.value(), args)
+                result = process(db, msg_id, key, payload, args, unfit)
             except psycopg2.Error as e:
                 # the connection lost (the server restarted, the backend was
                 # terminated), or another error: the same message again on a

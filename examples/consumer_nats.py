@@ -44,8 +44,20 @@ Nats-Msg-Id idem_claim cannot take, is not from idem-relay and has nothing
 to deduplicate it by: it is logged and terminated (+TERM), never
 redelivered.  idem_claim cannot take a Nats-Msg-Id that is not UTF-8 or
 has a NUL character (text has none), nor one it refuses with an error of
-SQLSTATE class 22 (over 512 bytes).  --namespace is checked at start-up: idem_claim would refuse an
-empty one, or one over 63 bytes, for every message.
+SQLSTATE class 22 (over 512 bytes).  --namespace is checked at start-up:
+idem_claim would refuse an empty one, or one over 63 bytes, for every
+message.
+
+A message with a Nats-Msg-Id idem_claim takes, but whose key (Idem-Key,
+percent-encoded) or payload PostgreSQL's text cannot hold (not UTF-8, or
+with a NUL character), is not from idem-relay either, and would fail the
+same way each time: it is claimed and recorded in dead_letters, without a
+business write, with SQLSTATE 22021 (what PostgreSQL says of such bytes)
+and the key as Python writes such bytes ('\\xff', '\\x00'), and
+acknowledged.  An Idem-Key header that is not UTF-8 comes with U+FFFD in
+place of its bytes (idem-relay's has none: it percent-encodes every byte
+but [A-Za-z0-9._~-]).  A payload that is not JSON (22P02) fails the
+business write itself.
 """
 
 import argparse
@@ -216,9 +228,10 @@ def ensure_consumer(nc, stream, durable, ack_wait, max_ack_pending):
 
 
 def apply(cur, msg_id, key, payload, consumer):
-    """The business write, in the transaction of the claim."""
+    """The business write, in the transaction of the claim: the key and the
+    payload as text."""
     cur.execute('INSERT INTO applied (msg_id, key, payload, consumer) VALUES (%s, %s, %s, %s)',
-                (msg_id, key, payload.decode('utf-8'), consumer))
+                (msg_id, key, payload, consumer))
 
 
 def dead_letter(cur, msg_id, key, error, sqlstate):
@@ -235,11 +248,27 @@ def backoff(failures):
     return min(0.1 * 2 ** failures, 5.0) * random.uniform(0.5, 1.0)
 
 
-def process(db, msg_id, key, payload, args):
+def text(raw, what):
+    """RAW (bytes) as text: (text, None), or, when PostgreSQL's text cannot
+    hold it (not UTF-8, or with a NUL character), (what Python writes of it,
+    (error, SQLSTATE)), the SQLSTATE PostgreSQL gives such bytes."""
+    try:
+        value = raw.decode('utf-8')
+        error = '%s has a NUL character' % what if '\x00' in value else None
+    except UnicodeDecodeError:
+        value = raw.decode('utf-8', 'backslashreplace')
+        error = '%s is not UTF-8' % what
+    if error is None:
+        return value, None
+    return value.replace('\x00', '\\x00'), (error, '22021')
+
+
+def process(db, msg_id, key, payload, args, unfit=None):
     """idem_claim and the business write in one transaction: 'applied', or
     'duplicate' when the message was claimed before.  A business write that
-    fails for good is rolled back and the message dead-lettered: 'dead'.  An
-    id idem_claim refuses (SQLSTATE class 22) is rolled back, nothing
+    fails for good is rolled back and the message dead-lettered: 'dead'; a
+    message UNFIT for it (error, SQLSTATE) is dead-lettered in its place.
+    An id idem_claim refuses (SQLSTATE class 22) is rolled back, nothing
     written: 'refused', a message without an id.  Other errors are raised."""
     while True:
         claimed = False
@@ -248,9 +277,14 @@ def process(db, msg_id, key, payload, args):
                 cur.execute('SELECT idem_claim(%s, %s)', (msg_id, args.namespace))
                 first = cur.fetchone()[0]
                 claimed = True
-                if first:
+                if first and unfit:
+                    dead_letter(cur, msg_id, key, *unfit)
+                elif first:
                     apply(cur, msg_id, key, payload, args.name)
             db.commit()
+            if first and unfit:
+                log(args.name, 'dead letter %s: %s (SQLSTATE %s)' % (msg_id, *unfit))
+                return 'dead'
             return 'applied' if first else 'duplicate'
         except psycopg2.Error as e:
             if db.closed:
@@ -320,10 +354,21 @@ def main():
             op = nc.request(next_subject, b'{"batch": 1, "expires": 1000000000}', timeout=3.0,
                             pull=True)
             _, _, reply, status, headers, payload = op
-            if status is not None:
-                continue        # 404 no messages, 408 request timeout
+            if reply is None:
+                continue        # a status: 404 no messages, 408 request timeout
+            # a message of the stream (its reply subject acknowledges it),
+            # even with a status line in its headers, which another
+            # publisher may have written there
             msg_id = headers.get('Nats-Msg-Id')
-            key = urllib.parse.unquote(headers.get('Idem-Key', ''))
+            # a key or a payload PostgreSQL's text cannot hold: dead-lettered
+            # (parse_headers put U+FFFD in place of bytes that are not UTF-8)
+            key = headers.get('Idem-Key', '')
+            if '\ufffd' in key:
+                key, unfit = key.replace('\x00', '\\x00'), ('the key is not UTF-8', '22021')
+            else:
+                key, unfit = text(urllib.parse.unquote_to_bytes(key), 'the key')
+            payload, unfit_payload = text(payload, 'the payload')
+            unfit = unfit or unfit_payload
             # none, not UTF-8 (parse_headers replaced its bytes with U+FFFD:
             # two ids could become one), or with a NUL (text has none):
             # nothing idem_claim can take
@@ -333,7 +378,7 @@ def main():
                 try:
                     if db is None:
                         db = psycopg2.connect(args.dsn)
-                    result = process(db, msg_id, key, payload, args)
+                    result = process(db, msg_id, key, payload, args, unfit)
                 except psycopg2.Error as e:
                     # the connection lost (the server restarted, the backend
                     # was terminated), or another error: the same message

@@ -61,6 +61,17 @@ SQLSTATE class 22 (one over 512 bytes would be, but AMQP's message_id holds
 at most 255).
 --namespace is checked at start-up: idem_claim would refuse an empty one,
 or one over 63 bytes, for every message.
+
+A delivery with a message_id idem_claim takes, but whose x-idem-key or body
+PostgreSQL's text cannot hold, is not from idem-relay either, and would fail
+the same way each time: it is claimed and recorded in dead_letters, without
+a business write, and acknowledged.  Its SQLSTATE is 22021, what
+PostgreSQL says of bytes that are not UTF-8 (pika gives such an x-idem-key
+as bytes) or of a NUL character, or 42804 (datatype mismatch) for an
+x-idem-key that is not a string (a number, a table, an array), as
+idem-relay's is; its key is written as Python
+writes such a value ('\\xff', '\\x00', repr()).  A body that is not JSON
+(22P02) fails the business write itself.
 """
 
 import argparse
@@ -101,10 +112,11 @@ def declare(channel, queue):
 
 
 def apply(cur, msg_id, key, body, consumer):
-    """The business write, in the transaction of the claim."""
+    """The business write, in the transaction of the claim: the key and the
+    body as text."""
     cur.execute("INSERT INTO order_events (message_id, key, payload, consumer) "
                 "VALUES (%s, %s, %s, %s)",
-                (msg_id, key, body.decode("utf-8"), consumer))
+                (msg_id, key, body, consumer))
 
 
 def dead_letter(cur, msg_id, key, error, sqlstate):
@@ -113,11 +125,30 @@ def dead_letter(cur, msg_id, key, error, sqlstate):
                 "VALUES (%s, %s, %s, %s)", (msg_id, key, error, sqlstate))
 
 
-def process(db, msg_id, key, body, args):
+def text(value, what):
+    """VALUE (str, or bytes that pika could not decode) as text: (text, None),
+    or, when PostgreSQL's text cannot hold it (not UTF-8, a NUL character,
+    not a string), (what Python writes of it, (error, SQLSTATE)), the
+    SQLSTATE PostgreSQL gives such a value."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            value = value.decode("utf-8", "backslashreplace")
+            return value.replace("\x00", "\\x00"), (f"{what} is not UTF-8", "22021")
+    if not isinstance(value, str):
+        return repr(value).replace("\x00", "\\x00"), (f"{what} is not a string", "42804")
+    if "\x00" in value:
+        return value.replace("\x00", "\\x00"), (f"{what} has a NUL character", "22021")
+    return value, None
+
+
+def process(db, msg_id, key, body, args, unfit=None):
     """idem_claim and the business write in one transaction: "applied", or
     "duplicate" when the message was claimed before.  A business write that
-    fails for good is rolled back and the message dead-lettered: "dead".  An
-    id idem_claim refuses (SQLSTATE class 22) is rolled back, nothing
+    fails for good is rolled back and the message dead-lettered: "dead"; a
+    message UNFIT for it (error, SQLSTATE) is dead-lettered in its place.
+    An id idem_claim refuses (SQLSTATE class 22) is rolled back, nothing
     written: "refused", a message without an id.  Other errors are raised."""
     while True:
         claimed = False
@@ -126,9 +157,14 @@ def process(db, msg_id, key, body, args):
                 cur.execute("SELECT idem_claim(%s, %s)", (msg_id, args.namespace))
                 first = cur.fetchone()[0]
                 claimed = True
-                if first:
+                if first and unfit:
+                    dead_letter(cur, msg_id, key, *unfit)
+                elif first:
                     apply(cur, msg_id, key, body, args.name)
             db.commit()
+            if first and unfit:
+                log(args.name, f"dead letter {msg_id}: {unfit[0]} (SQLSTATE {unfit[1]})")
+                return "dead"
             return "applied" if first else "duplicate"
         except psycopg2.Error as e:
             if db.closed:
@@ -223,7 +259,11 @@ def main():
                 if key is None or not isinstance(msg_id, str) or not msg_id or "\x00" in msg_id:
                     result = "no id"
                 else:
-                    result = process(db, msg_id, key, body, args)
+                    # an x-idem-key or a body PostgreSQL's text cannot hold:
+                    # dead-lettered
+                    key, unfit = text(key, "x-idem-key")
+                    body, unfit_body = text(body, "the body")
+                    result = process(db, msg_id, key, body, args, unfit or unfit_body)
                     db_failures = 0
                 if result in ("no id", "refused"):
                     # not from idem-relay (no x-idem-key, or no message_id

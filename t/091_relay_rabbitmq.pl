@@ -460,6 +460,61 @@ ok( wait_for('the queue to be empty',
 		}),
 	'the queue is empty: they were not requeued');
 
+# Deliveries of another publisher with a message_id idem_claim takes, but
+# an x-idem-key or a body PostgreSQL's text cannot hold: an x-idem-key that
+# is not UTF-8 (pika gives it as bytes), one with a NUL character, one that
+# is a table, not a string, a body that is not UTF-8, and one with a NUL;
+# then a good one.  Each is claimed and dead-lettered, as a business write
+# that fails for good is, rather than retried for ever (bytes and a table
+# made business writes that fail with 42804 or cannot be sent, and the
+# queue was held up) or ending the consumer (psycopg2's ValueError for a
+# NUL, UnicodeDecodeError for the body).
+my $unfit_py = <<'PY';
+import pika, sys
+c = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
+ch = c.channel()
+ch.confirm_delivery()
+for n, key, body in ((1, b"\xff\xfe", b'{"key": "u1"}'), (2, "a\x00b", b'{"key": "u2"}'),
+                     (3, {"a": 1}, b'{"key": "u3"}'), (4, "u4", b'\xff{}'), (5, "u5", b'{"a": "\x00"}'),
+                     (6, "u6", b'{"key": "u6"}')):
+    ch.basic_publish("", "orders", body,
+                     pika.BasicProperties(message_id="00000000-0000-4000-8000-0000000000a%d" % n,
+                                          headers={"x-idem-key": key}, delivery_mode=2))
+c.close()
+PY
+$b_from = length(slurp_file("$tmp/consumer-b.out"));
+($fout, $ferr) = ('', '');
+ok(IPC::Run::run([ 'python3', '-c', $unfit_py, $amqp ], '>', \$fout, '2>', \$ferr),
+	'six messages of another publisher, with good ids, are in the queue') or diag($ferr);
+ok( wait_for('the good one',
+		sub { sql(q{SELECT count(*) FROM order_events WHERE message_id = '00000000-0000-4000-8000-0000000000a6'}) == 1 }),
+	'the last one is applied')
+  or diag_state();
+is( sql(q{SELECT string_agg(right(message_id, 2) || '|' || key || '|' || sqlstate || '|' || error, E'\n'
+		                    ORDER BY message_id)
+		  FROM dead_letters WHERE message_id LIKE '00000000-0000-4000-8000-0000000000a_'}),
+	join("\n",
+		'a1|\xff\xfe|22021|x-idem-key is not UTF-8',
+		'a2|a\x00b|22021|x-idem-key has a NUL character',
+		"a3|{'a': 1}|42804|x-idem-key is not a string",
+		'a4|u4|22021|the body is not UTF-8',
+		'a5|u5|22021|the body has a NUL character'),
+	'the five before it are dead letters, with their keys, SQLSTATEs and errors')
+  or diag(slurp_file("$tmp/consumer-b.out"));
+is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'rabbit' AND msg_id LIKE '00000000-0000-4000-8000-0000000000a_'}),
+	6, 'all six claimed');
+$b_log = substr(slurp_file("$tmp/consumer-b.out"), $b_from);
+is(scalar(() = $b_log =~ /: dead 00000000-0000-4000-8000-0000000000a\d key /g), 5, 'consumer-b logged five dead letters')
+  or diag($b_log);
+unlike($b_log, qr/Traceback|database: /, 'and went on, without an error of the database');
+ok( wait_for('the queue to be empty',
+		sub {
+			my ($rc, $qout) = rabbitmqctl('list_queues', '-q', '--no-table-headers', 'name',
+				'messages');
+			return $rc == 0 && $qout =~ /^orders\s+0$/m;
+		}),
+	'the queue is empty: they were acknowledged');
+
 # A namespace idem_claim refuses for every message (over 63 bytes) is an
 # error of the command line: the consumer stops at once.
 ($out, $err) = ('', '');

@@ -459,6 +459,65 @@ $state_c = $json->decode(js('consumer-info', 'IDEM', 'workers'));
 is($state_c->{num_ack_pending} . '|' . $state_c->{num_pending}, '0|0',
 	'the durable consumer has no message pending: they were not left to come back');
 
+# A message of another publisher with a status line in its headers
+# ("NATS/1.0 404", as the server's answer to a pull finding no message),
+# then a good one.  It is a message of the stream all the same: applied and
+# acknowledged, where it was taken for the server's status and left
+# unacknowledged, to come back after every ack_wait and, with
+# max_ack_pending 1, hold back the messages after it.
+sub raw_headers { return unpack('H*', join('', map { "$_\r\n" } @_) . "\r\n"); }
+$c2_from = length(file($consumer{c2}{out}));
+like(js('publish-raw', 'orders', raw_headers('NATS/1.0 404', 'Nats-Msg-Id: status-1', 'Idem-Key: s1'),
+		unpack('H*', '{"key": "s1"}')),
+	qr/"stream": ?"IDEM"/, 'a message with a status line in its headers is stored in the stream');
+js('publish-headers', 'orders', '{"key": "s2"}', 'Nats-Msg-Id', unpack('H*', 'status-2'), 'Idem-Key', unpack('H*', 's2'));
+ok(wait_for('status-2', sub { sql(q{SELECT count(*) FROM applied WHERE msg_id = 'status-2'}) == 1 }),
+	'the message after it is applied') or diag(file($consumer{c2}{out}));
+is(sql(q{SELECT string_agg(msg_id || '|' || key || '|' || (payload->>'key'), ',' ORDER BY n) FROM applied
+		 WHERE msg_id LIKE 'status-%'}),
+	'status-1|s1|s1,status-2|s2|s2', 'so is the one with the status line, before it');
+
+# Messages of another publisher with a Nats-Msg-Id idem_claim takes, but an
+# Idem-Key or a payload PostgreSQL's text cannot hold: an Idem-Key whose
+# percent-encoding is not UTF-8 (%FF), one with a NUL (%00), one whose
+# bytes are not UTF-8, a payload that is not UTF-8, and one with a NUL;
+# then a good one.  Each is claimed and dead-lettered, as a business write
+# that fails for good is, rather than ending the consumer (psycopg2's
+# ValueError for a NUL, UnicodeDecodeError for the payload) or applied with
+# U+FFFD in place of its bytes, which other keys give too.
+$c2_from = length(file($consumer{c2}{out}));
+for ([ 'unfit-1', unpack('H*', '%FF') ], [ 'unfit-2', unpack('H*', 'a%00b') ], [ 'unfit-3', 'fffe' ])
+{
+	like(js('publish-headers', 'orders', '{"key": "u"}', 'Nats-Msg-Id', unpack('H*', $_->[0]), 'Idem-Key', $_->[1]),
+		qr/"stream": ?"IDEM"/, "$_->[0] is stored in the stream");
+}
+for ([ 'unfit-4', 'ff7b7d' ], [ 'unfit-5', unpack('H*', qq({"a": "\x00"})) ])
+{
+	like(js('publish-raw', 'orders', raw_headers('NATS/1.0', "Nats-Msg-Id: $_->[0]", 'Idem-Key: u'), $_->[1]),
+		qr/"stream": ?"IDEM"/, "$_->[0] is stored in the stream");
+}
+js('publish-headers', 'orders', '{"key": "u"}', 'Nats-Msg-Id', unpack('H*', 'unfit-6'), 'Idem-Key', unpack('H*', 'u'));
+ok(wait_for('unfit-6', sub { sql(q{SELECT count(*) FROM applied WHERE msg_id = 'unfit-6'}) == 1 }),
+	'the message after them is applied') or diag(file($consumer{c2}{out}));
+is( sql(q{SELECT string_agg(msg_id || '|' || replace(key, U&'\FFFD', '<U+FFFD>') || '|' || sqlstate || '|' || error,
+		                    E'\n' ORDER BY msg_id)
+		  FROM dead_letters WHERE msg_id LIKE 'unfit-%'}),
+	join("\n",
+		'unfit-1|\xff|22021|the key is not UTF-8',
+		'unfit-2|a\x00b|22021|the key has a NUL character',
+		'unfit-3|<U+FFFD><U+FFFD>|22021|the key is not UTF-8',
+		'unfit-4|u|22021|the payload is not UTF-8',
+		'unfit-5|u|22021|the payload has a NUL character'),
+	'the five before it are dead letters, with their keys, SQLSTATEs and errors')
+  or diag(file($consumer{c2}{out}));
+is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'nats' AND msg_id LIKE 'unfit-%'}), 6, 'all six claimed');
+$c2_log = substr(file($consumer{c2}{out}), $c2_from);
+is(scalar(() = $c2_log =~ /^c2 dead unfit-\d$/mg), 5, 'c2 logged five dead letters') or diag($c2_log);
+unlike($c2_log, qr/Traceback/, 'and went on');
+$state_c = $json->decode(js('consumer-info', 'IDEM', 'workers'));
+is($state_c->{num_ack_pending} . '|' . $state_c->{num_pending}, '0|0',
+	'the durable consumer has no message pending: they were acknowledged');
+
 # A namespace idem_claim refuses for every message (over 63 bytes) is an
 # error of the command line: the consumer stops at once.
 my $ns_h = IPC::Run::start(

@@ -419,14 +419,20 @@ is( scalar(grep {
 	$ekeys, 'the messages of each key were applied in the order they were sent');
 
 # Messages of a producer of its own (confluent-kafka), to partition 0:
-# HEADERS are [name, value] pairs, the values in hex.
+# HEADERS are [name, value] pairs, the values in hex; key_hex and value_hex,
+# when given, the key and the value in hex (value_hex null: a null value).
 my $produce_py = <<'PY';
 import json, sys
 from confluent_kafka import Producer
 p = Producer({"bootstrap.servers": sys.argv[1]})
 failed = []
 for m in json.loads(sys.argv[3]):
-    p.produce(sys.argv[2], key=m["key"].encode(), value=json.dumps(m["value"]).encode(), partition=0,
+    key = bytes.fromhex(m["key_hex"]) if "key_hex" in m else m["key"].encode()
+    if "value_hex" in m:
+        value = bytes.fromhex(m["value_hex"]) if m["value_hex"] is not None else None
+    else:
+        value = json.dumps(m["value"]).encode()
+    p.produce(sys.argv[2], key=key, value=value, partition=0,
               headers=[(k, bytes.fromhex(v)) for k, v in m["headers"]],
               on_delivery=lambda err, msg: failed.append(err) if err else None)
 sys.exit(1 if p.flush(30) or failed else 0)
@@ -508,6 +514,42 @@ ok(wait_for('the consumer with a namespace of 64 bytes to stop', sub { !$ns_h->p
 $ns_h->finish;
 is($ns_h->full_result(0) >> 8, 2, 'with exit code 2');
 like(file("$tmp/ns-check.out"), qr/--namespace must be 1 to 63 bytes long/, 'saying why');
+
+# Messages of another producer with an idem-message-id idem_claim takes,
+# but a key or a value PostgreSQL's text cannot hold (not UTF-8, a NUL
+# character), a null value, and a value that is not JSON; then a good one.
+# Each is claimed and dead-lettered, as a business write that fails for good
+# is, rather than ending the consumer (UnicodeDecodeError, psycopg2's
+# ValueError for a NUL, AttributeError for the null value).
+my $c3_dl = length(file($consumer{c3}{out}));
+ok( produce(
+		{ %{ msg_with_id('u1', 'unfit-1') }, key_hex => 'fffe' },
+		{ %{ msg_with_id('u2', 'unfit-2') }, key_hex => unpack('H*', "a\x00b") },
+		{ %{ msg_with_id('u3', 'unfit-3') }, value_hex => 'ff7b7d' },
+		{ %{ msg_with_id('u4', 'unfit-4') }, value_hex => unpack('H*', qq({"a": "\x00"})) },
+		{ %{ msg_with_id('u5', 'unfit-5') }, value_hex => undef },
+		{ %{ msg_with_id('u6', 'unfit-6') }, value_hex => unpack('H*', 'not json') },
+		msg_with_id('u7', 'unfit-7')),
+	'seven messages of another producer, with good ids, to partition 0');
+ok(wait_for('unfit-7', sub { sql(q{SELECT count(*) FROM applied WHERE msg_id = 'unfit-7'}) == 1 }),
+	'the last one is applied') or diag(file($consumer{c3}{out}));
+is( sql(q{SELECT string_agg(msg_id || '|' || key || '|' || sqlstate || '|' || error, E'\n' ORDER BY msg_id)
+		  FROM dead_letters WHERE msg_id LIKE 'unfit-%'}),
+	join("\n",
+		'unfit-1|\xff\xfe|22021|the key is not UTF-8',
+		'unfit-2|a\x00b|22021|the key has a NUL character',
+		'unfit-3|u3|22021|the value is not UTF-8',
+		'unfit-4|u4|22021|the value has a NUL character',
+		'unfit-5|u5|23502|null value in column "payload" of relation "applied" violates not-null constraint',
+		'unfit-6|u6|22P02|invalid input syntax for type json'),
+	'the six before it are dead letters, with their keys, SQLSTATEs and errors')
+  or diag(file($consumer{c3}{out}));
+is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'kafka' AND msg_id LIKE 'unfit-%'}), 7, 'all seven claimed');
+my $c3_dl_log = substr(file($consumer{c3}{out}), $c3_dl);
+is(scalar(() = $c3_dl_log =~ /^c3 dead unfit-\d \(partition 0, offset \d+\)$/mg), 6, 'c3 logged six dead letters')
+  or diag($c3_dl_log);
+unlike($c3_dl_log, qr/Traceback|offset commit failed/, 'and committed their offsets');
+ok($consumer{c3}{h}->pumpable, 'c3 runs on');
 
 # The database is down for longer than c3's max.poll.interval.ms while c3
 # has a message to apply: c3 tries to connect again and again, and

@@ -18,6 +18,9 @@
     nats_js.py HOST:PORT publish-headers SUBJECT PAYLOAD [NAME HEXVALUE]...
                                                with those headers (their
                                                values in hex: any bytes)
+    nats_js.py HOST:PORT publish-raw SUBJECT HEADERSHEX PAYLOADHEX
+                                               with that header block and
+                                               payload, in hex, as they are
 
 HOST:PORT may be USER:PASSWORD@HOST:PORT or TOKEN@HOST:PORT, for a server
 that requires them.
@@ -68,10 +71,13 @@ def main():
     elif cmd == 'publish':
         op = nc.request(args[0], args[1].encode())
         print(op[5].decode())
-    elif cmd == 'publish-headers':
-        subject, payload, pairs = args[0], args[1].encode(), args[2:]
-        head = b'NATS/1.0\r\n' + b''.join(pairs[i].encode() + b': ' + bytes.fromhex(pairs[i + 1]) + b'\r\n'
-                                           for i in range(0, len(pairs), 2)) + b'\r\n'
+    elif cmd in ('publish-headers', 'publish-raw'):
+        if cmd == 'publish-raw':
+            subject, head, payload = args[0], bytes.fromhex(args[1]), bytes.fromhex(args[2])
+        else:
+            subject, payload, pairs = args[0], args[1].encode(), args[2:]
+            head = b'NATS/1.0\r\n' + b''.join(pairs[i].encode() + b': ' + bytes.fromhex(pairs[i + 1]) + b'\r\n'
+                                               for i in range(0, len(pairs), 2)) + b'\r\n'
         nc.next += 1
         reply = '%s.%d' % (nc.inbox, nc.next)
         nc._send(('HPUB %s %s %d %d\r\n' % (subject, reply, len(head), len(head) + len(payload))).encode()
