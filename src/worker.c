@@ -215,7 +215,12 @@ worker_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 
 		ereport(DEBUG1,
 				(errmsg("ending the idem maintenance round in database %u", dbid)));
-		(void) kill(pid, SIGTERM);
+		/* still the round's pid (it says it is gone before it exits) */
+		SpinLockAcquire(&worker_shared->mutex);
+		round_dbid = worker_shared->round_pid == pid ? worker_shared->round_dbid : InvalidOid;
+		SpinLockRelease(&worker_shared->mutex);
+		if (round_dbid == dbid)
+			(void) kill(pid, SIGTERM);
 
 		/*
 		 * The round says it is gone before it leaves the array of
