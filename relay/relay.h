@@ -65,6 +65,8 @@ extern long parse_duration_ms(const char *s);
 
 /* s made one line, in place: line breaks and the indents after them as a space */
 extern void one_line(char *s);
+/* url for a message: the password of its user information, if any, as "xxxxx" */
+extern const char *url_for_message(const char *url, char *buf, size_t size);
 /* a copy of s cut to at most max bytes, control and non-ASCII bytes as '?' */
 extern void printable_copy(char *dst, size_t dstsize, const char *s, size_t len);
 

@@ -24,6 +24,7 @@
  * would weaken the guarantees, and a message.timeout.ms of 0 or above the
  * timeout.
  */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,6 +169,68 @@ valid_topic_template(const char *tmpl)
 	return placeholders > 0 || valid_topic(tmpl, strlen(tmpl));
 }
 
+/*
+ * The first broker of a bootstrap.servers list ([PROTO://]HOST[:PORT], comma-
+ * separated) whose port is not from 1 to 65535, its length in *len; NULL if
+ * none.  librdkafka reads the port with atoi: 0, an empty port or one that is
+ * not a number would be port 0, where it would try to connect for ever, and
+ * one past 65535 another port.  A host with more than one colon and no
+ * brackets is an IPv6 address without a port.
+ */
+static const char *
+bad_broker_port(const char *list, size_t *len)
+{
+	const char *b = list;
+
+	while (*b)
+	{
+		size_t		n = strcspn(b, ",");
+		const char *end = b + n;
+		const char *host = b;
+		const char *port = NULL;
+		const char *p;
+
+		while (host < end && isspace((unsigned char) *host))
+			host++;
+		while (end > host && isspace((unsigned char) end[-1]))
+			end--;
+		for (p = host; p + 3 <= end; p++)
+			if (strncmp(p, "://", 3) == 0)
+			{
+				host = p + 3;
+				break;
+			}
+		if (host < end && *host == '[')
+		{
+			p = memchr(host, ']', (size_t) (end - host));
+			if (p != NULL && p + 1 < end && p[1] == ':')
+				port = p + 2;
+		}
+		else
+		{
+			const char *colon = memchr(host, ':', (size_t) (end - host));
+
+			if (colon != NULL && memchr(colon + 1, ':', (size_t) (end - colon - 1)) == NULL)
+				port = colon + 1;
+		}
+		if (port != NULL)
+		{
+			size_t		digits = strspn(port, "0123456789");
+
+			if (port + digits != end || digits == 0 || digits > 5 ||
+				atol(port) < 1 || atol(port) > 65535)
+			{
+				*len = (size_t) (end - host);
+				return host;
+			}
+		}
+		b += n;
+		if (*b == ',')
+			b++;
+	}
+	return NULL;
+}
+
 static Sink *
 kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 {
@@ -269,14 +332,22 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 		/*
 		 * Without brokers the producer starts all the same, and every
 		 * message dies of its attempts: a configuration error, unless the
-		 * mock cluster of librdkafka is the broker.
+		 * mock cluster of librdkafka is the broker.  So is a broker whose
+		 * port librdkafka would take for 0.
 		 */
 		char		mock[32];
-		size_t		len = sizeof(e);
+		size_t		len = 0;
 		size_t		mlen = sizeof(mock);
+		char	   *servers = NULL;
+		const char *bad;
 
-		if ((rd_kafka_conf_get(conf, "bootstrap.servers", e, &len) != RD_KAFKA_CONF_OK ||
-			 e[0] == '\0') &&
+		if (rd_kafka_conf_get(conf, "bootstrap.servers", NULL, &len) == RD_KAFKA_CONF_OK && len > 1)
+		{
+			servers = xmalloc(len);
+			if (rd_kafka_conf_get(conf, "bootstrap.servers", servers, &len) != RD_KAFKA_CONF_OK)
+				servers[0] = '\0';
+		}
+		if ((servers == NULL || servers[0] == '\0') &&
 			(rd_kafka_conf_get(conf, "test.mock.num.brokers", mock, &mlen) != RD_KAFKA_CONF_OK ||
 			 atoi(mock) <= 0))
 		{
@@ -288,6 +359,13 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 				snprintf(err, errlen, "the kafka sink needs brokers: set kafka.brokers");
 			parg.ok = 0;
 		}
+		else if (servers != NULL && (bad = bad_broker_port(servers, &len)) != NULL)
+		{
+			snprintf(err, errlen, "kafka.brokers (bootstrap.servers) \"%.200s\" is not valid: "
+					 "the port of \"%.*s\" must be from 1 to 65535", servers, (int) len, bad);
+			parg.ok = 0;
+		}
+		free(servers);
 	}
 	if (!parg.ok)
 	{

@@ -165,18 +165,21 @@ parse_url(NatsSink *s, const char *url, char *err, size_t errlen)
 	char		host[256];
 	const char *port = "4222";
 	size_t		n;
+	char		shown_url[1024];
+
+	url_for_message(url, shown_url, sizeof(shown_url));
 
 	if (strncasecmp(p, "nats://", 7) == 0)
 		p += 7;
 	else if (strstr(p, "://") != NULL)
 	{
-		snprintf(err, errlen, "nats.url \"%s\" is not nats:// (the nats sink has no TLS)", url);
+		snprintf(err, errlen, "nats.url \"%s\" is not nats:// (the nats sink has no TLS)", shown_url);
 		return 0;
 	}
 	if (strchr(p, '@') != NULL)
 	{
 		snprintf(err, errlen, "nats.url \"%s\": give the credentials in nats.user and "
-				 "nats.password, or nats.token, not in the URL", url);
+				 "nats.password, or nats.token, not in the URL", shown_url);
 		return 0;
 	}
 	if (*p == '[')
@@ -221,7 +224,7 @@ parse_url(NatsSink *s, const char *url, char *err, size_t errlen)
 	return 1;
 
 bad:
-	snprintf(err, errlen, "nats.url \"%s\" is not nats://HOST:PORT", url);
+	snprintf(err, errlen, "nats.url \"%s\" is not nats://HOST:PORT", shown_url);
 	return 0;
 }
 

@@ -404,12 +404,14 @@ rabbitmq_init(const SinkSettings *ss, char *err, size_t errlen)
 	long		max_message_size = RMQ_DEFAULT_MAX_MESSAGE_SIZE;
 	RabbitSink *s;
 	char		shown[512];
+	char		shown_url[1024];
 	const char *why = NULL;
 	int			bad;
 	int			m = 1;
 
 	if (url == NULL || *url == '\0')
 		url = "amqp://guest:guest@localhost:5672";
+	url_for_message(url, shown_url, sizeof(shown_url));
 	if (mandatory != NULL && !parse_bool_setting(mandatory, &m))
 	{
 		snprintf(err, errlen, "rabbitmq.mandatory must be true or false, not \"%s\"", mandatory);
@@ -453,7 +455,7 @@ rabbitmq_init(const SinkSettings *ss, char *err, size_t errlen)
 	if (!valid_percent_encoding(url))
 	{
 		snprintf(err, errlen, "rabbitmq.url \"%s\" is not valid: each \"%%\" must be followed by two "
-				 "hexadecimal digits, other than 00", url);
+				 "hexadecimal digits, other than 00", shown_url);
 		return NULL;
 	}
 	s = xmalloc(sizeof(RabbitSink));
@@ -480,9 +482,9 @@ rabbitmq_init(const SinkSettings *ss, char *err, size_t errlen)
 	{
 		if (bad)
 			snprintf(err, errlen, "rabbitmq.url \"%s\" is not amqp://[USER[:PASSWORD]@]HOST[:PORT][/VHOST]",
-					 url);
+					 shown_url);
 		else
-			snprintf(err, errlen, "rabbitmq.url \"%s\" is not valid: %s", url, why);
+			snprintf(err, errlen, "rabbitmq.url \"%s\" is not valid: %s", shown_url, why);
 		free(s->url_copy);
 		free(s);
 		return NULL;

@@ -298,6 +298,7 @@ webhook_init(const SinkSettings *ss, char *err, size_t errlen)
 	const char *url = sink_setting(ss, "url");
 	WebhookSink *s;
 	HeaderArg	harg;
+	char		shown_url[1024];
 
 	if (url == NULL || *url == '\0')
 	{
@@ -309,9 +310,10 @@ webhook_init(const SinkSettings *ss, char *err, size_t errlen)
 			snprintf(err, errlen, "the webhook sink needs a URL: set webhook.url (--webhook-url)");
 		return NULL;
 	}
+	url_for_message(url, shown_url, sizeof(shown_url));
 	if (strncasecmp(url, "http://", 7) != 0 && strncasecmp(url, "https://", 8) != 0)
 	{
-		snprintf(err, errlen, "webhook.url \"%s\" is not http:// or https://", url);
+		snprintf(err, errlen, "webhook.url \"%s\" is not http:// or https://", shown_url);
 		return NULL;
 	}
 	/* a URL libcurl cannot use would fail every message until it is dead */
@@ -335,12 +337,12 @@ webhook_init(const SinkSettings *ss, char *err, size_t errlen)
 		curl_url_cleanup(u);
 		if (uc != CURLUE_OK)
 		{
-			snprintf(err, errlen, "webhook.url \"%s\" is not valid: %s", url, curl_url_strerror(uc));
+			snprintf(err, errlen, "webhook.url \"%s\" is not valid: %s", shown_url, curl_url_strerror(uc));
 			return NULL;
 		}
 		if (port_zero)
 		{
-			snprintf(err, errlen, "webhook.url \"%s\" is not valid: the port must be from 1 to 65535", url);
+			snprintf(err, errlen, "webhook.url \"%s\" is not valid: the port must be from 1 to 65535", shown_url);
 			return NULL;
 		}
 	}

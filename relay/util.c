@@ -281,6 +281,35 @@ valid_utf8(const char *s)
 }
 
 /*
+ * url into buf (cut to size) for a message, with the password of its user
+ * information ("scheme://user:password@host...") written "xxxxx": the
+ * relay's messages go to logs that others may read.  The user information
+ * ends at the last "@" before the authority ends (at the first "/", "?" or
+ * "#" after the scheme), as in RFC 3986.
+ */
+const char *
+url_for_message(const char *url, char *buf, size_t size)
+{
+	const char *start = strstr(url, "://");
+	const char *end;
+	const char *at = NULL;
+	const char *colon;
+	const char *p;
+
+	start = start ? start + 3 : url;
+	end = start + strcspn(start, "/?#");
+	for (p = start; p < end; p++)
+		if (*p == '@')
+			at = p;
+	colon = at ? memchr(start, ':', (size_t) (at - start)) : NULL;
+	if (colon == NULL)
+		snprintf(buf, size, "%s", url);
+	else
+		snprintf(buf, size, "%.*sxxxxx%s", (int) (colon + 1 - url), url, at);
+	return buf;
+}
+
+/*
  * Copies at most len bytes of s into dst (NUL-terminated, cut to fit),
  * replacing control characters and bytes outside ASCII with '?': the error
  * text of a nack must be valid in any server encoding, and a log line one

@@ -253,8 +253,26 @@ for my $case (@usage_errors)
 		[ 'a rabbitmq URL with port 0', [ '--sink', 'rabbitmq', '--set', 'rabbitmq.url=amqp://127.0.0.1:0' ],
 		  qr/rabbitmq\.url "amqp:\/\/127\.0\.0\.1:0" is not valid: the port must be from 1 to 65535 \(rabbitmq\.url: command line\)/ ],
 		# amqp_parse_url makes the host localhost
-		[ 'a rabbitmq URL without a host', [ '--sink', 'rabbitmq', '--set', 'rabbitmq.url=amqp://relay:secret@:5672/shop' ],
-		  qr/rabbitmq\.url ".*" is not valid: it names no host/ ],
+		# and a password is not shown
+		[ 'a rabbitmq URL without a host', [ '--sink', 'rabbitmq', '--set', 'rabbitmq.url=amqp://relay:s3cret@:5672/shop' ],
+		  qr/rabbitmq\.url "amqp:\/\/relay:xxxxx\@:5672\/shop" is not valid: it names no host/ ],
+		[ 'a rabbitmq URL with a password and %00', [ '--sink', 'rabbitmq', '--set', 'rabbitmq.url=amqp://relay:s3:c@ret@127.0.0.1/%00' ],
+		  qr/rabbitmq\.url "amqp:\/\/relay:xxxxx\@127\.0\.0\.1\/%00" is not valid: each "%" must be followed/ ],
+		[ 'a webhook URL with a password and port 0', [ '--sink', 'webhook', '--webhook-url', 'http://hook:s3cret@127.0.0.1:0/x?a=b' ],
+		  qr/webhook\.url "http:\/\/hook:xxxxx\@127\.0\.0\.1:0\/x\?a=b" is not valid: the port must be from 1 to 65535/ ],
+		[ 'a webhook URL with a password and no scheme', [ '--sink', 'webhook', '--webhook-url', 'hook:s3cret@127.0.0.1/' ],
+		  qr/webhook\.url "hook:xxxxx\@127\.0\.0\.1\/" is not http:\/\/ or https:\/\// ],
+		[ 'a nats URL with credentials', [ '--sink', 'nats', '--nats-url', 'nats://relay:s3cret@127.0.0.1:4222' ],
+		  qr/nats\.url "nats:\/\/relay:xxxxx\@127\.0\.0\.1:4222": give the credentials in nats\.user and nats\.password, or nats\.token, not in the URL/ ],
+		# librdkafka reads a port with atoi: it would connect to port 0
+		[ 'a kafka broker with port 0', [ '--sink', 'kafka', '--set', 'kafka.brokers=127.0.0.1:9092, 127.0.0.1:0' ],
+		  qr/kafka\.brokers \(bootstrap\.servers\) "127\.0\.0\.1:9092, 127\.0\.0\.1:0" is not valid: the port of "127\.0\.0\.1:0" must be from 1 to 65535/ ],
+		[ 'a kafka broker whose port is not a number', [ '--sink', 'kafka', '--set', 'kafka.brokers=PLAINTEXT://k1:9o92' ],
+		  qr/the port of "k1:9o92" must be from 1 to 65535/ ],
+		[ 'a kafka broker with an empty port', [ '--sink', 'kafka', '--set', 'kafka.brokers=k1:' ],
+		  qr/the port of "k1:" must be from 1 to 65535/ ],
+		[ 'a kafka broker with port 65536, as a property', [ '--sink', 'kafka', '--set', 'kafka.property.bootstrap.servers=[::1]:65536' ],
+		  qr/the port of "\[::1\]:65536" must be from 1 to 65535/ ],
 		[ 'a rabbitmq URL of nothing but its scheme', [ '--sink', 'rabbitmq', '--set', 'rabbitmq.url=amqp://' ],
 		  qr/rabbitmq\.url "amqp:\/\/" is not valid: it names no host/ ],
 		# the virtual host "", to which RabbitMQ grants no access
@@ -289,6 +307,7 @@ for my $case (@usage_errors)
 		($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0', @$args);
 		is($rc, 1, "exit code 1 for $what");
 		like($err, $why, "message for $what") or diag($err);
+		unlike($err, qr/s3/, "no password in the message for $what") if grep { /s3/ } @$args;
 	}
 	# a tab may be in a value; message.timeout.ms up to the timeout, by
 	# either name
@@ -300,6 +319,12 @@ for my $case (@usage_errors)
 	($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0', @mock,
 		'--set', 'kafka.property.message.timeout.ms=0', '--set', 'kafka.property.delivery.timeout.ms=1000');
 	is($rc, 0, 'kafka message.timeout.ms 0 overridden by its alias written after it is accepted') or diag($err);
+	# brokers that are not reached before a message is sent: a bare IPv6
+	# address has no port; a long list is read whole
+	($rc, $out, $err) = run_relay({}, '--once', '--log-interval', '0', '--sink', 'kafka',
+		'--set', 'kafka.brokers=[::1]:9092, PLAINTEXT://127.0.0.1:9092,localhost,::1,'
+		  . join(',', map { sprintf('broker-%02d.kafka.example.internal:9092', $_) } 1 .. 20));
+	is($rc, 0, 'kafka brokers with valid ports, or none, in a long list are accepted') or diag($err);
 }
 
 # a day itself is a duration
