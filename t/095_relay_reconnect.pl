@@ -14,7 +14,8 @@
 #   again; when no connection could be made before less than the timeout
 #   was left of the lease, the message comes again once the lease ran out,
 #   with the same id, and the key's next message only after it; the failed
-#   ack counts nothing delivered; a nack lost after its batch's ack went
+#   ack counts nothing delivered; an ack sent again and cut again is sent
+#   once more on the next connection; a nack lost after its batch's ack went
 #   through is sent again past that deadline too; a relay asked to stop
 #   connects once more on its way out to send a cut ack; a cut ack is not
 #   sent to the database of a reload that changed the dbname;
@@ -268,6 +269,51 @@ is( join(' ', map { "$_->{body}{n}/$_->{attempt}" . ($_->{idempotency_key} eq $m
 		  grep { $_->{path} eq '/mid' } @{ received() }),
 	'1/1 2/1',
 	'the message published and acknowledged on the new connection is not published again; the next one after it');
+
+# The ack sent again is cut too: the relay tries once more on the next
+# connection.  Another session holds a write of the key's row, for which
+# the ack sent again waits, while the relay's backend is terminated a
+# second time.
+my @twice = (send_msg('twice', 'k', { n => 1, reply => [ '200 sleep=3', '200' ] }),
+	send_msg('twice', 'k', { n => 2 }));
+$r = start_relay('--sink', 'webhook', '--webhook-url', "$url/twice", '--lease', '30s', '--timeout', '8s',
+	'--poll', '100ms', '--reconnect-max', '200ms', '--log-interval', '0');
+ok( wait_for('the first request', sub { grep { $_->{idempotency_key} eq $twice[0] } @{ received() } }),
+	'the relay is publishing the first message');
+my $holder = IPC::Run::start(
+	[ 'psql', '-X', '-h', $node->host, '-p', $node->port, '-d', 'postgres', '-c',
+		q{BEGIN; UPDATE idem.outbox_keys SET last_error = last_error WHERE topic = 'twice' AND key = 'k';
+		  SELECT pg_sleep(600); COMMIT;} ],
+	'>', "$tmp/holder.out", '2>', "$tmp/holder.err");
+push @started, $holder;
+ok( wait_for('the key row held', sub { sql(q{SELECT count(*) FROM pg_stat_activity
+                                           WHERE query LIKE 'BEGIN; UPDATE idem.outbox_keys%' AND state = 'active'}) == 1 }),
+	'another session holds a write of the key\'s row');
+sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'idem-relay'});
+ok( wait_for('the ack sent again, waiting', sub { sql(q{SELECT count(*) FROM pg_stat_activity
+                                                      WHERE application_name = 'idem-relay' AND wait_event_type = 'Lock'}) == 1 }),
+	'its backend terminated: the ack, sent again on a new connection, waits for the write');
+sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'idem-relay'});
+ok( wait_for('the ack sent a third time, waiting', sub {
+			(() = file($r->{err}) =~ /ERROR:  idem_outbox_ack failed: /g) == 2 &&
+			sql(q{SELECT count(*) FROM pg_stat_activity
+                   WHERE application_name = 'idem-relay' AND wait_event_type = 'Lock'}) == 1 }),
+	'terminated again: the ack is sent once more on the next connection');
+sql(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'BEGIN; UPDATE idem.outbox_keys%'});
+$holder->finish;
+ok( wait_for('the key delivered', sub {
+			sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'twice'}) == 0 }),
+	'the write ended: the relay delivers the key');
+is(stop_relay($r, 'TERM'), 0, 'SIGTERM: exit code 0');
+$rerr = file($r->{err});
+is((() = $rerr =~ /acknowledged on the new connection: 1 messages delivered before the last was lost/g), 1,
+	'the ack went through once, on the third connection');
+is(final_counts($rerr), 'leased 2, delivered 2, retried 0, dead 0, errors 2',
+	'each lost ack is an error; the message is counted delivered once');
+is( join(' ', map { "$_->{body}{n}/$_->{attempt}" . ($_->{idempotency_key} eq $twice[ $_->{body}{n} - 1 ] ? '' : '?') }
+		  grep { $_->{path} eq '/twice' } @{ received() }),
+	'1/1 2/1',
+	'the message is not published again; the next one after it');
 
 # The same, but no connection can be made until less than the timeout is
 # left of the lease: the ack is not sent again (another relay may lease the
