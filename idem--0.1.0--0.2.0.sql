@@ -342,7 +342,7 @@ $$;
 CREATE INDEX IF NOT EXISTS claims_ns_claimed_at_idx ON idem.claims (ns, claimed_at);
 
 -- A retention is at most 100 years, and one that no timestamp can be taken
--- back by is refused: purge computes now() - retention.
+-- back by is refused: purge computes now() - retention (in UTC).
 CREATE OR REPLACE FUNCTION idem_set_retention(ns pg_catalog.text, retention pg_catalog.interval)
 RETURNS void
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
@@ -378,7 +378,7 @@ BEGIN
     ELSE
         -- fields of opposite signs may cancel out in the comparison
         BEGIN
-            PERFORM pg_catalog.now() OPERATOR(pg_catalog.-) retention;
+            PERFORM pg_catalog.timezone('UTC', pg_catalog.now()) OPERATOR(pg_catalog.-) retention;
         EXCEPTION WHEN datetime_field_overflow THEN
             out_of_range := true;
         END;
@@ -571,8 +571,12 @@ BEGIN
                     USING HINT = 'Set it again with idem_set_retention().';
                 CONTINUE;
             END IF;
+            -- Counted in UTC: a day is 24 hours whatever the caller's time
+            -- zone does (across a change to daylight saving time, a day of
+            -- it is 23 hours, and claims would go an hour early).
             BEGIN
-                cutoff := pg_catalog.now() OPERATOR(pg_catalog.-) span;
+                cutoff := pg_catalog.timezone('UTC',
+                    pg_catalog.timezone('UTC', pg_catalog.now()) OPERATOR(pg_catalog.-) span);
             EXCEPTION WHEN datetime_field_overflow THEN
                 CONTINUE;
             END;

@@ -5,9 +5,10 @@
 -- this file start with "rl_"; it leaves no claim and no setting behind.
 \set VERBOSITY terse
 
+-- aged in UTC, as idem_purge counts retentions
 CREATE FUNCTION pg_temp.age_claim(space text, id text, age interval) RETURNS bigint
 LANGUAGE sql AS $$
-    WITH u AS (UPDATE idem.claims SET claimed_at = now() - age
+    WITH u AS (UPDATE idem.claims SET claimed_at = (now() AT TIME ZONE 'UTC' - age) AT TIME ZONE 'UTC'
                 WHERE ns = space AND msg_id = id RETURNING 1)
     SELECT count(*) FROM u;
 $$;

@@ -224,7 +224,8 @@ plus_interval(TimestampTz t, Interval *span)
 		return DT_NOBEGIN;
 	if (days > (mixed ? RETENTION_MAX_DAYS_MIXED : RETENTION_MAX_DAYS))
 		return DT_NOEND;
-	return DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+	/* in UTC: a day of the session's time zone may be 23 or 25 hours */
+	return DatumGetTimestampTz(DirectFunctionCall2(timestamp_pl_interval,
 												   TimestampTzGetDatum(t),
 												   IntervalPGetDatum(span)));
 }

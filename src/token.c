@@ -362,7 +362,8 @@ tokens_open(LOCKMODE lockmode)
 }
 
 /*
- * The expiry of a token issued at "now" with the given ttl.  The ttl must
+ * The expiry of a token issued at "now" with the given ttl, added in UTC (a
+ * day is 24 hours, whatever the session's time zone does).  The ttl must
  * put the expiry after now and no later than one calendar year after now.
  * Spans far beyond that are refused before any arithmetic, so that they
  * cannot overflow the timestamp range.
@@ -398,7 +399,7 @@ token_expiry(Interval *ttl, TimestampTz now)
 		expires = pos ? DT_NOEND : DT_NOBEGIN;
 	}
 	else
-		expires = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+		expires = DatumGetTimestampTz(DirectFunctionCall2(timestamp_pl_interval,
 														  TimestampTzGetDatum(now),
 														  IntervalPGetDatum(ttl)));
 	if (expires <= now)
@@ -407,7 +408,7 @@ token_expiry(Interval *ttl, TimestampTz now)
 				 errmsg("ttl must be positive"),
 				 errdetail("The ttl given was %s.", idem_interval_text(ttl)),
 				 errhint("Give how long the token stays valid, such as '30 minutes'.")));
-	limit = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+	limit = DatumGetTimestampTz(DirectFunctionCall2(timestamp_pl_interval,
 													TimestampTzGetDatum(now),
 													IntervalPGetDatum(&year)));
 	if (expires > limit)
