@@ -7,6 +7,7 @@
  */
 #include "postgres.h"
 
+#include "access/detoast.h"
 #include "access/htup_details.h"
 #include "access/xlog.h"
 #include "catalog/pg_am.h"
@@ -55,6 +56,16 @@ _PG_init(void)
  * Check a key given by the caller: not empty and not longer than maxlen
  * bytes.  NULL is checked by the callers, which know the argument.
  */
+static void
+key_too_long(const char *what, Size len, int maxlen)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+			 errmsg("%s is too long", what),
+			 errdetail("The %s is %zu bytes long; the limit is %d bytes.",
+					   what, len, maxlen)));
+}
+
 void
 idem_check_key(text *key, const char *what, int maxlen)
 {
@@ -66,11 +77,26 @@ idem_check_key(text *key, const char *what, int maxlen)
 				 errmsg("%s must not be empty", what),
 				 errhint("Give a non-empty identifier.")));
 	if (len > maxlen)
-		ereport(ERROR,
-				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
-				 errmsg("%s is too long", what),
-				 errdetail("The %s is %d bytes long; the limit is %d bytes.",
-						   what, len, maxlen)));
+		key_too_long(what, (Size) len, maxlen);
+}
+
+/*
+ * A compressed or out-of-line text argument longer than maxlen bytes is
+ * refused before it is read whole: a value of a gigabyte compresses into
+ * a few megabytes of a table.
+ */
+void
+idem_check_raw_len(Datum value, const char *what, int maxlen)
+{
+	struct varlena *v = (struct varlena *) DatumGetPointer(value);
+
+	if (VARATT_IS_EXTERNAL(v) || VARATT_IS_COMPRESSED(v))
+	{
+		Size		len = toast_raw_datum_size(value) - VARHDRSZ;
+
+		if (len > (Size) maxlen)
+			key_too_long(what, len, maxlen);
+	}
 }
 
 /*
@@ -86,6 +112,7 @@ idem_arg_key(FunctionCallInfo fcinfo, int argno, const char *what, int maxlen)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("%s must not be null", what)));
+	idem_check_raw_len(PG_GETARG_DATUM(argno), what, maxlen);
 	key = PG_GETARG_TEXT_PP(argno);
 	idem_check_key(key, what, maxlen);
 	return key;

@@ -30,6 +30,7 @@ extern text *idem_arg_key(FunctionCallInfo fcinfo, int argno, const char *what,
 						  int maxlen);
 extern text *idem_arg_ns(FunctionCallInfo fcinfo, int argno);
 extern void idem_check_key(text *key, const char *what, int maxlen);
+extern void idem_check_raw_len(Datum value, const char *what, int maxlen);
 extern void idem_check_writable(const char *fname);
 extern char *idem_interval_text(Interval *span);
 extern Oid	idem_enum_label_oid(FunctionCallInfo fcinfo, int index,

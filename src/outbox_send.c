@@ -507,6 +507,7 @@ idem_outbox_send(PG_FUNCTION_ARGS)
 	payload = outbox_arg_json(fcinfo, 2, "payload", true, false);
 	if (!PG_ARGISNULL(4))
 	{
+		idem_check_raw_len(PG_GETARG_DATUM(4), "type", OUTBOX_MAX_TYPE_LEN);
 		type = PG_GETARG_TEXT_PP(4);
 		idem_check_key(type, "type", OUTBOX_MAX_TYPE_LEN);
 	}

@@ -327,6 +327,7 @@ token_arg_scope(FunctionCallInfo fcinfo, int argno)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("scope must not be null"),
 				 errhint("Pass an empty string for a token that is not bound to a scope.")));
+	idem_check_raw_len(PG_GETARG_DATUM(argno), "scope", IDEM_MAX_NS_LEN);
 	scope = PG_GETARG_TEXT_PP(argno);
 	len = VARSIZE_ANY_EXHDR(scope);
 	if (len > IDEM_MAX_NS_LEN)
