@@ -170,18 +170,22 @@ valid_topic_template(const char *tmpl)
 }
 
 /*
- * The first broker of a bootstrap.servers list ([PROTO://]HOST[:PORT], comma-
- * separated) whose port is not from 1 to 65535, its length in *len; NULL if
- * none.  librdkafka reads the port with atoi: 0, an empty port or one that is
- * not a number would be port 0, where it would try to connect for ever, and
- * one past 65535 another port.  A host with more than one colon and no
- * brackets is an IPv6 address without a port.
+ * What is wrong with a bootstrap.servers list ([PROTO://]HOST[:PORT],
+ * comma-separated) as librdkafka reads it, or NULL; the entry at fault in
+ * *entry and *len, and how many brokers the list names in *nbrokers.
+ * librdkafka reads a port with atoi: 0, an empty port or one that is not a
+ * number would be port 0, where it would try to connect for ever, and one
+ * past 65535 another port.  A host with more than one colon and no
+ * brackets is an IPv6 address without a port; what follows PROTO://HOST
+ * after a "/" is left out; a blank inside an entry makes one host of two
+ * brokers written without the comma between them.
  */
 static const char *
-bad_broker_port(const char *list, size_t *len)
+brokers_problem(const char *list, const char **entry, size_t *len, int *nbrokers)
 {
 	const char *b = list;
 
+	*nbrokers = 0;
 	while (*b)
 	{
 		size_t		n = strcspn(b, ",");
@@ -194,35 +198,48 @@ bad_broker_port(const char *list, size_t *len)
 			host++;
 		while (end > host && isspace((unsigned char) end[-1]))
 			end--;
+		*entry = host;
+		*len = (size_t) (end - host);
 		for (p = host; p + 3 <= end; p++)
 			if (strncmp(p, "://", 3) == 0)
 			{
 				host = p + 3;
+				p = memchr(host, '/', (size_t) (end - host));
+				if (p != NULL)
+					end = p;
 				break;
 			}
-		if (host < end && *host == '[')
+		if (host < end)
 		{
-			p = memchr(host, ']', (size_t) (end - host));
-			if (p != NULL && p + 1 < end && p[1] == ':')
-				port = p + 2;
-		}
-		else
-		{
-			const char *colon = memchr(host, ':', (size_t) (end - host));
+			for (p = host; p < end; p++)
+				if (isspace((unsigned char) *p))
+					return "a blank in it (separate brokers with commas)";
+			(*nbrokers)++;
+			if (*host == '[')
+			{
+				p = memchr(host, ']', (size_t) (end - host));
+				if (p != NULL && p + 1 < end && p[1] == ':')
+					port = p + 2;
+			}
+			else
+			{
+				const char *colon = memchr(host, ':', (size_t) (end - host));
 
-			if (colon != NULL && memchr(colon + 1, ':', (size_t) (end - colon - 1)) == NULL)
-				port = colon + 1;
+				if (colon != NULL && memchr(colon + 1, ':', (size_t) (end - colon - 1)) == NULL)
+					port = colon + 1;
+			}
 		}
 		if (port != NULL)
 		{
-			size_t		digits = strspn(port, "0123456789");
+			size_t		digits;
 
+			/* atoi skips leading zeros */
+			while (port + 1 < end && *port == '0')
+				port++;
+			digits = strspn(port, "0123456789");
 			if (port + digits != end || digits == 0 || digits > 5 ||
 				atol(port) < 1 || atol(port) > 65535)
-			{
-				*len = (size_t) (end - host);
-				return host;
-			}
+				return "the port must be from 1 to 65535";
 		}
 		b += n;
 		if (*b == ',')
@@ -332,14 +349,17 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 		/*
 		 * Without brokers the producer starts all the same, and every
 		 * message dies of its attempts: a configuration error, unless the
-		 * mock cluster of librdkafka is the broker.  So is a broker whose
-		 * port librdkafka would take for 0.
+		 * mock cluster of librdkafka is the broker.  So is a list with a
+		 * broker librdkafka would not reach (see brokers_problem).
 		 */
 		char		mock[32];
 		size_t		len = 0;
 		size_t		mlen = sizeof(mock);
 		char	   *servers = NULL;
-		const char *bad;
+		const char *why = NULL;
+		const char *entry = NULL;
+		size_t		elen = 0;
+		int			nbrokers = 0;
 
 		if (rd_kafka_conf_get(conf, "bootstrap.servers", NULL, &len) == RD_KAFKA_CONF_OK && len > 1)
 		{
@@ -347,9 +367,17 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 			if (rd_kafka_conf_get(conf, "bootstrap.servers", servers, &len) != RD_KAFKA_CONF_OK)
 				servers[0] = '\0';
 		}
-		if ((servers == NULL || servers[0] == '\0') &&
-			(rd_kafka_conf_get(conf, "test.mock.num.brokers", mock, &mlen) != RD_KAFKA_CONF_OK ||
-			 atoi(mock) <= 0))
+		if (servers != NULL)
+			why = brokers_problem(servers, &entry, &elen, &nbrokers);
+		if (why != NULL)
+		{
+			snprintf(err, errlen, "kafka.brokers (bootstrap.servers) \"%.200s\" is not valid: "
+					 "broker \"%.*s\": %s", servers, elen < 200 ? (int) elen : 200, entry, why);
+			parg.ok = 0;
+		}
+		else if (nbrokers == 0 &&
+				 (rd_kafka_conf_get(conf, "test.mock.num.brokers", mock, &mlen) != RD_KAFKA_CONF_OK ||
+				  atoi(mock) <= 0))
 		{
 			if (ss->topic)
 				snprintf(err, errlen, "the kafka sink of topic \"%s\" needs brokers: "
@@ -357,12 +385,6 @@ kafka_init(const SinkSettings *ss, char *err, size_t errlen)
 						 ss->topic, ss->topic);
 			else
 				snprintf(err, errlen, "the kafka sink needs brokers: set kafka.brokers");
-			parg.ok = 0;
-		}
-		else if (servers != NULL && (bad = bad_broker_port(servers, &len)) != NULL)
-		{
-			snprintf(err, errlen, "kafka.brokers (bootstrap.servers) \"%.200s\" is not valid: "
-					 "the port of \"%.*s\" must be from 1 to 65535", servers, (int) len, bad);
 			parg.ok = 0;
 		}
 		free(servers);

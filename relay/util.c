@@ -283,24 +283,23 @@ valid_utf8(const char *s)
 /*
  * url into buf (cut to size) for a message, with the password of its user
  * information ("scheme://user:password@host...") written "xxxxx": the
- * relay's messages go to logs that others may read.  The user information
- * ends at the last "@" before the authority ends (at the first "/", "?" or
- * "#" after the scheme), as in RFC 3986.
+ * relay's messages go to logs that others may read.  A URL that comes to a
+ * message is often one that could not be parsed, with a "/", "?" or "#" in
+ * its password: so everything from the first ":" after the scheme to the
+ * last "@" is masked (a path with an "@" loses some of itself too).
  */
 const char *
 url_for_message(const char *url, char *buf, size_t size)
 {
-	const char *start = strstr(url, "://");
-	const char *end;
-	const char *at = NULL;
+	const char *start = url;
+	const char *at;
 	const char *colon;
-	const char *p;
+	size_t		n = strspn(url, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
 
-	start = start ? start + 3 : url;
-	end = start + strcspn(start, "/?#");
-	for (p = start; p < end; p++)
-		if (*p == '@')
-			at = p;
+	/* a scheme: a letter, then letters, digits, "+", "-" and "." */
+	if (n > 0 && isalpha((unsigned char) url[0]) && strncmp(url + n, "://", 3) == 0)
+		start = url + n + 3;
+	at = strrchr(start, '@');
 	colon = at ? memchr(start, ':', (size_t) (at - start)) : NULL;
 	if (colon == NULL)
 		snprintf(buf, size, "%s", url);

@@ -52,10 +52,9 @@ _PG_init(void)
 	MarkGUCPrefixReserved("idem");
 }
 
-/*
- * Check a key given by the caller: not empty and not longer than maxlen
- * bytes.  NULL is checked by the callers, which know the argument.
- */
+static void
+key_too_long(const char *what, Size len, int maxlen) pg_attribute_noreturn();
+
 static void
 key_too_long(const char *what, Size len, int maxlen)
 {
@@ -66,6 +65,10 @@ key_too_long(const char *what, Size len, int maxlen)
 					   what, len, maxlen)));
 }
 
+/*
+ * Check a key given by the caller: not empty and not longer than maxlen
+ * bytes.  NULL is checked by the callers, which know the argument.
+ */
 void
 idem_check_key(text *key, const char *what, int maxlen)
 {

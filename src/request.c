@@ -231,11 +231,9 @@ plus_interval(TimestampTz t, Interval *span)
 }
 
 /*
- * When a lease from t runs out: a lease is a span of time, and its days are
- * 24 hours each, where adding it as an interval would make a day 23 or 25
- * hours across a change of daylight saving time in the session's time zone.
- * A lease written by hand with months, or fields of both signs, is added as
- * an interval.
+ * When a lease from t runs out: a lease is a span of time, its days 24
+ * hours each, added in microseconds.  A lease written by hand with months,
+ * or fields of both signs, is added as an interval (in UTC).
  */
 static TimestampTz
 plus_lease(TimestampTz t, Interval *lease)
