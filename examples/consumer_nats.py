@@ -58,6 +58,13 @@ acknowledged.  An Idem-Key header that is not UTF-8 comes with U+FFFD in
 place of its bytes (idem-relay's has none: it percent-encodes every byte
 but [A-Za-z0-9._~-]).  A payload that is not JSON (22P02) fails the
 business write itself.
+
+A database not in UTF-8 (LATIN1, say) holds fewer characters: a Nats-Msg-Id
+with a character its encoding has no equivalent of cannot be claimed, and
+is terminated as above; an Idem-Key or a payload with one is dead-lettered
+with SQLSTATE 22P05, what PostgreSQL says of such a character, the key
+written as Python writes it ('\\u20ac'), so that the dead letter can be
+stored.
 """
 
 import argparse
@@ -263,13 +270,54 @@ def text(raw, what):
     return value.replace('\x00', '\\x00'), (error, '22021')
 
 
+def encodable(db, value):
+    """VALUE (text) as the connection and the database can take it: (VALUE,
+    None), or, when a character of it has no equivalent in the encoding of
+    either (a database not in UTF-8, such as LATIN1: psycopg2 would raise
+    UnicodeEncodeError, PostgreSQL 22P05), (VALUE with such characters
+    written as Python writes them ('\\u20ac'), the name of that encoding)."""
+    names = [db.encoding]
+    server = db.info.parameter_status('server_encoding')
+    # the server converts from the connection's encoding to the database's,
+    # but for SQL_ASCII, which takes any bytes
+    if server not in (None, db.encoding, 'SQL_ASCII'):
+        names.append(server)
+    missing = None
+    for name in names:
+        codec = psycopg2.extensions.encodings.get(name)
+        if codec is None:
+            continue
+        escaped = value.encode(codec, 'backslashreplace').decode(codec)
+        if escaped != value:
+            value, missing = escaped, missing or name
+    return value, missing
+
+
 def process(db, msg_id, key, payload, args, unfit=None):
     """idem_claim and the business write in one transaction: 'applied', or
     'duplicate' when the message was claimed before.  A business write that
     fails for good is rolled back and the message dead-lettered: 'dead'; a
-    message UNFIT for it (error, SQLSTATE) is dead-lettered in its place.
-    An id idem_claim refuses (SQLSTATE class 22) is rolled back, nothing
-    written: 'refused', a message without an id.  Other errors are raised."""
+    message UNFIT for it (error, SQLSTATE) is dead-lettered in its place, as
+    is one whose key or payload the database's encoding cannot hold.  An id
+    idem_claim refuses (SQLSTATE class 22) is rolled back, nothing written:
+    'refused', a message without an id; so is, before anything is sent, an
+    id the database's encoding cannot hold.  Other errors are raised."""
+    # A database not in UTF-8 holds fewer characters: an id it cannot hold
+    # cannot be claimed (written as Python writes it, two ids could become
+    # one); a key or a payload it cannot hold is dead-lettered, its key
+    # written so that the dead letter can be stored.
+    missing = encodable(db, msg_id)[1]
+    if missing:
+        log(args.name, 'idem_claim cannot take a Nats-Msg-Id with a character with no equivalent in %s'
+            % missing)
+        return 'refused'
+    key, missing = encodable(db, key)
+    if missing and not unfit:
+        unfit = ('the key has a character with no equivalent in %s' % missing, '22P05')
+    if not unfit:
+        missing = encodable(db, payload)[1]
+        if missing:
+            unfit = ('the payload has a character with no equivalent in %s' % missing, '22P05')
     while True:
         claimed = False
         try:

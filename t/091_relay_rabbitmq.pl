@@ -20,7 +20,9 @@
 #   letters once, and the messages after it are applied;
 # - deliveries of another publisher whose message_id idem_claim cannot take
 #   (not UTF-8, a NUL character) are rejected, and the one after them is
-#   applied; a --namespace over 63 bytes stops the consumer at start-up;
+#   applied; with a LATIN1 database, a message_id LATIN1 cannot hold is
+#   rejected, and an x-idem-key or a body it cannot hold is a dead letter; a
+#   --namespace over 63 bytes stops the consumer at start-up;
 # - a connection the broker closes while the relay is idle costs the next
 #   message no attempt;
 # - an exchange of its own and a routing key {topic}.{type}: the message
@@ -514,6 +516,79 @@ ok( wait_for('the queue to be empty',
 			return $rc == 0 && $qout =~ /^orders\s+0$/m;
 		}),
 	'the queue is empty: they were acknowledged');
+
+# A consumer of a LATIN1 database, whose encoding has no equivalent of some
+# characters (U+20AC): a delivery whose message_id has one cannot be
+# claimed, and is rejected; one whose x-idem-key or body has one is claimed
+# and dead-lettered with 22P05, its key written as Python writes it, so that
+# the dead letter can be stored, rather than ending the consumer (psycopg2's
+# UnicodeEncodeError, not an error of the database); a key LATIN1 holds
+# (U+00E9) is applied.
+$node->safe_psql('postgres', q{CREATE DATABASE latin1_consumer TEMPLATE template0 ENCODING 'LATIN1' LOCALE 'C'});
+$node->safe_psql('latin1_consumer', q{
+	CREATE EXTENSION idem;
+	CREATE TABLE order_events (
+		id bigserial PRIMARY KEY,
+		message_id uuid NOT NULL,
+		key text NOT NULL,
+		payload jsonb NOT NULL,
+		consumer text NOT NULL);
+	CREATE TABLE dead_letters (
+		message_id text NOT NULL,
+		key text NOT NULL,
+		error text NOT NULL,
+		sqlstate text NOT NULL);
+});
+sub sql_latin1 { return $node->safe_psql('latin1_consumer', $_[0]); }
+my $cl = start_consumer('consumer-l', '--dsn', $node->connstr('latin1_consumer'), '--queue', 'latin1');
+ok(wait_for('consumer-l to connect', sub { slurp_file("$tmp/consumer-l.out") =~ /connected/ }),
+	'a consumer of a LATIN1 database is connected');
+my $latin1_py = <<'PY';
+import pika, sys
+c = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
+ch = c.channel()
+ch.confirm_delivery()
+for mid, key, body in (("l1-\u20ac", "l1", '{"key": "l1"}'),
+                       ("00000000-0000-4000-8000-0000000000c2", "k\u20acy", '{"key": "l2"}'),
+                       ("00000000-0000-4000-8000-0000000000c3", "l3", '{"a": "\u20ac"}'),
+                       ("00000000-0000-4000-8000-0000000000c4", "\u00e9", '{"key": "\u00e9"}')):
+    ch.basic_publish("", "latin1", body.encode(),
+                     pika.BasicProperties(message_id=mid, headers={"x-idem-key": key}, delivery_mode=2))
+c.close()
+PY
+my $l_from = length(slurp_file("$tmp/consumer-l.out"));
+($fout, $ferr) = ('', '');
+ok(IPC::Run::run([ 'python3', '-c', $latin1_py, $amqp ], '>', \$fout, '2>', \$ferr),
+	'four messages with characters outside LATIN1, or in it, are in the queue') or diag($ferr);
+ok( wait_for('the last one',
+		sub { sql_latin1(q{SELECT count(*) FROM order_events WHERE message_id = '00000000-0000-4000-8000-0000000000c4'}) == 1 }),
+	'the last one is applied')
+  or diag(slurp_file("$tmp/consumer-l.out"));
+is( sql_latin1(q{SELECT message_id || '|' || (key = U&'\00E9') || '|' || (payload->>'key' = U&'\00E9') FROM order_events}),
+	'00000000-0000-4000-8000-0000000000c4|true|true', 'with its key and payload in LATIN1');
+is( sql_latin1(q{SELECT string_agg(right(message_id, 2) || '|' || key || '|' || sqlstate || '|' || error, E'\n'
+		                            ORDER BY message_id)
+		  FROM dead_letters}),
+	join("\n",
+		'c2|k\u20acy|22P05|x-idem-key has a character with no equivalent in LATIN1',
+		'c3|l3|22P05|the body has a character with no equivalent in LATIN1'),
+	'the one whose x-idem-key, and the one whose body, LATIN1 cannot hold are dead letters')
+  or diag(slurp_file("$tmp/consumer-l.out"));
+is(sql_latin1(q{SELECT count(*) FROM idem.claims WHERE ns = 'rabbit'}), 3, 'those three claimed');
+my $l_log = substr(slurp_file("$tmp/consumer-l.out"), $l_from);
+like($l_log, qr/idem_claim cannot take a message_id with a character with no equivalent in LATIN1\n.*delivery \d+ without (?:x-idem-key or )?a message_id idem_claim takes \('l1-\xe2\x82\xac'\): rejected/,
+	'the one whose message_id LATIN1 cannot hold is rejected') or diag($l_log);
+unlike($l_log, qr/Traceback|database: /, 'and consumer-l went on, without an error of the database');
+ok( wait_for('the queue to be empty',
+		sub {
+			my ($rc, $qout) = rabbitmqctl('list_queues', '-q', '--no-table-headers', 'name',
+				'messages');
+			return $rc == 0 && $qout =~ /^latin1\s+0$/m;
+		}),
+	'the queue is empty: each was acknowledged or rejected');
+$cl->signal('TERM');
+$cl->finish;
+is($cl->full_result(0), 0, 'consumer-l stops on SIGTERM');
 
 # A namespace idem_claim refuses for every message (over 63 bytes) is an
 # error of the command line: the consumer stops at once.

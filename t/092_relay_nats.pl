@@ -31,6 +31,8 @@
 #   it are applied; messages whose Nats-Msg-Id idem_claim cannot take (600
 #   bytes, a NUL character, not UTF-8) are terminated too, and a --namespace
 #   over 63 bytes stops the consumer at start-up;
+# - with a LATIN1 database, a Nats-Msg-Id LATIN1 cannot hold is terminated,
+#   and an Idem-Key or a payload it cannot hold is a dead letter;
 # - the headers a message carries, read back from the stream;
 # - servers of their own that require a user and password (with a small
 #   max_payload) or a token: wrong credentials make the sink down (exit
@@ -537,6 +539,64 @@ is($consumer{c2}{h}->full_result(0), 0, 'consumer c2 stops on SIGTERM');
 $relay{b}{h}->signal('TERM');
 $relay{b}{h}->finish;
 is($relay{b}{h}->full_result(0), 0, 'relay B stops with exit code 0');
+
+########################################################################
+# A database not in UTF-8
+########################################################################
+
+# A consumer of a LATIN1 database, whose encoding has no equivalent of some
+# characters (U+20AC), on a stream of the subjects latin.>: a message whose
+# Nats-Msg-Id has one cannot be claimed, and is terminated; one whose
+# Idem-Key (percent-encoded) or payload has one is claimed and
+# dead-lettered with 22P05, its key written as Python writes it, so that the
+# dead letter can be stored, rather than ending the consumer (psycopg2's
+# UnicodeEncodeError, not an error of the database); a key LATIN1 holds
+# (U+00E9) is applied.
+$node->safe_psql('postgres', q{CREATE DATABASE latin1 TEMPLATE template0 ENCODING 'LATIN1' LOCALE 'C'});
+$node->safe_psql('latin1', q{
+	CREATE EXTENSION idem;
+	CREATE TABLE applied (n bigserial PRIMARY KEY, msg_id text NOT NULL, key text NOT NULL,
+	                      payload jsonb NOT NULL, consumer text NOT NULL);
+	CREATE TABLE dead_letters (msg_id text NOT NULL, key text NOT NULL, error text NOT NULL,
+	                           sqlstate text NOT NULL);
+});
+sub sql_latin1 { return $node->safe_psql('latin1', $_[0]); }
+like(js('stream-create', 'LATIN', 'latin.>', 120), qr/"did_create": ?true/, 'stream LATIN on the subjects latin.>');
+$consumer{cl} = { out => "$tmp/cl.out" };
+$consumer{cl}{h} = IPC::Run::start(
+	[ $python, $consumer_py, '--nats', $nats_url, '--stream', 'LATIN', '--durable', 'latin', '--name', 'cl',
+	  '--ack-wait', '2' ],
+	'>', $consumer{cl}{out}, '2>&1', init => env_init(PGUSER => 'postgres', PGAPPNAME => 'cl', PGDATABASE => 'latin1'));
+push @started, $consumer{cl}{h};
+for ([ 'latin.a', '{"key": "l1"}', "l1-\xe2\x82\xac", 'l1' ], [ 'latin.a', '{"key": "l2"}', 'l2', '%E2%82%AC' ],
+	[ 'latin.a', qq({"a": "\xe2\x82\xac"}), 'l3', 'l3' ], [ 'latin.a', qq({"key": "\xc3\xa9"}), 'l4', '%C3%A9' ])
+{
+	my ($subject, $payload, $id, $key) = @$_;
+	like(js('publish-headers', $subject, $payload, 'Nats-Msg-Id', unpack('H*', $id), 'Idem-Key', unpack('H*', $key)),
+		qr/"stream": ?"LATIN"/, "message $key is stored in the stream");
+}
+ok(wait_for('l4', sub { sql_latin1(q{SELECT count(*) FROM applied WHERE msg_id = 'l4'}) == 1 }),
+	'the last one is applied') or diag(file($consumer{cl}{out}));
+is(sql_latin1(q{SELECT msg_id || '|' || (key = U&'\00E9') || '|' || (payload->>'key' = U&'\00E9') FROM applied}),
+	'l4|true|true', 'with its key and payload in LATIN1');
+is( sql_latin1(q{SELECT string_agg(msg_id || '|' || key || '|' || sqlstate || '|' || error, E'\n' ORDER BY msg_id)
+		  FROM dead_letters}),
+	join("\n",
+		'l2|\u20ac|22P05|the key has a character with no equivalent in LATIN1',
+		'l3|l3|22P05|the payload has a character with no equivalent in LATIN1'),
+	'the one whose Idem-Key, and the one whose payload, LATIN1 cannot hold are dead letters')
+  or diag(file($consumer{cl}{out}));
+is(sql_latin1(q{SELECT count(*) FROM idem.claims WHERE ns = 'nats'}), 3, 'those three claimed');
+my $cl_log = file($consumer{cl}{out});
+like($cl_log, qr/idem_claim cannot take a Nats-Msg-Id with a character with no equivalent in LATIN1\n.*a Nats-Msg-Id idem_claim cannot take \('l1-\xe2\x82\xac'\) on a message of latin\.a: terminated/,
+	'the one whose Nats-Msg-Id LATIN1 cannot hold is terminated') or diag($cl_log);
+unlike($cl_log, qr/Traceback|PostgreSQL: /, 'and cl went on, without an error of the database');
+$state_c = $json->decode(js('consumer-info', 'LATIN', 'latin'));
+is($state_c->{num_ack_pending} . '|' . $state_c->{num_pending}, '0|0',
+	'the durable consumer has no message pending: each was acknowledged or terminated');
+$consumer{cl}{h}->signal('TERM');
+$consumer{cl}{h}->finish;
+is($consumer{cl}{h}->full_result(0), 0, 'consumer cl stops on SIGTERM');
 
 ########################################################################
 # Configuration errors, and a subject no stream takes

@@ -25,8 +25,10 @@
 # bytes stops a consumer at start-up, and with the database down for longer
 # than max.poll.interval.ms the third consumer leaves its group, applies its
 # message once the database is back, joins again and reads the message
-# again, a duplicate; and the key, value and headers of a message, read back
-# from that cluster.
+# again, a duplicate; with a LATIN1 database, an idem-message-id LATIN1
+# cannot hold is skipped, and a key or a value it cannot hold is a dead
+# letter, whether the consumer speaks LATIN1 or UTF8 to the server; and the
+# key, value and headers of a message, read back from that cluster.
 
 use strict;
 use warnings;
@@ -437,15 +439,17 @@ for m in json.loads(sys.argv[3]):
               on_delivery=lambda err, msg: failed.append(err) if err else None)
 sys.exit(1 if p.flush(30) or failed else 0)
 PY
-sub produce
+sub produce_to
 {
-	my (@msgs) = @_;
+	my ($topic, @msgs) = @_;
 	my ($pout, $perr) = ('', '');
-	my $ok = IPC::Run::run([ $python, '-c', $produce_py, $bootstrap, 'events', JSON::PP->new->encode(\@msgs) ],
+	my $ok = IPC::Run::run([ $python, '-c', $produce_py, $bootstrap, $topic, JSON::PP->new->encode(\@msgs) ],
 		'>', \$pout, '2>', \$perr, IPC::Run::timeout(60));
 	diag($perr) unless $ok;
 	return $ok;
 }
+
+sub produce { return produce_to('events', @_); }
 
 sub msg_with_id
 {
@@ -580,6 +584,77 @@ is(sql(q{SELECT count(*) FROM applied WHERE msg_id IN ('poll-1', 'poll-2')}), 2,
 $consumer{c3}{h}->signal('TERM');
 $consumer{c3}{h}->finish;
 is($consumer{c3}{h}->full_result(0), 0, 'consumer c3 stops on SIGTERM');
+
+# Consumers of a LATIN1 database, whose encoding has no equivalent of some
+# characters (U+20AC), on a topic of their own: a message whose
+# idem-message-id has one cannot be claimed, and is skipped; one whose key
+# or value has one is claimed and dead-lettered with 22P05, its key written
+# as Python writes it, so that the dead letter can be stored, rather than
+# ending the consumer (psycopg2's UnicodeEncodeError, not an error of the
+# database); a key LATIN1 holds (U+00E9) is applied.  c4 speaks LATIN1 to
+# the server (the database's encoding, by default), c5 UTF8
+# (PGCLIENTENCODING), which the server converts: it would refuse their
+# dead letters with 22P05 too if their keys were not written so.  Each has
+# a group and a claim namespace of its own.
+$node->safe_psql('postgres', q{CREATE DATABASE latin1 TEMPLATE template0 ENCODING 'LATIN1' LOCALE 'C'});
+$node->safe_psql('latin1', q{
+	CREATE EXTENSION idem;
+	CREATE TABLE applied (n bigserial PRIMARY KEY, msg_id text NOT NULL, key text NOT NULL,
+	                      payload jsonb NOT NULL, consumer text NOT NULL);
+	CREATE TABLE dead_letters (msg_id text NOT NULL, key text NOT NULL, error text NOT NULL,
+	                           sqlstate text NOT NULL,
+	                           consumer text NOT NULL DEFAULT current_setting('application_name'));
+});
+sub sql_latin1 { return $node->safe_psql('latin1', $_[0]); }
+ok( produce_to('latin',
+		msg_with_id('l1', "l1-\xe2\x82\xac"),
+		{ %{ msg_with_id('l2', 'latin-2') }, key_hex => 'e282ac' },
+		{ %{ msg_with_id('l3', 'latin-3') }, value_hex => unpack('H*', qq({"a": "\xe2\x82\xac"})) },
+		{ %{ msg_with_id('l4', 'latin-4') }, key_hex => 'c3a9', value_hex => unpack('H*', qq({"key": "\xc3\xa9"})) }),
+	'four messages with characters outside LATIN1, or in it, to partition 0 of topic latin');
+for my $c ([ 'c4', 'kafka' ], [ 'c5', 'kafka-utf8', PGCLIENTENCODING => 'UTF8' ])
+{
+	my ($name, $ns, %env) = @$c;
+	$consumer{$name} = { out => "$tmp/$name.out" };
+	$consumer{$name}{h} = IPC::Run::start(
+		[ $python, "$src/examples/consumer_kafka.py", '--brokers', $bootstrap, '--topic', 'latin',
+		  '--group', "latin-$name", '--name', $name, '--namespace', $ns, '--session-timeout', '6000' ],
+		'>', $consumer{$name}{out}, '2>&1',
+		init => sub {
+			$ENV{$_} = $pgenv{$_} for keys %pgenv;
+			$ENV{$_} = $env{$_} for keys %env;
+			$ENV{PGUSER} = 'postgres';
+			$ENV{PGAPPNAME} = $name;
+			$ENV{PGDATABASE} = 'latin1';
+		});
+	push @started, $consumer{$name}{h};
+}
+ok( wait_for('latin-4', sub { sql_latin1(q{SELECT count(*) FROM applied WHERE msg_id = 'latin-4'}) == 2 }),
+	'c4 and c5 apply the last one')
+  or diag(file($consumer{c4}{out}) . file($consumer{c5}{out}));
+is( sql_latin1(q{SELECT string_agg(consumer || '|' || msg_id || '|' || (key = U&'\00E9') || '|'
+		                            || (payload->>'key' = U&'\00E9'), ',' ORDER BY consumer) FROM applied}),
+	'c4|latin-4|true|true,c5|latin-4|true|true', 'with its key and value in LATIN1');
+is( sql_latin1(q{SELECT string_agg(consumer || '|' || msg_id || '|' || key || '|' || sqlstate || '|' || error, E'\n'
+		                            ORDER BY consumer, msg_id)
+		  FROM dead_letters}),
+	join("\n",
+		map { ("$_|latin-2|\\u20ac|22P05|the key has a character with no equivalent in LATIN1",
+			   "$_|latin-3|l3|22P05|the value has a character with no equivalent in LATIN1") } 'c4', 'c5'),
+	'the one whose key, and the one whose value, LATIN1 cannot hold are dead letters, for both')
+  or diag(file($consumer{c4}{out}) . file($consumer{c5}{out}));
+is(sql_latin1(q{SELECT string_agg(ns || ' ' || n, ',' ORDER BY ns) FROM (SELECT ns, count(*) n FROM idem.claims GROUP BY ns) c}),
+	'kafka 3,kafka-utf8 3', 'those three claimed by each');
+for my $name ('c4', 'c5')
+{
+	my $log = file($consumer{$name}{out});
+	like($log, qr/idem_claim cannot take an idem-message-id with a character with no equivalent in LATIN1\n.*an idem-message-id idem_claim cannot take \('l1-\xe2\x82\xac'\) at latin\[0\]\@0: skipped/,
+		"$name skips the one whose idem-message-id LATIN1 cannot hold") or diag($log);
+	unlike($log, qr/Traceback|PostgreSQL: |offset commit failed/, "and goes on, without an error of the database");
+	$consumer{$name}{h}->signal('TERM');
+	$consumer{$name}{h}->finish;
+	is($consumer{$name}{h}->full_result(0), 0, "$name stops on SIGTERM");
+}
 
 # A record the broker refuses (INVALID_RECORD) is refused for good, with the
 # broker's error; it was retried until the message died.
