@@ -65,16 +65,19 @@ is terminated as above; an Idem-Key or a payload with one is dead-lettered
 with SQLSTATE 22P05, what PostgreSQL says of such a character, the key
 written as Python writes it ('\\u20ac'), so that the dead letter can be
 stored.
+
+The subject of a message is only logged: one that is not UTF-8, which a
+stream of wildcard subjects (orders.>) stores as it is given, is written
+as Python writes such bytes ('\\xff'), and the message processed as any
+other.
 """
 
 import argparse
-import base64
 import json
 import os
 import random
 import signal
 import socket
-import sys
 import time
 import urllib.parse
 
@@ -179,7 +182,12 @@ class Nats:
                 data = self.buf[end + 2:end + 2 + tlen]
                 self.buf = self.buf[end + 2 + tlen + 2:]
                 status, headers = parse_headers(data[:hlen])
-                return ('MSG', f[1].decode(), reply.decode() if reply else None,
+                # a subject not in UTF-8 (a stream of wildcard subjects
+                # stores what it is given) as Python writes such bytes
+                # ('\\xff'): it is only logged, and compared with the
+                # inbox's; a reply subject as it is, to be published to
+                return ('MSG', f[1].decode('utf-8', 'backslashreplace'),
+                        reply.decode('utf-8', 'surrogateescape') if reply else None,
                         status, headers, data[hlen:])
             self.buf = self.buf[end + 2:]
             if verb == b'PING':
@@ -193,7 +201,7 @@ class Nats:
 
     def publish(self, subject, payload=b'', reply=None):
         head = 'PUB %s %s%d\r\n' % (subject, reply + ' ' if reply else '', len(payload))
-        self._send(head.encode() + payload + b'\r\n')
+        self._send(head.encode('utf-8', 'surrogateescape') + payload + b'\r\n')
 
     def request(self, subject, payload, timeout=5.0, pull=False):
         """Publishes with a reply subject of its own; the first answer.  A

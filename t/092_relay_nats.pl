@@ -32,7 +32,8 @@
 #   bytes, a NUL character, not UTF-8) are terminated too, and a --namespace
 #   over 63 bytes stops the consumer at start-up;
 # - with a LATIN1 database, a Nats-Msg-Id LATIN1 cannot hold is terminated,
-#   and an Idem-Key or a payload it cannot hold is a dead letter;
+#   and an Idem-Key or a payload it cannot hold is a dead letter; messages
+#   on a subject that is not UTF-8 are processed as any other;
 # - the headers a message carries, read back from the stream;
 # - servers of their own that require a user and password (with a small
 #   max_payload) or a token: wrong credentials make the sink down (exit
@@ -551,7 +552,10 @@ is($relay{b}{h}->full_result(0), 0, 'relay B stops with exit code 0');
 # dead-lettered with 22P05, its key written as Python writes it, so that the
 # dead letter can be stored, rather than ending the consumer (psycopg2's
 # UnicodeEncodeError, not an error of the database); a key LATIN1 holds
-# (U+00E9) is applied.
+# (U+00E9) is applied.  Then, on a subject that is not UTF-8 (latin.\xff,
+# which the stream's wildcard takes), a message without Nats-Msg-Id,
+# terminated, and one with a good one, applied, rather than ending the
+# consumer (UnicodeDecodeError), which logs the subject as Python writes it.
 $node->safe_psql('postgres', q{CREATE DATABASE latin1 TEMPLATE template0 ENCODING 'LATIN1' LOCALE 'C'});
 $node->safe_psql('latin1', q{
 	CREATE EXTENSION idem;
@@ -575,10 +579,38 @@ for ([ 'latin.a', '{"key": "l1"}', "l1-\xe2\x82\xac", 'l1' ], [ 'latin.a', '{"ke
 	like(js('publish-headers', $subject, $payload, 'Nats-Msg-Id', unpack('H*', $id), 'Idem-Key', unpack('H*', $key)),
 		qr/"stream": ?"LATIN"/, "message $key is stored in the stream");
 }
-ok(wait_for('l4', sub { sql_latin1(q{SELECT count(*) FROM applied WHERE msg_id = 'l4'}) == 1 }),
-	'the last one is applied') or diag(file($consumer{cl}{out}));
-is(sql_latin1(q{SELECT msg_id || '|' || (key = U&'\00E9') || '|' || (payload->>'key' = U&'\00E9') FROM applied}),
-	'l4|true|true', 'with its key and payload in LATIN1');
+# SUBJECT, a header block and a payload, in hex, as they are
+my $publish_subject_py = <<'PY';
+import sys
+sys.path.insert(0, sys.argv[1])
+from consumer_nats import Nats
+host, port = sys.argv[2].rsplit(':', 1)
+nc = Nats(host, port, name='publish_subject')
+subject, head, payload = (bytes.fromhex(a) for a in sys.argv[3:6])
+nc.next += 1
+reply = '%s.%d' % (nc.inbox, nc.next)
+nc._send(b'HPUB ' + subject + (' %s %d %d\r\n' % (reply, len(head), len(head) + len(payload))).encode()
+         + head + payload + b'\r\n')
+while True:
+    op = nc._op(5.0)
+    if op[0] == 'MSG' and op[1] == reply:
+        break
+print(op[5].decode())
+PY
+for my $h ([ 'Idem-Key: l5' ], [ 'Nats-Msg-Id: l6', 'Idem-Key: l6' ])
+{
+	my ($pout, $perr) = ('', '');
+	IPC::Run::run([ $python, '-c', $publish_subject_py, "$FindBin::RealBin/../examples", $nats_url,
+			unpack('H*', "latin.\xff"), raw_headers('NATS/1.0', @$h), unpack('H*', '{"key": "u"}') ],
+		'>', \$pout, '2>', \$perr, IPC::Run::timeout(60));
+	like($pout, qr/"stream": ?"LATIN"/, "a message on subject latin.\\xff with @$h is stored in the stream")
+	  or diag($perr);
+}
+ok(wait_for('l6', sub { sql_latin1(q{SELECT count(*) FROM applied WHERE msg_id = 'l6'}) == 1 }),
+	'the last one, on a subject that is not UTF-8, is applied') or diag(file($consumer{cl}{out}));
+is( sql_latin1(q{SELECT string_agg(msg_id || '|' || (key = U&'\00E9') || '|' || (payload->>'key' = U&'\00E9'), ','
+		                            ORDER BY n) FROM applied}),
+	'l4|true|true,l6|false|false', 'and the one before with its key and payload in LATIN1');
 is( sql_latin1(q{SELECT string_agg(msg_id || '|' || key || '|' || sqlstate || '|' || error, E'\n' ORDER BY msg_id)
 		  FROM dead_letters}),
 	join("\n",
@@ -586,10 +618,12 @@ is( sql_latin1(q{SELECT string_agg(msg_id || '|' || key || '|' || sqlstate || '|
 		'l3|l3|22P05|the payload has a character with no equivalent in LATIN1'),
 	'the one whose Idem-Key, and the one whose payload, LATIN1 cannot hold are dead letters')
   or diag(file($consumer{cl}{out}));
-is(sql_latin1(q{SELECT count(*) FROM idem.claims WHERE ns = 'nats'}), 3, 'those three claimed');
+is(sql_latin1(q{SELECT count(*) FROM idem.claims WHERE ns = 'nats'}), 4, 'those three claimed, and the last one');
 my $cl_log = file($consumer{cl}{out});
 like($cl_log, qr/idem_claim cannot take a Nats-Msg-Id with a character with no equivalent in LATIN1\n.*a Nats-Msg-Id idem_claim cannot take \('l1-\xe2\x82\xac'\) on a message of latin\.a: terminated/,
 	'the one whose Nats-Msg-Id LATIN1 cannot hold is terminated') or diag($cl_log);
+like($cl_log, qr/^cl no Nats-Msg-Id on a message of latin\.\\xff: terminated$/m,
+	'so is the one without Nats-Msg-Id on latin.\xff, its subject written as Python writes it') or diag($cl_log);
 unlike($cl_log, qr/Traceback|PostgreSQL: /, 'and cl went on, without an error of the database');
 $state_c = $json->decode(js('consumer-info', 'LATIN', 'latin'));
 is($state_c->{num_ack_pending} . '|' . $state_c->{num_pending}, '0|0',
