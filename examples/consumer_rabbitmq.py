@@ -51,14 +51,15 @@ records it in dead_letters, after which the delivery is acknowledged:
         sqlstate   text NOT NULL
     );
 
-A delivery without x-idem-key, or whose message_id idem_claim cannot take,
-is not from idem-relay and has nothing to deduplicate it by: it is logged
-and rejected without requeue (to the queue's dead-letter exchange, if a
-policy gives it one), never delivered again.  idem_claim cannot take a
-message_id that is missing or empty, not UTF-8 (pika gives it as bytes) or
-with a NUL character (text has none), nor one it refuses with an error of
-SQLSTATE class 22 (one over 512 bytes would be, but AMQP's message_id holds
-at most 255).
+A delivery whose message_id idem_claim cannot take is not from idem-relay
+and has nothing to deduplicate it by: it is logged and rejected without
+requeue (to the queue's dead-letter exchange, if a policy gives it one),
+never delivered again.  idem_claim cannot take a message_id that is
+missing or empty, not UTF-8 (pika gives it as bytes) or with a NUL
+character (text has none), nor one it refuses with an error of SQLSTATE
+class 22 (one over 512 bytes would be, but AMQP's message_id holds at most
+255).  A delivery without x-idem-key has an empty key, as a message without
+a key has in the other example consumers: its message_id deduplicates it.
 --namespace is checked at start-up: idem_claim would refuse an empty one,
 or one over 63 bytes, for every message.
 
@@ -301,10 +302,12 @@ def main():
                 if method is None:
                     continue
                 msg_id = props.message_id
-                key = (props.headers or {}).get("x-idem-key")
+                # without x-idem-key, the key is empty, as in the other
+                # example consumers: the message_id is what deduplicates
+                key = (props.headers or {}).get("x-idem-key", "")
                 # a message_id that is not UTF-8 comes as bytes; PostgreSQL's
                 # text holds no NUL: nothing idem_claim can take
-                if key is None or not isinstance(msg_id, str) or not msg_id or "\x00" in msg_id:
+                if not isinstance(msg_id, str) or not msg_id or "\x00" in msg_id:
                     result = "no id"
                 else:
                     # an x-idem-key or a body PostgreSQL's text cannot hold:
@@ -314,11 +317,11 @@ def main():
                     result = process(db, msg_id, key, body, args, unfit or unfit_body)
                     db_failures = 0
                 if result in ("no id", "refused"):
-                    # not from idem-relay (no x-idem-key, or no message_id
-                    # idem_claim can take): nothing to deduplicate it by.
-                    # Refused for good, not requeued to come back forever.
-                    log(args.name, f"delivery {method.delivery_tag} without x-idem-key or a message_id "
-                        f"idem_claim takes ({msg_id!r:.80}): rejected")
+                    # not from idem-relay (no message_id idem_claim can
+                    # take): nothing to deduplicate it by.  Refused for
+                    # good, not requeued to come back forever.
+                    log(args.name, f"delivery {method.delivery_tag} without a message_id idem_claim takes "
+                        f"({msg_id!r:.80}): rejected")
                     channel.basic_reject(method.delivery_tag, requeue=False)
                     continue
                 commits += 1

@@ -19,10 +19,11 @@
 #   message whose business write violates a CHECK: it goes to the dead
 #   letters once, and the messages after it are applied;
 # - deliveries of another publisher whose message_id idem_claim cannot take
-#   (not UTF-8, a NUL character) are rejected, and the one after them is
-#   applied; with a LATIN1 database, a message_id LATIN1 cannot hold is
-#   rejected, and an x-idem-key or a body it cannot hold is a dead letter; a
-#   --namespace over 63 bytes stops the consumer at start-up;
+#   (not UTF-8, a NUL character) are rejected, and the ones after them are
+#   applied, one without x-idem-key with an empty key; with a LATIN1
+#   database, a message_id LATIN1 cannot hold is rejected, and an
+#   x-idem-key or a body it cannot hold is a dead letter; a --namespace over
+#   63 bytes stops the consumer at start-up;
 # - a connection the broker closes while the relay is idle costs the next
 #   message no attempt;
 # - an exchange of its own and a routing key {topic}.{type}: the message
@@ -426,34 +427,42 @@ ok( wait_for('the queue to be empty',
 
 # Deliveries of another publisher whose message_id idem_claim cannot take:
 # one that is not UTF-8 (pika gives it as bytes) and one with a NUL
-# character; then one with a good id.  The first two cannot be
-# deduplicated: each is rejected without requeue, as a delivery without
-# x-idem-key is, rather than delivered again for ever (bytes made a call to
+# character; then one with a good id and no x-idem-key, and one with a good
+# id.  The first two cannot be deduplicated: each is rejected without
+# requeue, rather than delivered again for ever (bytes made a call to
 # idem_claim(bytea, ...), which does not exist, and the queue was held up)
-# or ending the consumer (psycopg2's ValueError for a NUL).
+# or ending the consumer (psycopg2's ValueError for a NUL).  The one without
+# x-idem-key is applied with an empty key, as the Kafka and NATS consumers
+# apply a message without a key (it was rejected).
 my $good_foreign = '00000000-0000-4000-8000-000000000091';
+my $nokey_foreign = '00000000-0000-4000-8000-000000000092';
 my $foreign_py = <<'PY';
 import pika, sys
 c = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
 ch = c.channel()
 ch.confirm_delivery()
-for mid, key in ((b"\xff\xfe", "f1"), ("a\x00b", "f2"), (sys.argv[2], "f3")):
-    ch.basic_publish("", "orders", '{"key": "%s", "seq": 1}' % key,
-                     pika.BasicProperties(message_id=mid, headers={"x-idem-key": key}, delivery_mode=2))
+for mid, key, name in ((b"\xff\xfe", "f1", "f1"), ("a\x00b", "f2", "f2"), (sys.argv[3], None, "f4"),
+                       (sys.argv[2], "f3", "f3")):
+    ch.basic_publish("", "orders", '{"key": "%s", "seq": 1}' % name,
+                     pika.BasicProperties(message_id=mid, headers={"x-idem-key": key} if key else None,
+                                          delivery_mode=2))
 c.close()
 PY
 $b_from = length(slurp_file("$tmp/consumer-b.out"));
 my ($fout, $ferr) = ('', '');
-ok(IPC::Run::run([ 'python3', '-c', $foreign_py, $amqp, $good_foreign ], '>', \$fout, '2>', \$ferr),
-	'three messages of another publisher are in the queue') or diag($ferr);
+ok(IPC::Run::run([ 'python3', '-c', $foreign_py, $amqp, $good_foreign, $nokey_foreign ], '>', \$fout, '2>', \$ferr),
+	'four messages of another publisher are in the queue') or diag($ferr);
 ok( wait_for('the good one', sub { sql(qq{SELECT count(*) FROM order_events WHERE message_id = '$good_foreign'}) == 1 }),
 	'the one with a good message_id, after the others, is applied')
   or diag_state();
+is(sql(qq{SELECT '[' || key || ']' || (payload->>'key') FROM order_events WHERE message_id = '$nokey_foreign'}), '[]f4',
+	'so is the one without x-idem-key, with an empty key');
 my $b_log = substr(slurp_file("$tmp/consumer-b.out"), $b_from);
-is(scalar(() = $b_log =~ /delivery \d+ without x-idem-key or a message_id idem_claim takes \((?:b'\\xff\\xfe'|'a\\x00b')\): rejected/g), 2,
+is(scalar(() = $b_log =~ /delivery \d+ without a message_id idem_claim takes \((?:b'\\xff\\xfe'|'a\\x00b')\): rejected/g), 2,
 	'the one not UTF-8 and the one with a NUL are rejected, once each') or diag($b_log);
+unlike($b_log, qr/\Q$nokey_foreign\E\W*\): rejected/, 'the one without x-idem-key is not');
 is(sql(q{SELECT count(*) FROM idem.claims WHERE ns = 'rabbit'}) . '|' . sql('SELECT count(*) FROM dead_letters'),
-	($all + 1) . '|1', 'nothing claimed or dead-lettered for them');
+	($all + 2) . '|1', 'nothing claimed or dead-lettered for the first two');
 ok( wait_for('the queue to be empty',
 		sub {
 			my ($rc, $qout) = rabbitmqctl('list_queues', '-q', '--no-table-headers', 'name',
@@ -576,7 +585,7 @@ is( sql_latin1(q{SELECT string_agg(right(message_id, 2) || '|' || key || '|' || 
   or diag(slurp_file("$tmp/consumer-l.out"));
 is(sql_latin1(q{SELECT count(*) FROM idem.claims WHERE ns = 'rabbit'}), 3, 'those three claimed');
 my $l_log = substr(slurp_file("$tmp/consumer-l.out"), $l_from);
-like($l_log, qr/idem_claim cannot take a message_id with a character with no equivalent in LATIN1\n.*delivery \d+ without (?:x-idem-key or )?a message_id idem_claim takes \('l1-\xe2\x82\xac'\): rejected/,
+like($l_log, qr/idem_claim cannot take a message_id with a character with no equivalent in LATIN1\n.*delivery \d+ without a message_id idem_claim takes \('l1-\xe2\x82\xac'\): rejected/,
 	'the one whose message_id LATIN1 cannot hold is rejected') or diag($l_log);
 unlike($l_log, qr/Traceback|database: /, 'and consumer-l went on, without an error of the database');
 ok( wait_for('the queue to be empty',
