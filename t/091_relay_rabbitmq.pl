@@ -27,7 +27,9 @@
 # - a connection the broker closes while the relay is idle costs the next
 #   message no attempt;
 # - an exchange of its own and a routing key {topic}.{type}: the message
-#   reaches the queue bound to that key.
+#   reaches the queue bound to that key;
+# - what the END block does when the test dies partway, with the broker
+#   running and no pid file: neither the broker nor its epmd is left.
 #
 # A broker that cannot be started fails the test: it is never skipped.
 
@@ -38,6 +40,7 @@ use FindBin;
 use lib $FindBin::RealBin;
 
 use Cwd qw(abs_path);
+use IO::Socket::INET;
 use IPC::Run;
 use JSON::PP;
 use PostgreSQL::Test::Cluster;
@@ -129,16 +132,55 @@ sub start_broker
 	return $rc == 0;
 }
 
-# Whatever happens, no broker is left running.
+# The processes started with the broker's environment: the broker (its
+# script and its Erlang VM, with the VM's helpers), the epmd the VM starts
+# as a daemon, which outlives it, and a rabbitmqctl still running.
+sub broker_processes
+{
+	my $mark = "RABBITMQ_PID_FILE=$rdir/rabbit.pid";
+	my @pids;
+	for my $dir (glob('/proc/[0-9]*'))
+	{
+		my ($pid) = $dir =~ m{(\d+)$};
+		next if $pid == $$;
+		open(my $fh, '<', "$dir/environ") or next;
+		my $env = do { local $/; <$fh> } // '';
+		close($fh);
+		push @pids, $pid if grep { $_ eq $mark } split /\0/, $env;
+	}
+	return @pids;
+}
+
+# Kills them all, until none is left: the broker's pid file does not name
+# a broker still starting, nor epmd, and "epmd -kill" refuses while a node
+# is registered, as a VM just killed is until epmd sees its connection
+# close.  True once none is left.
+sub stop_broker
+{
+	for (my $i = 0; $i < 100; $i++)
+	{
+		my @pids = broker_processes();
+		return 1 unless @pids;
+		kill 'KILL', @pids;
+		usleep(100_000);
+	}
+	return 0;
+}
+
+# Whatever happens, no broker and no epmd of this test is left running.
 END
 {
-	if (-f "$rdir/rabbit.pid")
-	{
-		my $pid = slurp_file("$rdir/rabbit.pid");
-		chomp $pid;
-		kill 'KILL', $pid if $pid =~ /^\d+$/;
-	}
-	system('epmd', '-port', $epmd_port, '-kill');
+	local $?;    # the test's exit status
+	stop_broker();
+}
+
+sub port_open
+{
+	my ($port) = @_;
+	my $sock = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port, Proto => 'tcp', Timeout => 5);
+	return 0 unless $sock;
+	close($sock);
+	return 1;
 }
 
 sub broker_pid
@@ -951,7 +993,17 @@ is(sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'alarm'}), 0,
 	'once the alarm is over, every message is delivered')
   or diag(slurp_file("$tmp/relay-alarm2.err"));
 
-rabbitmqctl('shutdown');
-$broker->finish;
+########################################################################
+# Nothing left running
+########################################################################
+
+# The END block stops the broker and its epmd whatever happens: here as if
+# the test died while the broker was starting, before its pid file was
+# written, with the broker running.
+ok(port_open($amqp_port) && port_open($epmd_port), 'the broker and its epmd listen');
+unlink "$rdir/rabbit.pid";
+ok(stop_broker(), 'the processes with the broker\'s environment are gone');
+ok(!port_open($amqp_port), 'the broker no longer listens');
+ok(!port_open($epmd_port), 'nor does its epmd');
 
 done_testing();
