@@ -662,7 +662,8 @@ idem_outbox_nack(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("error must not be null"),
 				 errhint("Give what the broker or the endpoint answered.")));
-	error = PG_GETARG_TEXT_PP(1);
+	/* no more than is kept is read of a long one */
+	error = PG_GETARG_TEXT_P_SLICE(1, 0, OUTBOX_MAX_ERROR_LEN + MAX_MULTIBYTE_CHAR_LEN);
 	if (VARSIZE_ANY_EXHDR(error) > OUTBOX_MAX_ERROR_LEN)
 	{
 		/* kept short: the key row is updated in place on every delivery */

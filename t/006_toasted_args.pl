@@ -5,7 +5,8 @@
 # read whole: a value of 200 MB, which compresses into about 2 MB of a
 # table, given as a claim's id or namespace, a token's scope, a message's
 # topic, key or type, leaves the backend's peak memory (the max resident
-# size that log_statement_stats reports) far below the value's size.
+# size that log_statement_stats reports) far below the value's size.  So
+# does the error of a nack, of which only what is kept is read.
 
 use strict;
 use warnings;
@@ -43,5 +44,19 @@ for my $case (
 	ok(defined $kb && $kb < 100_000, "$what of 200 MB: the backend's peak is below 100 MB")
 	  or diag("max resident size: " . ($kb // 'not reported') . " kB");
 }
+
+# A nack's error is cut to 2,000 bytes: no more than that is read of it.
+$node->safe_psql('postgres', q{SELECT idem_outbox_send('n', 'k', '{}')});
+my $id = $node->safe_psql('postgres', q{SELECT id FROM idem_outbox_lease('r', 1)});
+my ($rc, $out, $err) = $node->psql('postgres', qq{
+	SET client_min_messages = log;
+	SET log_statement_stats = on;
+	SELECT idem_outbox_nack('$id', t) FROM big;});
+is($rc, 0, 'a nack with an error of 200 MB');
+my ($kb) = $err =~ /(\d+) kB max resident size/;
+ok(defined $kb && $kb < 100_000, "a nack's error of 200 MB: the backend's peak is below 100 MB")
+  or diag("max resident size: " . ($kb // 'not reported') . " kB");
+is($node->safe_psql('postgres', q{SELECT octet_length(last_error) FROM idem.outbox_keys WHERE topic = 'n'}),
+	'2000', 'the error is kept cut to 2,000 bytes');
 
 done_testing();
