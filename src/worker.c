@@ -38,6 +38,7 @@
 #include "access/heapam.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/pg_authid.h"
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
 #include "commands/defrem.h"
@@ -442,13 +443,23 @@ idem_maintenance_round_main(Datum main_arg)
 	StartTransactionCommand();
 	dbname = MemoryContextStrdup(TopMemoryContext,
 								 get_database_name(MyDatabaseId));
+
+	/*
+	 * As the bootstrap superuser, whatever role or session_authorization
+	 * the database's owner set for it: every round would fail for want of
+	 * privileges.  (The checks of both read the catalogs: in a transaction.)
+	 */
+	SetConfigOption("session_authorization",
+					GetUserNameFromId(BOOTSTRAP_SUPERUSERID, false),
+					PGC_SUSET, PGC_S_OVERRIDE);
+	SetConfigOption("role", "none", PGC_SUSET, PGC_S_OVERRIDE);
 	CommitTransactionCommand();
 
 	/*
 	 * Whatever the database's settings say: the worker runs as the bootstrap
-	 * superuser, so no schema a user can create in comes before pg_catalog;
-	 * and the purge of idle outbox keys needs READ COMMITTED, in a
-	 * transaction that may write.
+	 * superuser (see above), so no schema a user can create in comes before
+	 * pg_catalog; and the purge of idle outbox keys needs READ COMMITTED,
+	 * in a transaction that may write.
 	 */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET,
 					PGC_S_OVERRIDE);

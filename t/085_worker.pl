@@ -236,6 +236,30 @@ $node->safe_psql('postgres', q{
 SET default_transaction_read_only = off;
 ALTER DATABASE postgres RESET default_transaction_read_only});
 
+# a database whose owner sets role and session_authorization for it: the
+# worker's rounds run as the bootstrap superuser all the same (as the role
+# they set, every round failed for want of privileges)
+my $su = $node->safe_psql('postgres', 'SELECT current_user');
+$node->safe_psql('postgres', q{CREATE ROLE dbo LOGIN; ALTER DATABASE postgres OWNER TO dbo});
+$node->safe_psql('postgres', q{
+SET SESSION AUTHORIZATION dbo;
+ALTER DATABASE postgres SET role = 'dbo';
+ALTER DATABASE postgres SET session_authorization = 'dbo'});
+my $as_su = qq{SET SESSION AUTHORIZATION "$su"; SET ROLE NONE;};
+my $auth_offset = -s $node->logfile;
+is($node->safe_psql('postgres', q{SELECT current_user}), 'dbo',
+	'sessions of the database run as the role its settings set');
+$node->safe_psql('postgres', qq{$as_su
+INSERT INTO idem.claims SELECT 'short', 'auth-' || i, now() - interval '2 days' FROM generate_series(1, 30) i});
+ok(poll(qq{$as_su SELECT count(*) FROM idem.claims WHERE msg_id LIKE 'auth-%'}, '0'),
+	'the worker purges in a database whose settings set role and session_authorization');
+unlike(slurp_file($node->logfile, $auth_offset), qr/permission denied/, 'and no round failed for want of privileges');
+$node->safe_psql('postgres', qq{$as_su
+ALTER DATABASE postgres RESET role;
+ALTER DATABASE postgres RESET session_authorization;
+ALTER DATABASE postgres OWNER TO "$su";
+DROP ROLE dbo});
+
 # by hand, for pg_cron: at most max_rows of each kind, in the caller's
 # transaction (which also keeps the rows it made from the worker)
 my $round = $node->safe_psql('postgres', q{
