@@ -743,9 +743,13 @@ db_connect(void)
 	 * Leases, acks and nacks each run in a transaction of their own at READ
 	 * COMMITTED, whatever the database's or the role's default: at
 	 * REPEATABLE READ or SERIALIZABLE, relays working at once would fail
-	 * with serialization errors.
+	 * with serialization errors.  A nack's array literal writes NULL for
+	 * "no retry time", which array_nulls = off would read as a string; and
+	 * the relay is idle between leases for as long as its poll, which an
+	 * idle_session_timeout would cut again and again.
 	 */
-	res = run("SET default_transaction_isolation TO 'read committed'",
+	res = run("SET default_transaction_isolation TO 'read committed'; SET array_nulls TO on; "
+			  "SET idle_session_timeout TO 0",
 			  "setting the isolation level", PGRES_COMMAND_OK, &failure);
 	if (res == NULL)
 		return failure;

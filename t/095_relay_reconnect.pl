@@ -19,6 +19,8 @@
 #   through is sent again past that deadline too; a relay asked to stop
 #   connects once more on its way out to send a cut ack; a cut ack is not
 #   sent to the database of a reload that changed the dbname;
+# - settings of the relay's role (array_nulls off, a short
+#   idle_session_timeout) break neither its nacks nor its idle connection;
 # - SIGHUP with a new dbname connects to that database and delivers from
 #   there, and back to the environment's database; a reload that keeps the
 #   dbname keeps the connection;
@@ -430,6 +432,28 @@ like($rerr, qr/1 delivered and 0 released messages of a batch cut by the lost co
 unlike($rerr, qr/acknowledged on the new connection/, 'nothing is acknowledged there');
 is(sql(q{SELECT pending || ' ' || leased FROM idem_outbox_stats() WHERE topic = 'away'}), '0 1',
 	'the message stays leased in its database');
+
+# Settings of the relay's role that would break its statements or its
+# idle connection: array_nulls off made every nack without a retry time
+# fail (its array literal's NULL read as the string "NULL": 22007), and an
+# idle_session_timeout shorter than the poll cut the connection again and
+# again.  The relay sets both for its session.
+sql(q{ALTER ROLE relay SET array_nulls = off; ALTER ROLE relay SET idle_session_timeout = '1s'});
+sql(q{SELECT idem_outbox_configure('anull', 5, '50 milliseconds', '100 milliseconds')});
+my $anull = send_msg('anull', 'k', { n => 1, reply => [ '503', '200' ] });
+$r = start_relay('--sink', 'webhook', '--webhook-url', "$url/anull", '--poll', '3s', '--reconnect-max', '200ms',
+	'--log-interval', '0');
+ok( wait_for('the message delivered', sub {
+			sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'anull'}) == 0 }),
+	'a relay whose role sets array_nulls off and a short idle_session_timeout: the message refused once is delivered');
+usleep(2_500_000);
+is(stop_relay($r, 'TERM'), 0, 'SIGTERM: exit code 0');
+$rerr = file($r->{err});
+unlike($rerr, qr/idem_outbox_nack failed/, 'its nack went through');
+unlike($rerr, qr/connection lost|idle-session timeout/, 'its idle connection was not cut');
+is(final_counts($rerr), 'leased 2, delivered 1, retried 1, dead 0, errors 0',
+	'the message was retried once, then delivered');
+sql(q{ALTER ROLE relay RESET array_nulls; ALTER ROLE relay RESET idle_session_timeout});
 
 ########################################################################
 # SIGHUP with a new dbname
