@@ -1777,7 +1777,8 @@ BEGIN
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', g.tgname, g.tbl);
         EXECUTE pg_catalog.regexp_replace(g.def,
                     '^(CREATE TRIGGER ("([^"]|"")*"|[^ ]+)) BEFORE UPDATE ON ',
-                    '\1 BEFORE INSERT OR UPDATE ON ');
+                    -- E'': a backslash whatever standard_conforming_strings says
+                    E'\\1 BEFORE INSERT OR UPDATE ON ');
         -- the table first: its ALTER reaches its partitions
         FOR s IN SELECT e OPERATOR(pg_catalog.->>) 0 AS rel, e OPERATOR(pg_catalog.->>) 1 AS enabled,
                         e OPERATOR(pg_catalog.->>) 2 AS note
