@@ -750,7 +750,8 @@ db_connect(void)
 	 */
 	res = run("SET default_transaction_isolation TO 'read committed'; SET array_nulls TO on; "
 			  "SET idle_session_timeout TO 0",
-			  "setting the isolation level", PGRES_COMMAND_OK, &failure);
+			  "setting the session's isolation level, array_nulls and idle_session_timeout",
+			  PGRES_COMMAND_OK, &failure);
 	if (res == NULL)
 		return failure;
 	PQclear(res);
