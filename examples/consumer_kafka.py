@@ -62,7 +62,10 @@ idem-message-id with a character its encoding has no equivalent of cannot
 be claimed, and is skipped as above; a key or a value with one is
 dead-lettered with SQLSTATE 22P05, what PostgreSQL says of such a
 character, the key written as Python writes it ('\\u20ac'), so that the
-dead letter can be stored.
+dead letter can be stored.  --namespace and --name (written with each
+business row) are checked against the database's encoding when it is first
+reached: with a character it has no equivalent of, the consumer exits with
+status 2, before it processes a message.
 
 While it waits for the database, the consumer does not poll Kafka, so a
 rebalance of its group (a consumer joining or leaving) waits for it; after
@@ -149,6 +152,18 @@ def encodable(db, value):
         if escaped != value:
             value, missing = escaped, missing or name
     return value, missing
+
+
+def check_names(db, args):
+    """Exits with status 2 when --namespace or --name has a character the
+    database's encoding has no equivalent of: idem_claim, or the business
+    write, would fail the same way for every message."""
+    for option, value in (('--namespace', args.namespace), ('--name', args.name)):
+        missing = encodable(db, value)[1]
+        if missing:
+            sys.stderr.write('%s: error: %s has a character with no equivalent in %s\n'
+                             % (os.path.basename(sys.argv[0]), option, missing))
+            sys.exit(2)
 
 
 def process(db, msg_id, key, payload, args, unfit=None):
@@ -300,6 +315,7 @@ def main():
             try:
                 if db is None:
                     db = psycopg2.connect(args.dsn)
+                    check_names(db, args)
                 result = process(db, msg_id, key, payload, args, unfit)
             except psycopg2.Error as e:
                 # the connection lost (the server restarted, the backend was

@@ -64,7 +64,10 @@ with a character its encoding has no equivalent of cannot be claimed, and
 is terminated as above; an Idem-Key or a payload with one is dead-lettered
 with SQLSTATE 22P05, what PostgreSQL says of such a character, the key
 written as Python writes it ('\\u20ac'), so that the dead letter can be
-stored.
+stored.  --namespace and --name (written with each business row) are checked
+against the database's encoding when it is first reached: with a character
+it has no equivalent of, the consumer exits with status 2, before it
+processes a message.
 
 The subject of a message is only logged: one that is not UTF-8, which a
 stream of wildcard subjects (orders.>) stores as it is given, is written
@@ -78,6 +81,7 @@ import os
 import random
 import signal
 import socket
+import sys
 import time
 import urllib.parse
 
@@ -301,6 +305,18 @@ def encodable(db, value):
     return value, missing
 
 
+def check_names(db, args):
+    """Exits with status 2 when --namespace or --name has a character the
+    database's encoding has no equivalent of: idem_claim, or the business
+    write, would fail the same way for every message."""
+    for option, value in (('--namespace', args.namespace), ('--name', args.name)):
+        missing = encodable(db, value)[1]
+        if missing:
+            sys.stderr.write('%s: error: %s has a character with no equivalent in %s\n'
+                             % (os.path.basename(sys.argv[0]), option, missing))
+            sys.exit(2)
+
+
 def process(db, msg_id, key, payload, args, unfit=None):
     """idem_claim and the business write in one transaction: 'applied', or
     'duplicate' when the message was claimed before.  A business write that
@@ -434,6 +450,7 @@ def main():
                 try:
                     if db is None:
                         db = psycopg2.connect(args.dsn)
+                        check_names(db, args)
                     result = process(db, msg_id, key, payload, args, unfit)
                 except psycopg2.Error as e:
                     # the connection lost (the server restarted, the backend

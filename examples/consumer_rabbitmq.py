@@ -79,7 +79,10 @@ with a character its encoding has no equivalent of cannot be claimed, and
 is rejected as above; an x-idem-key or a body with one is dead-lettered
 with SQLSTATE 22P05, what PostgreSQL says of such a character, the key
 written as Python writes it ('\\u20ac'), so that the dead letter can be
-stored.
+stored.  --namespace and --name (written with each business row) are checked
+against the database's encoding when it is first reached: with a character
+it has no equivalent of, the consumer exits with status 2, before it
+processes a message.
 """
 
 import argparse
@@ -172,6 +175,18 @@ def encodable(db, value):
         if escaped != value:
             value, missing = escaped, missing or name
     return value, missing
+
+
+def check_names(db, args):
+    """Exits with status 2 when --namespace or --name has a character the
+    database's encoding has no equivalent of: idem_claim, or the business
+    write, would fail the same way for every message."""
+    for option, value in (('--namespace', args.namespace), ('--name', args.name)):
+        missing = encodable(db, value)[1]
+        if missing:
+            sys.stderr.write('%s: error: %s has a character with no equivalent in %s\n'
+                             % (os.path.basename(sys.argv[0]), option, missing))
+            sys.exit(2)
 
 
 def process(db, msg_id, key, body, args, unfit=None):
@@ -289,6 +304,7 @@ def main():
         try:
             if db is None or db.closed:
                 db = connect_db(args.dsn)
+                check_names(db, args)
             conn = pika.BlockingConnection(params)
             channel = conn.channel()
             declare(channel, args.queue)

@@ -23,13 +23,15 @@
 #   applied, one without x-idem-key with an empty key; with a LATIN1
 #   database, a message_id LATIN1 cannot hold is rejected, and an
 #   x-idem-key or a body it cannot hold is a dead letter; a --namespace over
-#   63 bytes stops the consumer at start-up;
+#   63 bytes stops the consumer at start-up, and a --namespace or --name
+#   the LATIN1 database cannot hold once it reaches the database;
 # - a connection the broker closes while the relay is idle costs the next
 #   message no attempt;
 # - an exchange of its own and a routing key {topic}.{type}: the message
 #   reaches the queue bound to that key;
 # - what the END block does when the test dies partway, with the broker
-#   running and no pid file: neither the broker nor its epmd is left.
+#   running and no pid file: neither the broker nor its epmd is left (nor a
+#   relay or consumer the test started).
 #
 # A broker that cannot be started fails the test: it is never skipped.
 
@@ -167,10 +169,25 @@ sub stop_broker
 	return 0;
 }
 
-# Whatever happens, no broker and no epmd of this test is left running.
+# Whatever happens, no relay, consumer, broker or epmd of this test is left
+# running: the relays and consumers first, which would otherwise try to
+# reconnect for ever.
+my @started;
+
+sub started
+{
+	my ($h) = @_;
+	push @started, $h;
+	return $h;
+}
+
 END
 {
-	local $?;    # the test's exit status
+	local $?;    # the test's exit status (kill_kill sets it)
+	for my $h (@started)
+	{
+		$h->kill_kill if $h->pumpable;
+	}
 	stop_broker();
 }
 
@@ -299,18 +316,18 @@ my %pgenv = (PGHOST => $node->host, PGPORT => $node->port, PGDATABASE => 'postgr
 sub start_relay
 {
 	my ($name) = @_;
-	return IPC::Run::start([ $relay, '--name', $name, @relay_args ],
+	return started(IPC::Run::start([ $relay, '--name', $name, @relay_args ],
 		'>', "$tmp/$name.out", '2>', "$tmp/$name.err",
 		init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; },
-		IPC::Run::timeout(120));
+		IPC::Run::timeout(120)));
 }
 
 sub start_consumer
 {
 	my ($name, @extra) = @_;
-	return IPC::Run::start([ 'python3', '-u', $consumer, '--dsn', $dsn, '--amqp', $amqp,
+	return started(IPC::Run::start([ 'python3', '-u', $consumer, '--dsn', $dsn, '--amqp', $amqp,
 			'--queue', 'orders', '--name', $name, '--prefetch', '5', @extra ],
-		'>', "$tmp/$name.out", '2>&1', init => sub { $ENV{PGAPPNAME} = $name; }, IPC::Run::timeout(120));
+		'>', "$tmp/$name.out", '2>&1', init => sub { $ENV{PGAPPNAME} = $name; }, IPC::Run::timeout(120)));
 }
 
 # The first consumer is the active one; it dies after its 10th commit.
@@ -648,6 +665,22 @@ IPC::Run::run([ 'python3', $consumer, '--dsn', $dsn, '--amqp', $amqp, '--queue',
 		'--namespace', 'n' x 64, '--declare-only' ], '>', \$out, '2>', \$err, IPC::Run::timeout(60));
 is($? >> 8, 2, 'a consumer given a namespace of 64 bytes stops with exit code 2');
 like($err, qr/--namespace must be 1 to 63 bytes long/, 'saying why');
+# A namespace or a name (written with each business row) the database's
+# encoding cannot hold: checked once the database is reached, with the same
+# exit code (before, the first message ended the consumer with a traceback).
+for my $opt ('--namespace', '--name')
+{
+	($out, $err) = ('', '');
+	my $rc = eval {
+		IPC::Run::run([ 'python3', $consumer, '--dsn', $node->connstr('latin1_consumer'), '--amqp', $amqp,
+				'--queue', 'latin1', '--name', 'consumer-n', $opt, "n\xe2\x82\xac" ],
+			'>', \$out, '2>', \$err, IPC::Run::timeout(30));
+		$? >> 8;
+	};
+	is($rc, 2, "a consumer of a LATIN1 database given $opt with a euro sign stops with exit code 2")
+	  or diag($@ . $out . $err);
+	like($err, qr/\Q$opt\E has a character with no equivalent in LATIN1/, 'saying why');
+}
 
 $cb->signal('TERM');
 $cb->finish;
@@ -920,11 +953,11 @@ sql(q{SELECT count(idem_outbox_send('alarm', 'a' || i, jsonb_build_object('pad',
 my ($arc) = rabbitmqctl('set_vm_memory_high_watermark', 'absolute', '10MB');
 is($arc, 0, 'a memory alarm is raised');
 # batches of 100 messages of 200 kB: more than the socket's buffers take
-my $ra = IPC::Run::start([ $relay, '--name', 'relay-alarm', @relay_args, '--set', 'rabbitmq.mandatory=false',
+my $ra = started(IPC::Run::start([ $relay, '--name', 'relay-alarm', @relay_args, '--set', 'rabbitmq.mandatory=false',
 		'--batch', '100', '--reconnect-max', '30s' ],
 	'>', "$tmp/relay-alarm.out", '2>', "$tmp/relay-alarm.err",
 	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; },
-	IPC::Run::timeout(120));
+	IPC::Run::timeout(120)));
 ok(wait_for('a send given up', sub { slurp_file("$tmp/relay-alarm.err") =~ /took no message within 1000 ms/ }),
 	'a publish the broker does not read is given up after the timeout');
 # 250 ms, 500 ms, 1 s, ... between the attempts (without the growing
@@ -936,11 +969,11 @@ $ra->signal('TERM');
 $ra->signal('TERM');
 $ra->finish;
 # with a timeout of 30 s, only the second signal can end the send at once
-my $rc30 = IPC::Run::start([ $relay, '--name', 'relay-alarm30', @relay_args, '--set', 'rabbitmq.mandatory=false',
+my $rc30 = started(IPC::Run::start([ $relay, '--name', 'relay-alarm30', @relay_args, '--set', 'rabbitmq.mandatory=false',
 		'--batch', '100', '--timeout', '30s', '--lease', '70s' ],
 	'>', "$tmp/relay-alarm30.out", '2>', "$tmp/relay-alarm30.err",
 	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; },
-	IPC::Run::timeout(120));
+	IPC::Run::timeout(120)));
 ok(wait_for('a batch leased', sub { sql(q{SELECT count(*) FROM idem.outbox_keys
                                             WHERE topic = 'alarm' AND leased_by = 'relay-alarm30'}) > 0 }),
 	'a relay with a timeout of 30 s leases a batch');
@@ -959,11 +992,11 @@ like(slurp_file("$tmp/relay-alarm30.err"), qr/interrupted by shutdown while publ
 # the broker started again (whose alarm went with the old one) and delivers
 # every message.  (Attempts enough for every failure here.)
 sql(q{SELECT idem_outbox_configure('alarm', 1000, '10 milliseconds', '10 milliseconds')});
-my $rcut = IPC::Run::start([ $relay, '--name', 'relay-cut', @relay_args, '--set', 'rabbitmq.mandatory=false',
+my $rcut = started(IPC::Run::start([ $relay, '--name', 'relay-cut', @relay_args, '--set', 'rabbitmq.mandatory=false',
 		'--batch', '100', '--timeout', '30s', '--lease', '70s', '--reconnect-max', '1s' ],
 	'>', "$tmp/relay-cut.out", '2>', "$tmp/relay-cut.err",
 	init => sub { $ENV{$_} = $pgenv{$_} for keys %pgenv; },
-	IPC::Run::timeout(180));
+	IPC::Run::timeout(180)));
 ok(wait_for('a batch leased', sub { sql(q{SELECT count(*) FROM idem.outbox_keys
                                             WHERE topic = 'alarm' AND leased_by = 'relay-cut'}) > 0 }),
 	'relay-cut leases a batch under the alarm');

@@ -32,8 +32,10 @@
 #   bytes, a NUL character, not UTF-8) are terminated too, and a --namespace
 #   over 63 bytes stops the consumer at start-up;
 # - with a LATIN1 database, a Nats-Msg-Id LATIN1 cannot hold is terminated,
-#   and an Idem-Key or a payload it cannot hold is a dead letter; messages
-#   on a subject that is not UTF-8 are processed as any other;
+#   and an Idem-Key or a payload it cannot hold is a dead letter, and a
+#   --namespace or --name it cannot hold stops the consumer once it reaches
+#   the database; messages on a subject that is not UTF-8 are processed as
+#   any other;
 # - the headers a message carries, read back from the stream;
 # - servers of their own that require a user and password (with a small
 #   max_payload) or a token: wrong credentials make the sink down (exit
@@ -631,6 +633,25 @@ is($state_c->{num_ack_pending} . '|' . $state_c->{num_pending}, '0|0',
 $consumer{cl}{h}->signal('TERM');
 $consumer{cl}{h}->finish;
 is($consumer{cl}{h}->full_result(0), 0, 'consumer cl stops on SIGTERM');
+# A --namespace or a --name (written with each business row) the LATIN1
+# database cannot hold: the consumer stops with exit code 2 once it reaches
+# the database, with the first message of its new durable consumer (before,
+# that message ended it with a traceback).
+for my $opt ('--namespace', '--name')
+{
+	my ($cout, $cerr) = ('', '');
+	my $crc = eval {
+		IPC::Run::run(
+			[ $python, $consumer_py, '--nats', $nats_url, '--stream', 'LATIN', '--durable', "latin$opt",
+			  '--name', 'cn', '--ack-wait', '2', $opt, "n\xe2\x82\xac" ],
+			'>', \$cout, '2>', \$cerr, init => env_init(PGUSER => 'postgres', PGDATABASE => 'latin1'),
+			IPC::Run::timeout(60));
+		$? >> 8;
+	};
+	is($crc, 2, "a consumer of the LATIN1 database given $opt with a euro sign stops with exit code 2")
+	  or diag($@ . $cout . $cerr);
+	like($cerr, qr/\Q$opt\E has a character with no equivalent in LATIN1/, 'saying why');
+}
 
 ########################################################################
 # Configuration errors, and a subject no stream takes

@@ -27,8 +27,10 @@
 # message once the database is back, joins again and reads the message
 # again, a duplicate; with a LATIN1 database, an idem-message-id LATIN1
 # cannot hold is skipped, and a key or a value it cannot hold is a dead
-# letter, whether the consumer speaks LATIN1 or UTF8 to the server; and the
-# key, value and headers of a message, read back from that cluster.
+# letter, whether the consumer speaks LATIN1 or UTF8 to the server, and a
+# --namespace or --name it cannot hold stops the consumer once it reaches
+# the database; and the key, value and headers of a message, read back from
+# that cluster.
 
 use strict;
 use warnings;
@@ -654,6 +656,30 @@ for my $name ('c4', 'c5')
 	$consumer{$name}{h}->signal('TERM');
 	$consumer{$name}{h}->finish;
 	is($consumer{$name}{h}->full_result(0), 0, "$name stops on SIGTERM");
+}
+# A --namespace or a --name (written with each business row) the LATIN1
+# database cannot hold: the consumer stops with exit code 2 once it reaches
+# the database, with the first message of its new group (before, that
+# message ended it with a traceback).
+for my $opt ('--namespace', '--name')
+{
+	my ($cout, $cerr) = ('', '');
+	my $crc = eval {
+		IPC::Run::run(
+			[ $python, "$src/examples/consumer_kafka.py", '--brokers', $bootstrap, '--topic', 'latin',
+			  '--group', "latin$opt", '--name', 'cn', '--session-timeout', '6000', $opt, "n\xe2\x82\xac" ],
+			'>', \$cout, '2>', \$cerr,
+			init => sub {
+				$ENV{$_} = $pgenv{$_} for keys %pgenv;
+				$ENV{PGUSER} = 'postgres';
+				$ENV{PGDATABASE} = 'latin1';
+			},
+			IPC::Run::timeout(60));
+		$? >> 8;
+	};
+	is($crc, 2, "a consumer of the LATIN1 database given $opt with a euro sign stops with exit code 2")
+	  or diag($@ . $cout . $cerr);
+	like($cerr, qr/\Q$opt\E has a character with no equivalent in LATIN1/, 'saying why');
 }
 
 # A record the broker refuses (INVALID_RECORD) is refused for good, with the
