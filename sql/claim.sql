@@ -203,7 +203,7 @@ SELECT idem_claim_batch(ARRAY['c_b1', 'c_b4'], 'claim_batch');
 SELECT idem_claim_batch('{}');
 SELECT idem_claim_batch('{}', 'claim_batch');
 SELECT idem_claim_batch(ARRAY['c_b5']);
--- an array with other bounds: the results are numbered from 1
+-- an array with other bounds: the results keep its subscripts, as an array cast does
 SELECT idem_claim_batch('[0:2]={c_b6,c_b7,c_b6}'::text[]);
 -- elements claimed by a batch are claims like any other
 SELECT idem_claim('c_b5'), idem_try_claim('c_b6'), idem_release('c_b7');

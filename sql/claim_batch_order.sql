@@ -76,5 +76,18 @@ SELECT count(*) AS results,
   FROM (SELECT pos, pos = max(pos) OVER (PARTITION BY id) AS expected FROM batch) m
   FULL JOIN got_rev g USING (pos);
 
+-- the answer keeps the subscripts of the ids: its element [i] is the
+-- answer for msg_ids[i], whatever the array's lower bound
+SELECT r, array_lower(r, 1) AS lower, r[0] AS "r[0]", r[2] AS "r[2]"
+  FROM idem_claim_batch('[0:2]={lb-a,lb-b,lb-a}'::text[], 'cbo_bounds') r;
+SELECT r FROM idem_claim_batch('[-3:-2]={lb-a,lb-c}'::text[], 'cbo_bounds') r;
+SELECT r FROM idem_claim_batch('{}'::text[], 'cbo_bounds') r;
+-- and errors name an element by its subscript
+\set VERBOSITY default
+SELECT idem_claim_batch('[5:7]={lb-d,NULL,lb-e}'::text[], 'cbo_bounds');
+SELECT idem_claim_batch('[0:1]={"",lb-e}'::text[], 'cbo_bounds');
+SELECT idem_claim_batch(array_prepend(repeat('x', 513), '[-1:-1]={lb-f}'::text[]), 'cbo_bounds');
+\set VERBOSITY terse
+
 DROP TABLE batch, model, got, got_rev;
 DELETE FROM idem.claims WHERE ns LIKE 'cbo\_%';

@@ -183,6 +183,7 @@ idem_claim_batch(PG_FUNCTION_ARGS)
 	int			n;
 	int			i;
 	int			len;
+	int			lbound;
 	Datum	   *results;
 	BatchItem  *items;
 	IdemStore  *store;
@@ -213,27 +214,29 @@ idem_claim_batch(PG_FUNCTION_ARGS)
 				 errhint("Claim the ids in several batches.")));
 	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT,
 					  &elems, &nulls, &n);
+	/* the answer keeps the subscripts of the ids, which errors name */
+	lbound = ARR_NDIM(arr) == 1 ? ARR_LBOUND(arr)[0] : 1;
 	for (i = 0; i < n; i++)
 	{
 		if (nulls[i])
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("msg_ids must not contain null"),
-					 errdetail("Element %d is null.", i + 1)));
+					 errdetail("Element %d is null.", lbound + i)));
 		len = VARSIZE_ANY_EXHDR(DatumGetPointer(elems[i]));
 		/* as idem_check_key, but saying which element */
 		if (len == 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("msg_ids must not contain an empty string"),
-					 errdetail("Element %d is empty.", i + 1),
+					 errdetail("Element %d is empty.", lbound + i),
 					 errhint("Give a non-empty identifier.")));
 		if (len > IDEM_MAX_KEY_LEN)
 			ereport(ERROR,
 					(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
 					 errmsg("msg_id is too long"),
 					 errdetail("Element %d is %d bytes long; the limit is %d bytes.",
-							   i + 1, len, IDEM_MAX_KEY_LEN)));
+							   lbound + i, len, IDEM_MAX_KEY_LEN)));
 	}
 
 	idem_check_writable("idem_claim_batch()");
@@ -276,8 +279,10 @@ idem_claim_batch(PG_FUNCTION_ARGS)
 		idem_store_close(store);
 	}
 
-	PG_RETURN_ARRAYTYPE_P(construct_array(results, n, BOOLOID, 1, true,
-										  TYPALIGN_CHAR));
+	if (n == 0)
+		PG_RETURN_ARRAYTYPE_P(construct_empty_array(BOOLOID));
+	PG_RETURN_ARRAYTYPE_P(construct_md_array(results, NULL, 1, &n, &lbound,
+											 BOOLOID, 1, true, TYPALIGN_CHAR));
 }
 
 /*
