@@ -3,8 +3,9 @@
 --
 -- idem's user functions keep PostgreSQL's default EXECUTE for PUBLIC; its
 -- administration functions (idem_release among them: it makes a message be
--- processed again) and its internal functions are revoked from PUBLIC; the
--- schema idem and its
+-- processed again) and its internal functions are revoked from PUBLIC, but
+-- the four of the outbox's ids, which compute and read nothing and which the
+-- CHECK constraint of idem.outbox runs as its writer; the schema idem and its
 -- tables are reachable by no one but their owner.  An application role
 -- therefore needs no grant at all (idem_transition also needs UPDATE and
 -- SELECT on the table it moves a row of, as a plain UPDATE would).

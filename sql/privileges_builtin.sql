@@ -47,6 +47,21 @@ RESET ROLE;
 SELECT idem_claim('pb2', 'pb') AS pb2_claimable,
        idem_token_consume(repeat('A', 43) || 'AAAAAAAA', 'pb') AS made_up_token_consumed;
 
+-- the outbox's as well: its CHECK constraint, which runs as the writer (its
+-- functions are every role's), refuses a row whose id is not one a send
+-- makes for its topic, key and seq (23514), and takes one made by
+-- idem._outbox_id
+SET ROLE regress_idem_writer;
+SELECT pg_temp.err($$INSERT INTO idem.outbox (id, aggregatetype, aggregateid, payload, seq, created_at, key_hash)
+    VALUES (gen_random_uuid(), 'pb', 'k', '{}', 1, now(), idem._outbox_key_hash('pb', 'k'))$$);
+SELECT pg_temp.err($$INSERT INTO idem.outbox (id, aggregatetype, aggregateid, payload, seq, created_at, key_hash)
+    VALUES (idem._outbox_id('pb', 'k', 1), 'pb', 'k', '{}', 1, now(), idem._outbox_key_hash('pb', 'k'))$$);
+RESET ROLE;
+SELECT aggregateid, seq, id BETWEEN idem._outbox_id_bound('pb', 'k', false)
+                                AND idem._outbox_id_bound('pb', 'k', true) AS id_of_key
+  FROM idem.outbox WHERE aggregatetype = 'pb';
+DELETE FROM idem.outbox WHERE aggregatetype = 'pb';
+
 -- but not the state machines: every write is refused, so a guarded table
 -- it may UPDATE keeps its machine
 SET ROLE regress_idem_writer;
