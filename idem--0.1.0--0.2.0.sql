@@ -1835,6 +1835,7 @@ AS $$
 DECLARE
     t record;
     f record;
+    w record;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'citus') THEN
         RAISE EXCEPTION 'Citus is not installed in this database'
@@ -1846,6 +1847,40 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   DETAIL = 'This node is a worker.';
     END IF;
+    -- the functions that read a table distributed below go through Citus,
+    -- which runs no statement in parallel mode: no parallel plan may call
+    -- them (a parallel query over a local table, force_parallel_mode), on
+    -- any node.  Citus passes the change of a function it distributed (on
+    -- a run after the first) on to the workers, and refuses it there; of
+    -- the others, each node has its own from its CREATE EXTENSION.  First:
+    -- Citus refuses to change a distributed function in a transaction that
+    -- ran a parallel command on a distributed table.
+    FOR f IN SELECT p.oid::pg_catalog.regprocedure::pg_catalog.text AS sig, p.proparallel
+               FROM pg_catalog.pg_proc p
+               JOIN pg_catalog.pg_depend d
+                 ON d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+                AND d.objid OPERATOR(pg_catalog.=) p.oid AND d.deptype OPERATOR(pg_catalog.=) 'e'
+               JOIN pg_catalog.pg_extension e
+                 ON e.oid OPERATOR(pg_catalog.=) d.refobjid AND e.extname OPERATOR(pg_catalog.=) 'idem'
+               JOIN (VALUES ('idem_claim_info', 'idem.claims'), ('idem_token_status', 'idem.tokens'),
+                            ('idem_offset_get', 'idem.offsets')) AS v(fn, tab)
+                 ON p.proname OPERATOR(pg_catalog.=) v.fn
+              WHERE pg_catalog.to_regclass(v.tab) IS NOT NULL
+              ORDER BY 1 LOOP
+        IF f.proparallel OPERATOR(pg_catalog.<>) 'u' THEN
+            EXECUTE pg_catalog.format('ALTER FUNCTION %s PARALLEL UNSAFE', f.sig);
+        END IF;
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object o
+                               WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+                                 AND o.objid OPERATOR(pg_catalog.=) f.sig::pg_catalog.regprocedure);
+        FOR w IN SELECT * FROM pg_catalog.run_command_on_workers(
+                     pg_catalog.format('ALTER FUNCTION %s PARALLEL UNSAFE', f.sig)) LOOP
+            IF NOT w.success THEN
+                RAISE WARNING 'could not make % PARALLEL UNSAFE on node %:%: %', f.sig, w.nodename, w.nodeport, w.result
+                    USING HINT = 'Run idem_distribute() again once the node is reachable.';
+            END IF;
+        END LOOP;
+    END LOOP;
     -- the tables: the first is the colocation group of the others whose
     -- distribution column is text; tokens are keyed by a digest (bytea)
     FOR t IN SELECT * FROM (VALUES

@@ -2109,6 +2109,18 @@ typedef struct StoreSqlUser
 static void
 store_sql_begin(IdemStore *store, StoreSqlUser *su)
 {
+	/*
+	 * Citus runs no statement of a distributed table in parallel mode (in a
+	 * parallel worker, nor in its leader while the query runs):
+	 * idem_distribute() makes the functions that read such a table
+	 * PARALLEL UNSAFE, so that no parallel plan calls them.
+	 */
+	if (IsInParallelMode())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot read the distributed table \"%s.%s\" in a parallel query",
+						IDEM_SCHEMA, RelationGetRelationName(store->rel)),
+				 errhint("Run idem_distribute() on the coordinator: it marks the functions that read distributed tables PARALLEL UNSAFE.")));
 	GetUserIdAndSecContext(&su->userid, &su->sec_context);
 	SetUserIdAndSecContext(store->rel->rd_rel->relowner,
 						   su->sec_context | SECURITY_LOCAL_USERID_CHANGE |

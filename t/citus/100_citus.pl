@@ -212,6 +212,45 @@ is($coord->safe_psql('postgres', "SELECT idem_token_consume('$token', 'pay')"),
 	'f', 'consumed once only');
 is($w1->safe_psql('postgres', "SELECT idem_token_status('$token', 'pay')"),
 	'consumed', 'status consumed');
+
+# In a parallel query (here forced), the functions that read a distributed
+# table: Citus runs no statement in parallel mode, so idem_distribute() made
+# them PARALLEL UNSAFE and no parallel plan calls them; they answer as in
+# any query, through the coordinator and through a worker.  One made
+# PARALLEL SAFE again by hand fails with 0A000, not an internal error (it
+# was XX000, "cannot update SecondarySnapshot during a parallel operation").
+for my $n ([ $coord, 'the coordinator' ], [ $w1, 'a worker' ], [ $w2, 'the other worker' ])
+{
+	is( $n->[0]->safe_psql('postgres', q{SELECT string_agg(proname || ' ' || proparallel::text, ',' ORDER BY proname)
+		  FROM pg_proc WHERE proname IN ('idem_claim_info', 'idem_token_status', 'idem_offset_get')}),
+		'idem_claim_info u,idem_offset_get u,idem_token_status u',
+		"the functions that read a distributed table are PARALLEL UNSAFE on $n->[1]");
+}
+for my $n ([ $coord, 'the coordinator' ], [ $w1, 'a worker' ])
+{
+	my ($node, $via) = @$n;
+	is( $node->safe_psql('postgres', qq{SET force_parallel_mode = on;
+		SELECT idem_claim_info('c-1') IS NOT NULL, idem_claim_info('c-none') IS NULL,
+		       idem_offset_get('nobody', 's', 0) IS NULL;
+		BEGIN ISOLATION LEVEL REPEATABLE READ;
+		SELECT idem_token_status('$token', 'pay');
+		COMMIT;}),
+		"t|t|t\nconsumed", "with force_parallel_mode, through $via, they answer");
+}
+$coord->safe_psql('postgres', 'ALTER FUNCTION idem_token_status(text, text) PARALLEL SAFE');
+is( sqlstate_of($coord, 'postgres', qq{SET force_parallel_mode = on; BEGIN ISOLATION LEVEL REPEATABLE READ;
+		SELECT idem_token_status('$token', 'pay')}),
+	'0A000', 'made PARALLEL SAFE by hand: 0A000 in a parallel query');
+$coord->safe_psql('postgres', 'ALTER FUNCTION idem_claim_info(text, text) PARALLEL SAFE');
+my ($drc, $dout, $derr) = $coord->psql('postgres', 'SELECT count(*) FROM idem_distribute()');
+is($drc . ' ' . $derr, '0 ', 'idem_distribute() run again, without a warning');
+for my $n ([ $coord, 'the coordinator' ], [ $w1, 'a worker' ])
+{
+	is( $n->[0]->safe_psql('postgres', q{SELECT string_agg(proname || ' ' || proparallel::text, ',' ORDER BY proname)
+		  FROM pg_proc WHERE proname IN ('idem_claim_info', 'idem_token_status', 'idem_offset_get')}),
+		'idem_claim_info u,idem_offset_get u,idem_token_status u',
+		"and the three are PARALLEL UNSAFE again on $n->[1]");
+}
 is($w1->safe_psql('postgres', "SELECT idem_token_consume('$token', 'other')"),
 	'f', 'another scope does not know it');
 
