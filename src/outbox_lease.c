@@ -1296,8 +1296,9 @@ lease_present_hashes(OutboxRels *r, int *n)
 			continue;
 		if (*n == size)
 		{
+			/* past 2^26 prefixes (keys), more than MaxAllocSize */
 			size *= 2;
-			hashes = repalloc(hashes, sizeof(int64) * size);
+			hashes = repalloc_huge(hashes, sizeof(int64) * size);
 		}
 		hashes[(*n)++] = hash;
 	}
