@@ -137,6 +137,12 @@ SELECT (payload ->> 'n')::int AS n, attempt, idem_outbox_ack(ARRAY[id]) AS acked
   FROM idem_outbox_lease('oc-relay', 10, '1 hour') WHERE topic = 'oc_redrive';
 SELECT count(*) AS leased FROM idem_outbox_lease('oc-relay', 10, '1 hour') WHERE topic = 'oc_redrive';
 
+-- the lease leases every message it returns, read or not: a LIMIT reads one
+-- row of three, and the three are leased (with an attempt each)
+SELECT count(idem_outbox_send('oc_limit', 'k' || i, '{}')) FROM generate_series(1, 3) i;
+SELECT count(*) AS read FROM (SELECT * FROM idem_outbox_lease('oc-limit', 3, '1 hour') LIMIT 1) l;
+SELECT count(*) FILTER (WHERE leased_by = 'oc-limit' AND attempts = 1) AS leased
+  FROM idem.outbox_keys WHERE topic = 'oc_limit';
 -- nothing is left of this file
 DELETE FROM idem.outbox WHERE aggregatetype LIKE 'oc\_%';
 DELETE FROM idem.outbox_keys WHERE topic LIKE 'oc\_%';
