@@ -233,35 +233,79 @@ build_releases() {
     done < "$work/test/upgrade/releases"
 }
 
+# Seconds a TAP file took alone on 2 cores, to share the files between the
+# lanes (a file not listed counts 10).
+tap_weight() {
+    case "$(basename "$1" .pl)" in
+        010_*) echo 113 ;; 093_*) echo 82 ;; 095_*) echo 64 ;; 091_*) echo 63 ;; 090_*) echo 60 ;;
+        085_*) echo 49 ;; 005_*) echo 32 ;; 030_*) echo 23 ;; 092_*) echo 22 ;; 080_*) echo 19 ;;
+        002_*) echo 18 ;; 070_*) echo 17 ;; *) echo 10 ;;
+    esac
+}
+
+# tap_file F PORTLOCK: one TAP file, in a directory of its own (its
+# tmp_check, its log, and a line "PASSED FAILED RC SECONDS").
+tap_file() {
+    local f=$1 portlock=$2 dir start=$SECONDS rc p fl
+    dir=$work/tap/$(echo "$f" | tr / _)
+    rm -rf "$dir"; install -d -o postgres "$dir" "$dir/tmp_check"
+    (cd "$work" && as_pg env TESTDIR="$dir" PG_REGRESS="$PGXS_DIR/src/test/regress/pg_regress" \
+        "${release_env[@]}" PGPORT="$3" PG_TEST_PORT_DIR="$portlock" prove -v -I "$PGXS_DIR/src/test/perl" -I . "$f") > "$dir/tap.log" 2>&1
+    rc=$?
+    p=$(grep -cE '^ok [0-9]+' "$dir/tap.log")
+    fl=$(grep -cE '^not ok [0-9]+' "$dir/tap.log")
+    echo "$p $fl $rc $((SECONDS - start))" > "$dir/result"
+}
+
+# run_tap PATTERN PORT: the TAP files, in TAP_LANES lanes (2 by default)
+# that run at once, each file after the other within its lane: most of a
+# file's time is spent waiting (for servers to start, stop and recover, for
+# brokers, for leases to run out), so two lanes take little more than half
+# the time of one.  The files are shared out by their weights, the heaviest
+# first, each to the lane with the least so far; every file has servers,
+# ports (taken under locks) and directories of its own.  The results are
+# printed in the files' order once every lane is done.
 run_tap() {
-    local files f p fl rc portlock start pattern=${1:-t/*.pl} port=${2:-65432}
+    local files f p fl rc secs portlock start=$SECONDS pattern=${1:-t/*.pl} port=${2:-65432}
+    local nlanes=${TAP_LANES:-2} i best w dir
     files=$(cd "$work" && ls $pattern 2>/dev/null | sort)
     [ -n "$files" ] || return 0
-    echo "== tap ($pattern)"
+    echo "== tap ($pattern, $nlanes lanes)"
     # Ports are taken under locks in one directory for every run on the
     # machine: a test that frees a port for a while (a broker it restarts)
     # keeps it from another run's tests.  In postgres's home, not /tmp,
     # where another user could make it first.
     portlock="$(getent passwd postgres | cut -d: -f6)/idem-portlock"
     install -d -o postgres -m 0755 "$portlock"
+    install -d -o postgres "$work/tap"
+    local -a load lane pids
+    for ((i = 0; i < nlanes; i++)); do load[i]=0; lane[i]=; done
+    for f in $(for f in $files; do echo "$(tap_weight "$f") $f"; done | sort -k1,1nr -k2 | cut -d' ' -f2); do
+        best=0
+        for ((i = 1; i < nlanes; i++)); do [ "${load[i]}" -lt "${load[best]}" ] && best=$i; done
+        w=$(tap_weight "$f")
+        load[best]=$((load[best] + w))
+        lane[best]="${lane[best]} $f"
+    done
+    for ((i = 0; i < nlanes; i++)); do
+        (for f in $(printf '%s\n' ${lane[i]} | sort); do tap_file "$f" "$portlock" $((port + 100 * i)); done) &
+        pids[i]=$!
+    done
+    for ((i = 0; i < nlanes; i++)); do wait "${pids[i]}"; done
     for f in $files; do
-        start=$SECONDS
-        rm -rf "$work/tmp_check"; as_pg mkdir -p "$work/tmp_check"
-        (cd "$work" && as_pg env TESTDIR="$work" PG_REGRESS="$PGXS_DIR/src/test/regress/pg_regress" \
-            "${release_env[@]}" PGPORT=$port PG_TEST_PORT_DIR="$portlock" prove -v -I "$PGXS_DIR/src/test/perl" -I . "$f") > "$work/tap.log" 2>&1
-        rc=$?
-        p=$(grep -cE '^ok [0-9]+' "$work/tap.log")
-        fl=$(grep -cE '^not ok [0-9]+' "$work/tap.log")
-        if [ $rc != 0 ] && [ "$fl" = 0 ]; then fl=1; fi
-        if [ $rc != 0 ]; then
-            tail -n 60 "$work/tap.log"
-            for log in "$work"/tmp_check/log/*; do
+        dir=$work/tap/$(echo "$f" | tr / _)
+        read -r p fl rc secs < "$dir/result" 2>/dev/null || { p=0; fl=0; rc=1; secs=0; }
+        if [ "$rc" != 0 ] && [ "$fl" = 0 ]; then fl=1; fi
+        if [ "$rc" != 0 ]; then
+            tail -n 60 "$dir/tap.log"
+            for log in "$dir"/tmp_check/log/*; do
                 [ -f "$log" ] && { echo "--- $log"; tail -n 30 "$log"; }
             done
         fi
         passed=$((passed + p)); failed=$((failed + fl))
-        echo "-- $f: $p passed, $fl failed ($((SECONDS - start)) s)"
+        echo "-- $f: $p passed, $fl failed ($secs s)"
     done
+    echo "-- tap ($pattern): $((SECONDS - start)) s"
 }
 
 # The citus suite: the TAP tests of t/citus/, each with a coordinator and
