@@ -29,3 +29,36 @@ SELECT idem._random_key();
 RESET ROLE;
 REVOKE USAGE ON SCHEMA idem FROM idem_key_app;
 DROP ROLE idem_key_app;
+
+-- the hint of a token is its row's place hidden by the key: decoded with
+-- the committed key, it gives the row's ctid.  A session keeps the key only
+-- once it read it from a committed row: a key its own transaction wrote and
+-- rolled back, or none seen (a deleted row), is not kept for later tokens.
+CREATE FUNCTION tk_hint_is_row(tok text, s text) RETURNS boolean LANGUAGE sql AS $$
+    SELECT (SELECT ctid FROM idem.tokens WHERE scope = s) =
+           format('(%s,%s)',
+                  ((get_byte(h, 0) # get_byte(p, 0))::bigint << 24) + ((get_byte(h, 1) # get_byte(p, 1)) << 16)
+                  + ((get_byte(h, 2) # get_byte(p, 2)) << 8) + (get_byte(h, 3) # get_byte(p, 3)),
+                  ((get_byte(h, 4) # get_byte(p, 4)) << 8) + (get_byte(h, 5) # get_byte(p, 5)))::tid
+      FROM (SELECT decode(translate(right(tok, 8), '-_', '+/'), 'base64') AS h,
+                   sha256((SELECT key FROM idem.token_key)
+                          || (SELECT digest FROM idem.tokens WHERE scope = s)) AS p) x
+$$;
+\c
+SELECT tk_hint_is_row(idem_token_issue('tk_hint_1'), 'tk_hint_1') AS hint_of_committed_key;
+\c
+-- the first token of this session in a transaction that changes the key
+BEGIN;
+UPDATE idem.token_key SET key = idem._random_key();
+SELECT tk_hint_is_row(idem_token_issue('tk_hint_2'), 'tk_hint_2') AS hint_of_own_key;
+ROLLBACK;
+SELECT tk_hint_is_row(idem_token_issue('tk_hint_3'), 'tk_hint_3') AS hint_of_committed_key_after_rollback;
+\c
+-- and in one that deleted the key row
+BEGIN;
+DELETE FROM idem.token_key;
+SELECT length(idem_token_issue('tk_hint_4')) AS token_without_key;
+ROLLBACK;
+SELECT tk_hint_is_row(idem_token_issue('tk_hint_5'), 'tk_hint_5') AS hint_of_committed_key_after_rollback;
+DROP FUNCTION tk_hint_is_row(text, text);
+DELETE FROM idem.tokens WHERE scope LIKE 'tk\_hint\_%';

@@ -44,6 +44,7 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_am.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
@@ -165,6 +166,12 @@ idem_token_relcache(Oid relid)
  * they only stop hiding where rows are.  A key changed while sessions run
  * is seen by new sessions only; hints then fail to decode in old ones,
  * which costs them the index descent the hint saves, never an answer.
+ *
+ * The key is kept for the session only once read from a row committed by
+ * another transaction: a key row this transaction wrote may be rolled
+ * back, and a table whose row the snapshot does not see (a transaction
+ * older than the row, or a deleted row) would otherwise leave the session
+ * with a key of zeros for good.  Until then it is read at each call.
  */
 static void
 token_load_key(void)
@@ -172,6 +179,7 @@ token_load_key(void)
 	Oid			nspid = get_namespace_oid(IDEM_SCHEMA, true);
 	Oid			relid = InvalidOid;
 	Relation	rel;
+	bool		keep = true;
 
 	memset(token_key, 0, sizeof(token_key));
 	if (OidIsValid(nspid))
@@ -197,14 +205,29 @@ token_load_key(void)
 												GetTransactionSnapshot());
 		TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
 		TupleTableSlot *slot = table_slot_create(rel, NULL);
-
-		if (tupdesc->natts == 2 &&
+		bool		shaped = tupdesc->natts == 2 &&
 			TupleDescAttr(tupdesc, 1)->atttypid == BYTEAOID &&
-			!TupleDescAttr(tupdesc, 1)->attisdropped &&
-			table_scan_getnextslot(scan, ForwardScanDirection, slot))
+			!TupleDescAttr(tupdesc, 1)->attisdropped;
+
+		/* a table of another shape stays so until its relcache entry goes */
+		keep = !shaped;
+		if (shaped && table_scan_getnextslot(scan, ForwardScanDirection, slot))
 		{
 			bool		isnull;
-			Datum		d = slot_getattr(slot, 2, &isnull);
+			Datum		d;
+
+			if (rel->rd_rel->relam != HEAP_TABLE_AM_OID)
+				keep = true;
+			else
+			{
+				Datum		xmin = slot_getsysattr(slot,
+												   MinTransactionIdAttributeNumber,
+												   &isnull);
+
+				keep = isnull ||
+					!TransactionIdIsCurrentTransactionId(DatumGetTransactionId(xmin));
+			}
+			d = slot_getattr(slot, 2, &isnull);
 
 			if (!isnull)
 			{
@@ -220,7 +243,7 @@ token_load_key(void)
 		table_close(rel, AccessShareLock);
 	}
 	token_key_relid = relid;
-	token_key_loaded = true;
+	token_key_loaded = keep;
 }
 
 /* the 6 bytes that hide the hint of the token whose digest is given */
