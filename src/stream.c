@@ -202,8 +202,12 @@ idem_offset_advance(PG_FUNCTION_ARGS)
 	keys[OFFSETS_PART] = Int32GetDatum(part);
 
 	store = offsets_open(RowExclusiveLock);
-	/* message n + 1 is applied on a snapshot that has message n's effects */
-	idem_store_require_snapshot(store);
+	/*
+	 * message n + 1 is applied on a snapshot that has message n's effects,
+	 * also when an offset the snapshot sees was forgotten since (a reset to
+	 * NULL): the first offset stored again would rest on that snapshot
+	 */
+	idem_store_require_snapshot_insert(store);
 	for (;;)
 	{
 		IdemStoreUpdateResult u;
