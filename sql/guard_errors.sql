@@ -170,6 +170,12 @@ SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH ROW
     EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'version', 'x')$$);
 SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH ROW
     EXECUTE FUNCTION idem_guard_trigger('order', 'nope')$$);
+-- a machine idem_guard refuses: empty, or over 63 bytes (a name cut
+-- there would end inside a character)
+SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger('', 'status')$$);
+SELECT * FROM handmade(format($$BEFORE UPDATE ON handmade FOR EACH ROW
+    EXECUTE FUNCTION idem_guard_trigger(%L, 'status')$$, repeat(U&'\00E9', 40)));
 SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH ROW
     EXECUTE FUNCTION idem_guard_trigger('order', 'status', 'status')$$);
 SELECT * FROM handmade($$BEFORE UPDATE ON handmade FOR EACH ROW

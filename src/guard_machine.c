@@ -893,6 +893,20 @@ guard_definition(Relation rel, Trigger *trigger, GuardDef *def,
 							 NULL);
 
 	def->machine = trigger->tgargs[0];
+	/* what idem_guard, idem_allow and idem_disallow refuse */
+	if (def->machine[0] == '\0')
+		return guard_problem(problem, ERRCODE_INVALID_PARAMETER_VALUE,
+							 pstrdup("machine must not be empty"),
+							 psprintf("The guard \"%s\" of table \"%s\" names no machine.",
+									  trigger->tgname, relname),
+							 "Guard the table with idem_guard().");
+	if (strlen(def->machine) >= NAMEDATALEN)
+		return guard_problem(problem, ERRCODE_STRING_DATA_RIGHT_TRUNCATION,
+							 pstrdup("machine is too long"),
+							 psprintf("The machine of the guard \"%s\" of table \"%s\" is %zu bytes long; the limit is %d bytes.",
+									  trigger->tgname, relname, strlen(def->machine),
+									  NAMEDATALEN - 1),
+							 "Guard the table with idem_guard().");
 	state_col = trigger->tgargs[1];
 	if (trigger->tgnargs == 3 && trigger->tgargs[2][0] != '\0')
 		version_col = trigger->tgargs[2];
