@@ -919,12 +919,13 @@ COMMENT ON FUNCTION idem_outbox_send(pg_catalog.text, pg_catalog.text, pg_catalo
 CREATE OR REPLACE FUNCTION idem_outbox_lease(relay pg_catalog.text,
                                              max_messages pg_catalog.int4 DEFAULT 100,
                                              lease pg_catalog.interval DEFAULT '30 seconds',
-                                             per_key pg_catalog.int4 DEFAULT 1)
+                                             per_key pg_catalog.int4 DEFAULT 1,
+                                             max_bytes pg_catalog.int8 DEFAULT NULL)
 RETURNS SETOF idem_outbox_message
 AS 'MODULE_PATHNAME', 'idem_outbox_lease'
 LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE ROWS 100;
-COMMENT ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.int4) IS
-    'lease up to max_messages messages to deliver: the oldest of each key, and with per_key above 1 up to per_key consecutive messages of a key leased for the first time';
+COMMENT ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.int4, pg_catalog.int8) IS
+    'lease up to max_messages messages to deliver: the oldest of each key, and with per_key above 1 up to per_key consecutive messages of a key leased for the first time; none more once they weigh max_bytes';
 
 CREATE OR REPLACE FUNCTION idem_outbox_ack(ids pg_catalog.uuid[])
 RETURNS pg_catalog.int4
@@ -1198,7 +1199,7 @@ $$;
 COMMENT ON FUNCTION idem_outbox_purge(pg_catalog.interval, pg_catalog.int4) IS
     'remove the rows of keys whose messages were all delivered, at most max_rows per call; gives up (returns 0) when senders hold the table longer than lock_wait';
 
-REVOKE ALL ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.int4) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_outbox_lease(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.int4, pg_catalog.int8) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_ack(pg_catalog.uuid[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_nack(pg_catalog.uuid, pg_catalog.text, pg_catalog.interval, pg_catalog.text, pg_catalog.bool) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idem_outbox_configure(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval) FROM PUBLIC;

@@ -39,6 +39,7 @@ typedef struct Settings
 	char	   *name;
 	int			batch;
 	int			per_key;		/* runs of up to this many messages a key */
+	long long	max_bytes;		/* of one lease's messages; 0: no limit */
 	long		lease_ms;
 	long		poll_ms;
 	long		linger_ms;		/* after a lease of fewer than batch */
@@ -54,7 +55,7 @@ typedef struct Settings
 static Settings settings;
 
 static const char *const global_keys[] = {
-	"dbname", "name", "batch", "per_key", "lease", "poll", "linger", "timeout", "log_interval",
+	"dbname", "name", "batch", "per_key", "max_bytes", "lease", "poll", "linger", "timeout", "log_interval",
 	"reconnect_max", "connect_attempts", "exit_on_error", "once", "verbose",
 	"sink", NULL
 };
@@ -125,6 +126,9 @@ usage(FILE *f)
 			"      --per-key=N          lease runs of up to N consecutive messages of a key,\n"
 			"                           1 to 10000 (default 1); a run is published one\n"
 			"                           message after the other and stops at a failure\n"
+			"      --max-bytes=SIZE     take no more message into a lease once those taken\n"
+			"                           hold SIZE of payload and headers (at least one is\n"
+			"                           taken); 0 for no limit (default 64MB)\n"
 			"  -l, --lease=DUR          how long a lease lasts (default 30s)\n"
 			"  -p, --poll=DUR           wait for a notification at most this long (default 1s)\n"
 			"      --linger=DUR         after a lease of fewer than --batch messages, wait\n"
@@ -154,6 +158,7 @@ usage(FILE *f)
 			"  -h, --help               print this help and exit\n"
 			"\n"
 			"DUR is seconds (decimals allowed) or a number with ms, s, min or h.\n"
+			"SIZE is bytes, or a number with kB, MB or GB (1024 based).\n"
 			"\n"
 			"Exit codes:\n"
 			"  0  stopped by SIGTERM or SIGINT (the batch in hand is finished; a second\n"
@@ -767,7 +772,7 @@ db_connect(void)
 			 "pg_catalog.to_char(pg_catalog.timezone('UTC', created_at), "
 			 "'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')%s "
 			 "FROM %s.idem_outbox_lease($1::pg_catalog.text, $2::pg_catalog.int4, $3::pg_catalog.interval, "
-			 "$4::pg_catalog.int4)",
+			 "$4::pg_catalog.int4, $5::pg_catalog.int8)",
 			 hash_server_bytes ?
 			 ", pg_catalog.convert_to(topic, pg_catalog.getdatabaseencoding()), "
 			 "pg_catalog.convert_to(key, pg_catalog.getdatabaseencoding())" : "",
@@ -1355,7 +1360,8 @@ lease_and_publish(void)
 	char		batch[16];
 	char		lease[32];
 	char		per_key[16];
-	const char *params[4];
+	char		max_bytes[24];
+	const char *params[5];
 	PGresult   *res;
 	int64_t		start = now_ms();
 	int			n;
@@ -1373,7 +1379,9 @@ lease_and_publish(void)
 	params[2] = lease;
 	snprintf(per_key, sizeof(per_key), "%d", settings.per_key);
 	params[3] = per_key;
-	res = exec_prepared("lease", 4, params);
+	snprintf(max_bytes, sizeof(max_bytes), "%lld", settings.max_bytes);
+	params[4] = settings.max_bytes > 0 ? max_bytes : NULL;
+	res = exec_prepared("lease", 5, params);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		statement_failed(res, "idem_outbox_lease");
@@ -1492,6 +1500,37 @@ get_int(const Config *cfg, const char *key, int def, int min, int max)
 		config_error("%s must be an integer from %d to %d, not \"%s\" (%s)",
 					 key, min, max, v, config_origin(cfg, key));
 	return (int) n;
+}
+
+/* bytes, or a whole number with kB, MB or GB (of 1024), as the server's */
+static long long
+get_size(const Config *cfg, const char *key, long long def)
+{
+	const char *v = config_get(cfg, key);
+	char	   *end;
+	long long	n;
+	long long	unit = 1;
+
+	if (v == NULL)
+		return def;
+	errno = 0;
+	n = strtoll(v, &end, 10);
+	if (errno == 0 && end != v && n >= 0)
+	{
+		if (strcmp(end, "kB") == 0)
+			unit = 1024;
+		else if (strcmp(end, "MB") == 0)
+			unit = 1024 * 1024;
+		else if (strcmp(end, "GB") == 0)
+			unit = 1024 * 1024 * 1024;
+		else if (*end != '\0')
+			unit = 0;
+		if (unit > 0 && n <= LLONG_MAX / unit)
+			return n * unit;
+	}
+	config_error("%s must be a size of zero or more, in bytes or with kB, MB or GB, such as 64MB, not \"%s\" (%s)",
+				 key, v, config_origin(cfg, key));
+	return def;
 }
 
 static long
@@ -1734,6 +1773,7 @@ apply_config(const Config *cfg)
 	}
 	settings.batch = get_int(cfg, "batch", 100, 1, 10000);
 	settings.per_key = get_int(cfg, "per_key", 1, 1, 10000);
+	settings.max_bytes = get_size(cfg, "max_bytes", 64LL * 1024 * 1024);
 	settings.lease_ms = get_duration(cfg, "lease", 30000, 1);
 	settings.poll_ms = get_duration(cfg, "poll", 1000, 1);
 	settings.linger_ms = get_duration(cfg, "linger", 1, 0);
@@ -1926,9 +1966,9 @@ reload_config(void)
 	if (dbname_changed)
 		drop_connection();
 	next_log = settings.log_interval_ms > 0 ? now_ms() + settings.log_interval_ms : INT64_MAX;
-	relay_log(LOG_INFO, "configuration reloaded from %s: batch %d, per key %d, lease %ld ms, "
+	relay_log(LOG_INFO, "configuration reloaded from %s: batch %d, per key %d, max bytes %lld, lease %ld ms, "
 			  "poll %ld ms, linger %ld ms, timeout %ld ms, sink %s%s%s", config_file, settings.batch,
-			  settings.per_key, settings.lease_ms,
+			  settings.per_key, settings.max_bytes, settings.lease_ms,
 			  settings.poll_ms, settings.linger_ms, settings.timeout_ms, settings.sink,
 			  nroutes > 1 ? " (and per topic)" : "",
 			  dbname_changed ? ", connecting to the new dbname" : "");
@@ -2024,6 +2064,7 @@ main(int argc, char **argv)
 		{"nats-url", required_argument, NULL, 8},
 		{"per-key", required_argument, NULL, 9},
 		{"linger", required_argument, NULL, 10},
+		{"max-bytes", required_argument, NULL, 11},
 		{NULL, 0, NULL, 0}
 	};
 	Config	   *cmdline = &cmdline_cfg;
@@ -2120,6 +2161,9 @@ main(int argc, char **argv)
 			case 10:
 				key = "linger";
 				break;
+			case 11:
+				key = "max_bytes";
+				break;
 			case 6:
 				key = "reconnect_max";
 				break;
@@ -2159,9 +2203,9 @@ main(int argc, char **argv)
 	apply_config(&cfg);
 	setup_signals();
 
-	relay_log(LOG_INFO, "idem-relay %s starting as \"%s\": batch %d, per key %d, lease %ld ms, "
+	relay_log(LOG_INFO, "idem-relay %s starting as \"%s\": batch %d, per key %d, max bytes %lld, lease %ld ms, "
 			  "poll %ld ms, linger %ld ms, timeout %ld ms, sink %s%s", RELAY_VERSION, settings.name, settings.batch,
-			  settings.per_key, settings.lease_ms, settings.poll_ms, settings.linger_ms,
+			  settings.per_key, settings.max_bytes, settings.lease_ms, settings.poll_ms, settings.linger_ms,
 			  settings.timeout_ms, settings.sink,
 			  nroutes > 1 ? " (and per topic)" : "");
 	for (i = 1; i < nroutes; i++)

@@ -98,7 +98,7 @@ extern void relay_log(LogLevel level, const char *fmt,...) PRINTF_LIKE(2, 3);
  * Settings are key = value pairs, from the configuration file and then from
  * the command line (which wins).  Keys:
  *
- *	dbname, name, batch, per_key, lease, poll, timeout, log_interval,
+ *	dbname, name, batch, per_key, max_bytes, lease, poll, linger, timeout, log_interval,
  *	exit_on_error, connect_attempts, reconnect_max, once, verbose, sink,
  *	<sink>.<setting>				a setting of a sink, for every topic
  *	topic.<topic>.sink				the sink of one topic

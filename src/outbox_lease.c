@@ -8,6 +8,7 @@
  */
 #include "postgres.h"
 
+#include "access/detoast.h"
 #include "access/nbtree.h"
 #include "access/xlog.h"
 #include "access/table.h"
@@ -630,6 +631,9 @@ typedef struct LeaseArg
 	int64		lease;
 	int			per_key;		/* the most messages of one key */
 	int			budget;			/* the most messages of this key, now */
+	int64		max_bytes;		/* take no message once bytes reach it (0: none) */
+	int64		bytes;			/* of the messages leased by this call */
+	int64		key_bytes;		/* of this key's head and run, if leased */
 	MemoryContext runcxt;		/* the copies of one key's run, reset */
 	/* the answer */
 	int			misses;			/* keys whose head was sought, and none found */
@@ -649,6 +653,30 @@ typedef struct LeaseArg
 	HeapTuple  *run;			/* per_key - 1 of them */
 	ItemPointerData *run_tids;
 } LeaseArg;
+
+/*
+ * What a message weighs against max_bytes: its payload and headers as
+ * stored, uncompressed (an external value by its raw size, not read).
+ */
+static int64
+lease_message_bytes(Datum payload, bool payload_null, Datum headers,
+					bool headers_null)
+{
+	int64		n = 0;
+
+	if (!payload_null)
+		n += toast_raw_datum_size(payload);
+	if (!headers_null)
+		n += toast_raw_datum_size(headers);
+	return n;
+}
+
+/* whether the messages leased by this call weigh max_bytes already */
+static inline bool
+lease_bytes_full(const LeaseArg *arg)
+{
+	return arg->max_bytes > 0 && arg->bytes >= arg->max_bytes;
+}
 
 static int
 lease_candidate_cmp(const void *a, const void *b)
@@ -840,6 +868,17 @@ lease_run(LeaseArg *arg, text *topic, text *key, int64 head, int64 leased_max,
 			continue;
 		if (busy || seq <= leased_max)
 			break;
+		/* the head and the run so far weigh max_bytes: the run ends */
+		if (arg->max_bytes > 0)
+		{
+			if (arg->bytes + arg->key_bytes >= arg->max_bytes)
+				break;
+			arg->key_bytes +=
+				lease_message_bytes(r->slot->tts_values[OB_PAYLOAD],
+									r->slot->tts_isnull[OB_PAYLOAD],
+									r->slot->tts_values[OB_HEADERS],
+									r->slot->tts_isnull[OB_HEADERS]);
+		}
 		oldcxt = MemoryContextSwitchTo(arg->runcxt);
 		arg->run[arg->nrun] = ExecCopySlotHeapTuple(r->slot);
 		MemoryContextSwitchTo(oldcxt);
@@ -1141,6 +1180,8 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	arg->values[7] = slot->tts_values[OB_CREATED_AT];
 	arg->isnull[7] = false;
 	arg->leased = true;
+	arg->key_bytes = lease_message_bytes(arg->values[4], false,
+										 arg->values[5], arg->isnull[5]);
 
 	if (run_ok && arg->per_key > 1 && arg->budget > 1)
 	{
@@ -1380,6 +1421,7 @@ lease_try(IdemStore *store, TupleTableSlot *kslot, ItemPointer tid,
 								  key_tid, arg->head_key_hash);
 		}
 		MemoryContextReset(arg->runcxt);
+		arg->bytes += arg->key_bytes;
 		idem_stat_count_text(IDEM_KIND_OUTBOX, topic, IDEM_OUTBOX_LEASED,
 							 1 + arg->nrun);
 		if (DatumGetInt32(arg->values[6]) > 1)
@@ -1877,7 +1919,7 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 			last = heap.c[0];
 			have_last = true;
 		}
-		for (i = 0; i < heap.n && nleased < max_messages; i++)
+		for (i = 0; i < heap.n && nleased < max_messages && !lease_bytes_full(arg); i++)
 		{
 			CHECK_FOR_INTERRUPTS();
 			/* the keys that have waited longest first */
@@ -1899,7 +1941,7 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 		 * logarithm of theirs.  Once they outnumber the index's pages, the
 		 * rest of the pass also skips those the index shows without a head.
 		 */
-		if (more && nleased < max_messages)
+		if (more && nleased < max_messages && !lease_bytes_full(arg))
 		{
 			if (heap.size < LEASE_HEAP_MAX)
 			{
@@ -1910,7 +1952,7 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 				RelationGetNumberOfBlocks(r->pkey) < (BlockNumber) arg->misses)
 				present = lease_present_hashes(r, &npresent);
 		}
-	} while (more && nleased < max_messages);
+	} while (more && nleased < max_messages && !lease_bytes_full(arg));
 	ExecDropSingleTupleTableSlot(kslot);
 	UnregisterSnapshot(snap);
 	table_close(keys_rel, NoLock);
@@ -1922,13 +1964,15 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 }
 
 /*
- * idem_outbox_lease(relay, max_messages, lease, per_key) returns setof
- * idem_outbox_message
+ * idem_outbox_lease(relay, max_messages, lease, per_key, max_bytes) returns
+ * setof idem_outbox_message
  *
  * Up to max_messages heads of keys that may be leased now, the keys that
  * have waited longest first, each followed by the rest of its run when
  * per_key is above 1 (see lease_key).  A key another relay is leasing at
- * this very moment is skipped, not waited for.
+ * this very moment is skipped, not waited for.  Once the messages taken
+ * weigh max_bytes (see lease_message_bytes), no more is taken: at least
+ * one message, and less than max_bytes and the last one's weight.
  */
 PG_FUNCTION_INFO_V1(idem_outbox_lease);
 Datum
@@ -1939,6 +1983,7 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	int32		max_messages;
 	int64		lease;
 	int32		per_key;
+	int64		max_bytes;
 	IdemStore  *store;
 	OutboxRels	r;
 	int			nleased = 0;
@@ -1976,6 +2021,14 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 				 errmsg("per_key must be between 1 and %d",
 						OUTBOX_MAX_LEASE_BATCH),
 				 errdetail("The value given was %d.", per_key)));
+	/* NULL: no limit */
+	max_bytes = PG_ARGISNULL(4) ? 0 : PG_GETARG_INT64(4);
+	if (!PG_ARGISNULL(4) && max_bytes < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_bytes must be positive"),
+				 errdetail("The value given was " INT64_FORMAT ".", max_bytes),
+				 errhint("Give NULL for no limit.")));
 	idem_check_writable("idem_outbox_lease()");
 
 	InitMaterializedSRF(fcinfo, 0);
@@ -1993,6 +2046,9 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 	arg.relay = relay;
 	arg.lease = lease;
 	arg.per_key = per_key;
+	arg.max_bytes = max_bytes;
+	arg.bytes = 0;
+	arg.key_bytes = 0;
 	arg.nrun = 0;
 	arg.run = NULL;
 	arg.run_tids = NULL;

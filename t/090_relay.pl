@@ -78,7 +78,7 @@ my $jtext = JSON::PP->new->canonical;
 # The relay's role: the three grants of the README, nothing else.
 $node->safe_psql('postgres', q{
 	CREATE ROLE relay LOGIN;
-	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval, int), idem_outbox_ack(uuid[]),
+	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval, int, bigint), idem_outbox_ack(uuid[]),
 	                          idem_outbox_nack(uuid, text, interval, text, boolean) TO relay;
 	CREATE DATABASE noidem;
 });
@@ -643,6 +643,30 @@ cmp_ok($acks, '>=', 6, "no linger: a batch for about every message ($acks acks)"
 # and the next lease finds the rest (one more wait, then an empty lease).
 $acks = acks_of_trickle('linger 2s', '--linger', '2s');
 cmp_ok($acks, '<=', 3, "linger 2s: the ten messages in at most three batches ($acks acks)");
+
+# --max-bytes: a lease takes no more message once those taken weigh that
+# much (at least one), so that a batch of large messages is not held in
+# memory at once: six messages of about 100 kB in leases of 150 kB (the
+# second takes each past it) are three leases of two, and the empty one
+# that ends --once, where the default of 64MB takes them in one.
+sub leases_of_big
+{
+	my (@args) = @_;
+	sql('SELECT pg_stat_reset()');
+	sql(q{SELECT count(idem_outbox_send('big', 'b' || i, jsonb_build_object('pad', repeat(md5(i::text), 3200))))
+	        FROM generate_series(1, 6) i});
+	my ($rc, $out, $err) = run_relay({}, '--once', '--batch', '10', '--log-interval', '0', @args);
+	is($rc, 0, "--once @args: exit code 0") or diag($err);
+	is(scalar(() = $out =~ /"topic": "big"/g), 6, "--once @args: the six messages are delivered");
+	ok( wait_for('the relay\'s backend to exit',
+			sub { sql(q{SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idem-relay'}) == 0 }),
+		"--once @args: the relay's backend exited");
+	return sql(q{SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcname = 'idem_outbox_lease'});
+}
+is(leases_of_big('--max-bytes', '150kB'), 4, '--max-bytes 150kB: three leases of two messages, then an empty one');
+is(leases_of_big(), 2, 'the default (64MB): one lease of six, then an empty one');
+like((run_relay({}, '--once', '--max-bytes', '1TB'))[2], qr/max_bytes must be a size of zero or more, in bytes or with kB, MB or GB, such as 64MB, not "1TB"/,
+	'a size in another unit is a configuration error');
 
 ########################################################################
 # webhook
@@ -1364,7 +1388,7 @@ write_conf($hupconf, "sink = webhook\nwebhook.url = $url/hup2\npoll = 200ms\nbat
 $r->{h}->signal('HUP');
 ok( wait_for('the reload', sub { slurp_file($r->{err}) =~ /configuration reloaded from \Q$hupconf\E/ }),
 	'SIGHUP: the relay reads its configuration file again');
-like(slurp_file($r->{err}), qr/configuration reloaded from \S+: batch 7, per key 1, lease 30000 ms, poll 200 ms/,
+like(slurp_file($r->{err}), qr/configuration reloaded from \S+: batch 7, per key 1, max bytes 67108864, lease 30000 ms, poll 200 ms/,
 	'and says what is in force');
 my $hup2 = send_msg('hup', 'h', { n => 2 });
 ok(wait_for('the second path', sub { paths_of($hup2) eq '/hup2' }), 'the next message goes to the new URL');

@@ -174,7 +174,7 @@ is($created->{config}{duplicate_window}, 120_000_000_000,
 sql(q{
 	CREATE ROLE relay_a LOGIN;
 	CREATE ROLE relay_b LOGIN;
-	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval, int),
+	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval, int, bigint),
 	                          idem_outbox_nack(uuid, text, interval, text, boolean) TO relay_a, relay_b;
 	GRANT EXECUTE ON FUNCTION idem_outbox_ack(uuid[]) TO relay_b;
 	REVOKE EXECUTE ON FUNCTION idem_outbox_ack(uuid[]) FROM PUBLIC;

@@ -59,7 +59,7 @@ my $json = JSON::PP->new->utf8->canonical;
 
 # The relay's role, with the three grants of the README, in two databases.
 my $grants = q{
-	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval, int), idem_outbox_ack(uuid[]),
+	GRANT EXECUTE ON FUNCTION idem_outbox_lease(text, int, interval, int, bigint), idem_outbox_ack(uuid[]),
 	                          idem_outbox_nack(uuid, text, interval, text, boolean) TO relay;};
 $node->safe_psql('postgres', "CREATE ROLE relay LOGIN; $grants CREATE DATABASE other;");
 $node->safe_psql('other', "CREATE EXTENSION idem; $grants");
