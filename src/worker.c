@@ -42,6 +42,7 @@
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
 #include "commands/defrem.h"
+#include "commands/tablespace.h"
 #include "executor/spi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -130,18 +131,20 @@ worker_shmem_startup(void)
 
 /*
  * The round's database, when stmt is a command that needs it without
- * sessions (DROP DATABASE, ALTER DATABASE ... RENAME, CREATE DATABASE ...
- * TEMPLATE) and that will not fail before it counts the sessions on the
- * checks the server makes first: run where it may run (not in a
- * transaction block, not read-only, not the session's own database), by a
- * role that may run it (the owner, or for a template anyone who may create
- * databases).  Another role's attempt must not end a round.  InvalidOid
+ * sessions (DROP DATABASE, ALTER DATABASE ... RENAME, ALTER DATABASE ... SET
+ * TABLESPACE, CREATE DATABASE ... TEMPLATE) and that will not fail before
+ * it counts the sessions on the checks the server makes first: run where it
+ * may run (not in a transaction block, not read-only, not the session's own
+ * database), by a role that may run it (the owner, or for a template anyone
+ * who may create databases; a move also needs CREATE on another
+ * tablespace).  Another role's attempt must not end a round.  InvalidOid
  * otherwise.
  */
 static Oid
 worker_command_database(Node *stmt, Oid round_dbid, bool isTopLevel)
 {
 	const char *dbname = NULL;
+	const char *tablespace = NULL;
 	bool		template = false;
 	ListCell   *lc;
 	HeapTuple	tup;
@@ -152,6 +155,18 @@ worker_command_database(Node *stmt, Oid round_dbid, bool isTopLevel)
 		dbname = ((DropdbStmt *) stmt)->dbname;
 	else if (IsA(stmt, RenameStmt) && ((RenameStmt *) stmt)->renameType == OBJECT_DATABASE)
 		dbname = ((RenameStmt *) stmt)->subname;
+	else if (IsA(stmt, AlterDatabaseStmt))
+	{
+		foreach(lc, ((AlterDatabaseStmt *) stmt)->options)
+		{
+			DefElem    *opt = lfirst_node(DefElem, lc);
+
+			if (strcmp(opt->defname, "tablespace") == 0 && opt->arg != NULL)
+				tablespace = defGetString(opt);
+		}
+		if (tablespace != NULL)
+			dbname = ((AlterDatabaseStmt *) stmt)->dbname;
+	}
 	else if (IsA(stmt, CreatedbStmt))
 	{
 		foreach(lc, ((CreatedbStmt *) stmt)->options)
@@ -173,6 +188,18 @@ worker_command_database(Node *stmt, Oid round_dbid, bool isTopLevel)
 	if (!HeapTupleIsValid(tup))
 		return InvalidOid;
 	istemplate = ((Form_pg_database) GETSTRUCT(tup))->datistemplate;
+	if (tablespace != NULL)
+	{
+		Oid			tsoid = get_tablespace_oid(tablespace, true);
+
+		/* a move to where it is does nothing */
+		if (!OidIsValid(tsoid) ||
+			tsoid == ((Form_pg_database) GETSTRUCT(tup))->dattablespace ||
+			pg_tablespace_aclcheck(tsoid, GetUserId(), ACL_CREATE) != ACLCHECK_OK)
+			dbid = InvalidOid;
+		ReleaseSysCache(tup);
+		return OidIsValid(dbid) && pg_database_ownercheck(dbid, GetUserId()) ? dbid : InvalidOid;
+	}
 	ReleaseSysCache(tup);
 	if (IsA(stmt, DropdbStmt))
 		return !istemplate && pg_database_ownercheck(dbid, GetUserId()) ? dbid : InvalidOid;
@@ -208,7 +235,8 @@ worker_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 	round_dbid = worker_shared->round_dbid;
 	SpinLockRelease(&worker_shared->mutex);
 	if (pid != 0 &&
-		(IsA(stmt, DropdbStmt) || IsA(stmt, RenameStmt) || IsA(stmt, CreatedbStmt)) &&
+		(IsA(stmt, DropdbStmt) || IsA(stmt, RenameStmt) || IsA(stmt, CreatedbStmt) ||
+		 IsA(stmt, AlterDatabaseStmt)) &&
 		OidIsValid(dbid = worker_command_database(stmt, round_dbid,
 												  context == PROCESS_UTILITY_TOPLEVEL)))
 	{

@@ -428,6 +428,20 @@ my ($rn_ret, $rn_out, $rn_err) = $own->psql('postgres', 'ALTER DATABASE shop REN
 is($rn_ret, 0, 'the owner renames it while a round is in progress') or diag $rn_err;
 $own->psql('postgres', 'ALTER DATABASE shop_renamed RENAME TO shop') if $rn_ret == 0;
 isnt(round_pid(), '', 'the next round is in progress');
+# a move to another tablespace (the server counts the sessions there too)
+my $tsdir = PostgreSQL::Test::Utils::tempdir;
+$own->safe_psql('postgres', "CREATE TABLESPACE shop_ts LOCATION '$tsdir'");
+my $moving = round_pid();
+my ($ts_ret, $ts_out, $ts_err) = $own->psql('postgres', 'ALTER DATABASE shop SET TABLESPACE shop_ts',
+	extra_params => [ '-U', 'shop_owner' ]);
+like($ts_err, qr/permission denied for tablespace shop_ts/, 'the owner may not move it where it may not create');
+is($own->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'idem maintenance round'}),
+	$moving, 'and its attempt does not end the round');
+$own->safe_psql('postgres', 'GRANT CREATE ON TABLESPACE shop_ts TO shop_owner');
+($ts_ret, $ts_out, $ts_err) = $own->psql('postgres', 'ALTER DATABASE shop SET TABLESPACE shop_ts',
+	extra_params => [ '-U', 'shop_owner' ]);
+is($ts_ret, 0, 'the owner moves it to another tablespace while a round is in progress') or diag $ts_err;
+isnt(round_pid(), '', 'the next round is in progress');
 my ($dr_ret, $dr_out, $dr_err) = $own->psql('postgres', 'DROP DATABASE shop', extra_params => [ '-U', 'shop_owner' ]);
 is($dr_ret, 0, 'the owner drops it while a round is in progress, without FORCE') or diag $dr_err;
 my $launcher = $own->safe_psql('postgres',
