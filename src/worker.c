@@ -517,12 +517,25 @@ idem_maintenance_round_main(Datum main_arg)
 		if (worker_load < 1.0 && worked > 0)
 		{
 			double		pause = worked * (1.0 - worker_load) / worker_load;
+			TimestampTz until;
+			long		left;
 
-			(void) WaitLatch(MyLatch,
-							 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 (long) Min(pause, worker_interval * 1000.0),
-							 PG_WAIT_EXTENSION);
-			ResetLatch(MyLatch);
+			/*
+			 * The whole pause: the latch is also set by a reload, by the
+			 * catch-up of invalidations and by the barriers other backends'
+			 * commands emit, none of which may shorten it.
+			 */
+			until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+												(long) Min(pause, worker_interval * 1000.0));
+			while ((left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+														   until)) > 0)
+			{
+				(void) WaitLatch(MyLatch,
+								 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+								 left, PG_WAIT_EXTENSION);
+				ResetLatch(MyLatch);
+				CHECK_FOR_INTERRUPTS();
+			}
 		}
 		if (ConfigReloadPending)
 		{
