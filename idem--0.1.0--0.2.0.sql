@@ -1851,12 +1851,17 @@ BEGIN
     -- the functions that read a table distributed below go through Citus,
     -- which runs no statement in parallel mode: no parallel plan may call
     -- them (a parallel query over a local table, force_parallel_mode), on
-    -- any node.  Citus passes the change of a function it distributed (on
-    -- a run after the first) on to the workers, and refuses it there; of
-    -- the others, each node has its own from its CREATE EXTENSION.  First:
-    -- Citus refuses to change a distributed function in a transaction that
-    -- ran a parallel command on a distributed table.
-    FOR f IN SELECT p.oid::pg_catalog.regprocedure::pg_catalog.text AS sig, p.proparallel
+    -- any node.  Each node has them from its own CREATE EXTENSION (Citus
+    -- makes no function of an extension anew, also on a node added later).
+    -- The change of one Citus distributed (on a run after the first) is
+    -- made here, always, and Citus passes it on to every worker (it refuses
+    -- it on a worker); the others are changed here and on each worker.
+    -- First, the distributed ones: Citus refuses to change a distributed
+    -- function in a transaction that ran a parallel command.
+    FOR f IN SELECT p.oid::pg_catalog.regprocedure::pg_catalog.text AS sig, p.proparallel,
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object o
+                             WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+                               AND o.objid OPERATOR(pg_catalog.=) p.oid) AS distributed
                FROM pg_catalog.pg_proc p
                JOIN pg_catalog.pg_depend d
                  ON d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
@@ -1867,13 +1872,11 @@ BEGIN
                             ('idem_offset_get', 'idem.offsets')) AS v(fn, tab)
                  ON p.proname OPERATOR(pg_catalog.=) v.fn
               WHERE pg_catalog.to_regclass(v.tab) IS NOT NULL
-              ORDER BY 1 LOOP
-        IF f.proparallel OPERATOR(pg_catalog.<>) 'u' THEN
+              ORDER BY 3 DESC, 1 LOOP
+        IF f.distributed OR f.proparallel OPERATOR(pg_catalog.<>) 'u' THEN
             EXECUTE pg_catalog.format('ALTER FUNCTION %s PARALLEL UNSAFE', f.sig);
         END IF;
-        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object o
-                               WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
-                                 AND o.objid OPERATOR(pg_catalog.=) f.sig::pg_catalog.regprocedure);
+        CONTINUE WHEN f.distributed;
         FOR w IN SELECT * FROM pg_catalog.run_command_on_workers(
                      pg_catalog.format('ALTER FUNCTION %s PARALLEL UNSAFE', f.sig)) LOOP
             IF NOT w.success THEN

@@ -242,9 +242,15 @@ is( sqlstate_of($coord, 'postgres', qq{SET force_parallel_mode = on; BEGIN ISOLA
 		SELECT idem_token_status('$token', 'pay')}),
 	'0A000', 'made PARALLEL SAFE by hand: 0A000 in a parallel query');
 $coord->safe_psql('postgres', 'ALTER FUNCTION idem_claim_info(text, text) PARALLEL SAFE');
+# as a node added later has them, from its own CREATE EXTENSION: Citus
+# makes no function of an extension anew
+$w2->safe_psql('postgres', q{SET citus.enable_ddl_propagation = off;
+	ALTER FUNCTION idem_claim_info(text, text) PARALLEL SAFE;
+	ALTER FUNCTION idem_offset_get(text, text, int) PARALLEL SAFE;
+	ALTER FUNCTION idem_token_status(text, text) PARALLEL SAFE});
 my ($drc, $dout, $derr) = $coord->psql('postgres', 'SELECT count(*) FROM idem_distribute()');
 is($drc . ' ' . $derr, '0 ', 'idem_distribute() run again, without a warning');
-for my $n ([ $coord, 'the coordinator' ], [ $w1, 'a worker' ])
+for my $n ([ $coord, 'the coordinator' ], [ $w1, 'a worker' ], [ $w2, 'a worker where they were PARALLEL SAFE' ])
 {
 	is( $n->[0]->safe_psql('postgres', q{SELECT string_agg(proname || ' ' || proparallel::text, ',' ORDER BY proname)
 		  FROM pg_proc WHERE proname IN ('idem_claim_info', 'idem_token_status', 'idem_offset_get')}),
