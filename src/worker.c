@@ -40,6 +40,7 @@
 #include "access/xact.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_database.h"
+#include "catalog/pg_tablespace.h"
 #include "commands/dbcommands.h"
 #include "commands/defrem.h"
 #include "commands/tablespace.h"
@@ -157,15 +158,15 @@ worker_command_database(Node *stmt, Oid round_dbid, bool isTopLevel)
 		dbname = ((RenameStmt *) stmt)->subname;
 	else if (IsA(stmt, AlterDatabaseStmt))
 	{
-		foreach(lc, ((AlterDatabaseStmt *) stmt)->options)
-		{
-			DefElem    *opt = lfirst_node(DefElem, lc);
+		List	   *options = ((AlterDatabaseStmt *) stmt)->options;
+		DefElem    *opt = list_length(options) == 1 ? linitial_node(DefElem, options) : NULL;
 
-			if (strcmp(opt->defname, "tablespace") == 0 && opt->arg != NULL)
-				tablespace = defGetString(opt);
-		}
-		if (tablespace != NULL)
+		/* the server refuses TABLESPACE beside another option */
+		if (opt != NULL && strcmp(opt->defname, "tablespace") == 0 && opt->arg != NULL)
+		{
+			tablespace = defGetString(opt);
 			dbname = ((AlterDatabaseStmt *) stmt)->dbname;
+		}
 	}
 	else if (IsA(stmt, CreatedbStmt))
 	{
@@ -192,8 +193,8 @@ worker_command_database(Node *stmt, Oid round_dbid, bool isTopLevel)
 	{
 		Oid			tsoid = get_tablespace_oid(tablespace, true);
 
-		/* a move to where it is does nothing */
-		if (!OidIsValid(tsoid) ||
+		/* a move to where it is does nothing; pg_global is refused */
+		if (!OidIsValid(tsoid) || tsoid == GLOBALTABLESPACE_OID ||
 			tsoid == ((Form_pg_database) GETSTRUCT(tup))->dattablespace ||
 			pg_tablespace_aclcheck(tsoid, GetUserId(), ACL_CREATE) != ACLCHECK_OK)
 			dbid = InvalidOid;
@@ -521,9 +522,10 @@ idem_maintenance_round_main(Datum main_arg)
 			long		left;
 
 			/*
-			 * The whole pause: the latch is also set by a reload, by the
-			 * catch-up of invalidations and by the barriers other backends'
-			 * commands emit, none of which may shorten it.
+			 * The whole pause: the latch is also set by the catch-up of
+			 * invalidations and by the barriers other backends' commands
+			 * emit, which may not shorten it.  A reload ends it, so that new
+			 * settings take effect at once.
 			 */
 			until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 												(long) Min(pause, worker_interval * 1000.0));
@@ -535,6 +537,8 @@ idem_maintenance_round_main(Datum main_arg)
 								 left, PG_WAIT_EXTENSION);
 				ResetLatch(MyLatch);
 				CHECK_FOR_INTERRUPTS();
+				if (ConfigReloadPending)
+					break;
 			}
 		}
 		if (ConfigReloadPending)
