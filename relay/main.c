@@ -158,7 +158,7 @@ usage(FILE *f)
 			"  -h, --help               print this help and exit\n"
 			"\n"
 			"DUR is seconds (decimals allowed) or a number with ms, s, min or h.\n"
-			"SIZE is bytes, or a number with kB, MB or GB (1024 based).\n"
+			"SIZE is bytes, or a number with kB, MB, GB or TB (1024 based).\n"
 			"\n"
 			"Exit codes:\n"
 			"  0  stopped by SIGTERM or SIGINT (the batch in hand is finished; a second\n"
@@ -1502,7 +1502,7 @@ get_int(const Config *cfg, const char *key, int def, int min, int max)
 	return (int) n;
 }
 
-/* bytes, or a whole number with kB, MB or GB (of 1024), as the server's */
+/* bytes, or a whole number with kB, MB, GB or TB (of 1024), as the server's */
 static long long
 get_size(const Config *cfg, const char *key, long long def)
 {
@@ -1517,18 +1517,22 @@ get_size(const Config *cfg, const char *key, long long def)
 	n = strtoll(v, &end, 10);
 	if (errno == 0 && end != v && n >= 0)
 	{
+		while (*end == ' ' || *end == '\t')
+			end++;
 		if (strcmp(end, "kB") == 0)
 			unit = 1024;
 		else if (strcmp(end, "MB") == 0)
 			unit = 1024 * 1024;
 		else if (strcmp(end, "GB") == 0)
 			unit = 1024 * 1024 * 1024;
+		else if (strcmp(end, "TB") == 0)
+			unit = 1024LL * 1024 * 1024 * 1024;
 		else if (*end != '\0')
 			unit = 0;
 		if (unit > 0 && n <= LLONG_MAX / unit)
 			return n * unit;
 	}
-	config_error("%s must be a size of zero or more, in bytes or with kB, MB or GB, such as 64MB, not \"%s\" (%s)",
+	config_error("%s must be a size of zero or more, in bytes or with kB, MB, GB or TB, such as 64MB, not \"%s\" (%s)",
 				 key, v, config_origin(cfg, key));
 	return def;
 }

@@ -2021,9 +2021,9 @@ idem_outbox_lease(PG_FUNCTION_ARGS)
 				 errmsg("per_key must be between 1 and %d",
 						OUTBOX_MAX_LEASE_BATCH),
 				 errdetail("The value given was %d.", per_key)));
-	/* NULL: no limit */
-	max_bytes = PG_ARGISNULL(4) ? 0 : PG_GETARG_INT64(4);
-	if (!PG_ARGISNULL(4) && max_bytes < 1)
+	/* NULL (or a definition without it): no limit */
+	max_bytes = PG_NARGS() <= 4 || PG_ARGISNULL(4) ? 0 : PG_GETARG_INT64(4);
+	if (PG_NARGS() > 4 && !PG_ARGISNULL(4) && max_bytes < 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("max_bytes must be positive"),

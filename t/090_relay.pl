@@ -665,7 +665,7 @@ sub leases_of_big
 }
 is(leases_of_big('--max-bytes', '150kB'), 4, '--max-bytes 150kB: three leases of two messages, then an empty one');
 is(leases_of_big(), 2, 'the default (64MB): one lease of six, then an empty one');
-like((run_relay({}, '--once', '--max-bytes', '1TB'))[2], qr/max_bytes must be a size of zero or more, in bytes or with kB, MB or GB, such as 64MB, not "1TB"/,
+like((run_relay({}, '--once', '--max-bytes', '1PB'))[2], qr/max_bytes must be a size of zero or more, in bytes or with kB, MB, GB or TB, such as 64MB, not "1PB"/,
 	'a size in another unit is a configuration error');
 
 ########################################################################
