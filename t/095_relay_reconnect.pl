@@ -19,7 +19,7 @@
 #   through is sent again past that deadline too; a relay asked to stop
 #   connects once more on its way out to send a cut ack; a cut ack is not
 #   sent to the database of a reload that changed the dbname;
-# - settings of the relay's role (array_nulls off, a short
+# - settings of the relay's role (SERIALIZABLE by default, array_nulls off, a short
 #   idle_session_timeout) break neither its nacks nor its idle connection;
 # - SIGHUP with a new dbname connects to that database and delivers from
 #   there, and back to the environment's database; a reload that keeps the
@@ -454,6 +454,26 @@ unlike($rerr, qr/connection lost|idle-session timeout/, 'its idle connection was
 is(final_counts($rerr), 'leased 2, delivered 1, retried 1, dead 0, errors 0',
 	'the message was retried once, then delivered');
 sql(q{ALTER ROLE relay RESET array_nulls; ALTER ROLE relay RESET idle_session_timeout});
+
+# A role whose transactions default to SERIALIZABLE: relays leasing and
+# acknowledging at once would fail with serialization errors (40001) again
+# and again, each failure a reconnection; idem-relay runs its leases, acks
+# and nacks at READ COMMITTED.  Three relays share 600 messages of 50 keys.
+sql(q{ALTER ROLE relay SET default_transaction_isolation = 'serializable'});
+sql(q{SELECT count(idem_outbox_send('ser', 'k' || (i % 50), jsonb_build_object('i', i))) FROM generate_series(1, 600) i});
+my @ser = map { start_relay('--sink', 'stdout', '--batch', '20', '--poll', '100ms', '--log-interval', '0') } 1 .. 3;
+ok( wait_for('the messages delivered', sub {
+			sql(q{SELECT count(*) FROM idem.outbox WHERE aggregatetype = 'ser'}) == 0 }),
+	'three relays of a role whose transactions default to SERIALIZABLE deliver every message');
+my $ser_err = '';
+for my $sr (@ser)
+{
+	is(stop_relay($sr, 'TERM'), 0, 'SIGTERM: exit code 0');
+	$ser_err .= file($sr->{err});
+}
+unlike($ser_err, qr/could not serialize|failed:/, 'no statement of theirs failed');
+is(scalar(() = join('', map { file($_->{out}) } @ser) =~ /"topic": "ser"/g), 600, 'each message once');
+sql(q{ALTER ROLE relay RESET default_transaction_isolation});
 
 ########################################################################
 # SIGHUP with a new dbname
