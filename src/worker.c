@@ -40,6 +40,7 @@
 #include "access/xact.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_database.h"
+#include "catalog/pg_subscription.h"
 #include "catalog/pg_tablespace.h"
 #include "commands/dbcommands.h"
 #include "commands/defrem.h"
@@ -50,6 +51,7 @@
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
+#include "replication/slot.h"
 #include "storage/shmem.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
@@ -203,8 +205,22 @@ worker_command_database(Node *stmt, Oid round_dbid, bool isTopLevel)
 	}
 	ReleaseSysCache(tup);
 	if (IsA(stmt, DropdbStmt))
-		return !istemplate && pg_database_ownercheck(dbid, GetUserId()) ? dbid : InvalidOid;
+	{
+		int			nslots;
+		int			nslots_active;
+
+		/* the server refuses it first while slots or subscriptions use it */
+		if (istemplate || !pg_database_ownercheck(dbid, GetUserId()) ||
+			ReplicationSlotsCountDBSlots(dbid, &nslots, &nslots_active) ||
+			CountDBSubscriptions(dbid) > 0)
+			return InvalidOid;
+		return dbid;
+	}
 	if (!have_createdb_privilege())
+		return InvalidOid;
+	/* a new name that is taken is refused first */
+	if (IsA(stmt, RenameStmt) &&
+		OidIsValid(get_database_oid(((RenameStmt *) stmt)->newname, true)))
 		return InvalidOid;
 	if (template && istemplate)
 		return dbid;

@@ -419,6 +419,21 @@ like($st_err, qr/DROP DATABASE cannot run inside a transaction block/,
 	'the owner may not drop it in a transaction block');
 is($own->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'idem maintenance round'}),
 	$stalled, 'nor does a command that fails before it counts the sessions');
+# nor the owner's commands that the server refuses before it counts the
+# sessions: a new name that is taken, a drop while a subscription of the
+# database is defined
+($st_ret, $st_out, $st_err) = $own->psql('postgres', 'ALTER DATABASE shop RENAME TO postgres',
+	extra_params => [ '-U', 'shop_owner' ]);
+like($st_err, qr/database "postgres" already exists/, 'the owner may not rename it to a name that is taken');
+is($own->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'idem maintenance round'}),
+	$stalled, 'and its attempt does not end the round');
+$own->safe_psql('shop', q{CREATE SUBSCRIPTION shop_sub CONNECTION 'dbname=nowhere' PUBLICATION p
+                          WITH (connect = false, slot_name = NONE, enabled = false)});
+($st_ret, $st_out, $st_err) = $own->psql('postgres', 'DROP DATABASE shop', extra_params => [ '-U', 'shop_owner' ]);
+like($st_err, qr/being used by logical replication subscription/, 'nor drop it while a subscription is defined');
+is($own->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'idem maintenance round'}),
+	$stalled, 'and its attempt does not end the round');
+$own->safe_psql('shop', 'DROP SUBSCRIPTION shop_sub');
 my ($cp_ret, $cp_out, $cp_err) = $own->psql('postgres', 'CREATE DATABASE shop_copy TEMPLATE shop',
 	extra_params => [ '-U', 'shop_owner' ]);
 is($cp_ret, 0, "the owner copies the database as a template while a round is in progress") or diag $cp_err;
