@@ -1180,8 +1180,10 @@ lease_key(TupleDesc tupdesc, Datum *values, bool *isnull, void *argp)
 	arg->values[7] = slot->tts_values[OB_CREATED_AT];
 	arg->isnull[7] = false;
 	arg->leased = true;
-	arg->key_bytes = lease_message_bytes(arg->values[4], false,
-										 arg->values[5], arg->isnull[5]);
+	/* weighed only against a limit: a lease without one pays nothing */
+	arg->key_bytes = arg->max_bytes > 0 ?
+		lease_message_bytes(arg->values[4], false, arg->values[5],
+							arg->isnull[5]) : 0;
 
 	if (run_ok && arg->per_key > 1 && arg->budget > 1)
 	{
@@ -1919,7 +1921,8 @@ lease_pass(IdemStore *store, OutboxRels *r, ReturnSetInfo *rsinfo,
 			last = heap.c[0];
 			have_last = true;
 		}
-		for (i = 0; i < heap.n && nleased < max_messages && !lease_bytes_full(arg); i++)
+		for (i = 0; i < heap.n && nleased < max_messages &&
+			 !lease_bytes_full(arg); i++)
 		{
 			CHECK_FOR_INTERRUPTS();
 			/* the keys that have waited longest first */
